@@ -1,0 +1,179 @@
+"""The dataflow graph: kernels (vertices) and tensors (edges) over a networkx MultiDiGraph."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import cached_property
+from pathlib import Path
+
+import networkx as nx
+
+from dfmodel.errors import InputError
+from dfmodel.graph.kernel import Kernel, Phase, Tensor
+
+
+class DataflowGraph:
+    """An acyclic graph of kernels connected by tensors, all sizes positive.
+
+    The networkx graph (``.nx``, a MultiDiGraph so two tensors may join the same pair) holds each
+    :class:`Kernel` as node attribute ``kernel`` and each edge's :class:`Tensor` as ``tensor``.
+    Tensors with no producer (graph inputs) or no consumer (graph outputs) are kept beside it.
+
+    >>> from dfmodel.graph.kernel import KernelKind
+    >>> a = Kernel("a", KernelKind.matmul, {"m": 4, "n": 4, "k": 4}, flop=128, output_bytes=32)
+    >>> b = Kernel("b", KernelKind.elementwise, {"m": 4, "n": 4}, flop=16, output_bytes=32)
+    >>> g = DataflowGraph([a, b], [Tensor("t", "a", "b", 32)], name="demo")
+    >>> g.topological_names()
+    ['a', 'b']
+    >>> g.total_flop()
+    144.0
+    """
+
+    def __init__(
+        self,
+        kernels: Iterable[Kernel],
+        tensors: Iterable[Tensor],
+        *,
+        name: str = "graph",
+        meta: dict | None = None,
+        source: str | None = None,
+    ):
+        self.name = name
+        self.meta = dict(meta or {})
+        self.kernels: list[Kernel] = list(kernels)
+        self.tensors: list[Tensor] = list(tensors)
+        self._check(source)
+        self.nx = nx.MultiDiGraph(name=name)
+        for k in self.kernels:
+            self.nx.add_node(k.name, kernel=k)
+        for i, t in enumerate(self.tensors):
+            if t.producer is not None and t.consumer is not None:
+                self.nx.add_edge(t.producer, t.consumer, key=i, tensor=t)
+        if not nx.is_directed_acyclic_graph(self.nx):
+            cycle = " -> ".join(u for u, *_ in nx.find_cycle(self.nx))
+            raise InputError(f"graph must be acyclic, found cycle {cycle}", source=source, field="tensors")
+
+    def _check(self, source: str | None) -> None:
+        names: set[str] = set()
+        for i, k in enumerate(self.kernels):
+            where = f"kernels.{i}"
+            if k.name in names:
+                raise InputError(f"duplicate kernel name {k.name!r}", source=source, field=f"{where}.name")
+            names.add(k.name)
+            for attr in ("flop", "output_bytes", "weight_bytes", "extra_memory_bytes", "params", "comm_bytes"):
+                if getattr(k, attr) < 0:
+                    raise InputError(f"must be >= 0, got {getattr(k, attr):g}", source=source, field=f"{where}.{attr}")
+            for d, v in k.dims.items():
+                if v <= 0:
+                    raise InputError(f"must be > 0, got {v}", source=source, field=f"{where}.dims.{d}")
+        for i, t in enumerate(self.tensors):
+            where = f"tensors.{i}"
+            if not t.bytes > 0:
+                raise InputError(f"must be > 0, got {t.bytes:g}", source=source, field=f"{where}.bytes")
+            for end in ("producer", "consumer"):
+                v = getattr(t, end)
+                if v is not None and v not in names:
+                    raise InputError(f"unknown kernel {v!r}", source=source, field=f"{where}.{end}")
+            if t.producer is None and t.consumer is None:
+                raise InputError("a tensor needs a producer or a consumer", source=source, field=where)
+            if t.producer is not None and t.producer == t.consumer:
+                raise InputError(f"self-loop on {t.producer!r}: graph must be acyclic", source=source, field=where)
+
+    # -- structure ------------------------------------------------------------------------------
+    def kernel(self, name: str) -> Kernel:
+        return self.nx.nodes[name]["kernel"]
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    @cached_property
+    def _topo(self) -> list[str]:
+        # lexicographical order keyed by insertion index: deterministic and builder-friendly
+        index = {k.name: i for i, k in enumerate(self.kernels)}
+        return list(nx.lexicographical_topological_sort(self.nx, key=index.__getitem__))
+
+    def topological_names(self) -> list[str]:
+        return list(self._topo)
+
+    def internal_tensors(self) -> list[Tensor]:
+        """Tensors with both a producer and a consumer (the edges)."""
+        return [t for t in self.tensors if t.producer is not None and t.consumer is not None]
+
+    def inputs(self) -> list[Tensor]:
+        return [t for t in self.tensors if t.producer is None]
+
+    def outputs(self) -> list[Tensor]:
+        return [t for t in self.tensors if t.consumer is None]
+
+    def subgraph(self, names: Iterable[str], *, name: str | None = None) -> "DataflowGraph":
+        """Induced subgraph; tensors cut at the boundary become inputs/outputs of the subgraph."""
+        keep = set(names)
+        kernels = [k for k in self.kernels if k.name in keep]
+        tensors = []
+        for t in self.tensors:
+            p = t.producer if t.producer in keep else None
+            c = t.consumer if t.consumer in keep else None
+            if p is None and c is None:
+                continue
+            tensors.append(Tensor(t.name, p, c, t.bytes, t.operand, t.shape))
+        return DataflowGraph(kernels, tensors, name=name or f"{self.name}[sub]", meta=self.meta)
+
+    # -- totals ---------------------------------------------------------------------------------
+    def total_flop(self, phase: Phase | None = None) -> float:
+        return float(sum(k.flop for k in self.kernels if phase is None or k.phase == phase))
+
+    def matmul_flop(self, phase: Phase | None = None) -> float:
+        return float(
+            sum(k.flop for k in self.kernels if k.kind.is_matrix and (phase is None or k.phase == phase))
+        )
+
+    def params(self) -> float:
+        return float(sum(k.params for k in self.kernels))
+
+    def weight_bytes(self) -> float:
+        """Bytes of parameters owned by the graph (forward kernels' weights)."""
+        return float(sum(k.weight_bytes for k in self.kernels if k.phase == Phase.forward))
+
+    # -- export ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "meta": self.meta,
+            "kernels": [k.to_dict() for k in self.kernels],
+            "tensors": [t.to_dict() for t in self.tensors],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str | None = None) -> "DataflowGraph":
+        return cls(
+            [Kernel.from_dict(k) for k in d["kernels"]],
+            [Tensor.from_dict(t) for t in d["tensors"]],
+            name=d.get("name", "graph"),
+            meta=d.get("meta"),
+            source=source,
+        )
+
+    def to_dot(self) -> str:
+        """Graphviz DOT text: kernels as boxes labelled with FLOP, edges with tensor bytes."""
+        lines = [f'digraph "{self.name}" {{', "  rankdir=TB;", "  node [shape=box, fontsize=10];"]
+        colors = {Phase.forward: "#cfe2ff", Phase.backward: "#ffe5b4", Phase.weight_grad: "#d5f5d5"}
+        for k in self.kernels:
+            label = f"{k.name}\\n{k.kind.value}, {k.flop:.3g} FLOP"
+            lines.append(f'  "{k.name}" [label="{label}", style=filled, fillcolor="{colors[k.phase]}"];')
+        for t in self.internal_tensors():
+            lines.append(f'  "{t.producer}" -> "{t.consumer}" [label="{t.name} {t.bytes:.3g} B", fontsize=8];')
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str | Path) -> None:
+        """Write ``.json`` or ``.dot`` according to the suffix."""
+        path = Path(path)
+        text = self.to_dot() if path.suffix == ".dot" else self.to_json()
+        path.write_text(text)
+
+    def __repr__(self) -> str:
+        return f"DataflowGraph({self.name!r}, {len(self.kernels)} kernels, {len(self.tensors)} tensors)"

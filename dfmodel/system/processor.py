@@ -1,0 +1,95 @@
+"""Per-kernel time on one chip: compute and DRAM traffic (DESIGN.md section 4).
+
+Every compute and memory formula of the project lives here, once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+
+from dfmodel.graph.kernel import Kernel, KernelKind
+from dfmodel.system.schema import Chip, Precision
+
+
+def padding_factor(kernel: Kernel, tile: tuple[int, int, int]) -> float:
+    """Work inflation of a matmul whose m, n, k are padded up to multiples of ``tile``.
+
+    >>> from dfmodel.graph.kernel import Kernel, KernelKind
+    >>> k = Kernel("g", KernelKind.matmul, {"m": 100, "n": 128, "k": 64}, flop=0, output_bytes=1)
+    >>> padding_factor(k, (128, 128, 64))
+    1.28
+    """
+    factor = 1.0
+    for dim, t in zip(("m", "n", "k"), tile):
+        size = kernel.dims.get(dim)
+        if size:
+            factor *= math.ceil(size / t) * t / size
+    return factor
+
+
+def compute_time_s(chip: Chip, kernel: Kernel, precision: Precision | str) -> float:
+    """Time for ``kernel``'s arithmetic on the whole chip: ``FLOP / (peak * efficiency)``.
+
+    Matmuls run on the matrix units at ``peak(precision) * efficiency.matmul`` after padding to
+    ``efficiency.matmul_tile``; every other kind on the vector units at
+    ``vector_flops * efficiency.vector``. Communication kernels do no arithmetic here.
+    """
+    if kernel.kind == KernelKind.comm or kernel.flop == 0:
+        return 0.0
+    eff = chip.efficiency
+    if kernel.kind.is_matrix:
+        return kernel.flop * padding_factor(kernel, eff.matmul_tile) / (chip.peak(precision) * eff.matmul)
+    return kernel.flop / (chip.vector_peak(precision) * eff.vector)
+
+
+def memory_time_s(chip: Chip, num_bytes: float) -> float:
+    """Time to move ``num_bytes`` between DRAM and the chip at the achieved bandwidth."""
+    return num_bytes / (chip.memory.bandwidth_Bps * chip.efficiency.memory)
+
+
+def kernel_memory_bytes(kernel: Kernel, input_bytes: float) -> float:
+    """DRAM bytes of a kernel run alone (kernel-by-kernel): inputs, output, weights, extra."""
+    return input_bytes + kernel.output_bytes + kernel.weight_bytes + kernel.extra_memory_bytes
+
+
+def tile_allocation(times_s: Sequence[float], tiles: int) -> list[int] | None:
+    """Integer tiles per fused kernel minimising the slowest ``time_k * tiles / t_k``.
+
+    Greedy water-filling (give the next tile to the current bottleneck) is exact for this
+    min-max over integers. Returns None when there are more kernels than tiles.
+
+    >>> tile_allocation([3.0, 1.0], 4)
+    [3, 1]
+    """
+    n = len(times_s)
+    if n > tiles:
+        return None
+    alloc = [1] * n
+    heap = [(-t, i) for i, t in enumerate(times_s)]
+    heapq.heapify(heap)
+    for _ in range(tiles - n):
+        _, i = heapq.heappop(heap)
+        alloc[i] += 1
+        heapq.heappush(heap, (-times_s[i] / alloc[i], i))
+    return alloc
+
+
+def fused_compute_time_s(times_s: Sequence[float], tiles: int) -> float | None:
+    """Compute time of kernels fused in one dataflow partition sharing ``tiles`` compute tiles.
+
+    Each kernel gets its own tiles and all run as one spatial pipeline paced by the slowest:
+    ``max_k time_k * tiles / t_k`` with ``time_k`` the kernel's whole-chip time. None when the
+    kernels outnumber the tiles (the partition cannot be placed).
+
+    >>> fused_compute_time_s([3.0, 1.0], 4)
+    4.0
+    """
+    work = [t for t in times_s if t > 0]
+    if not work:
+        return 0.0 if len(times_s) <= tiles else None
+    alloc = tile_allocation(work, tiles - (len(times_s) - len(work)))
+    if alloc is None:
+        return None
+    return max(t * tiles / a for t, a in zip(work, alloc))

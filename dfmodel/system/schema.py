@@ -1,0 +1,179 @@
+"""System specs: one chip type and a network of dimensions (pydantic models, one per concept).
+
+A spec mirrors these classes one to one::
+
+    name: dgx_a100
+    chip:
+      name: A100-SXM4-80GB
+      peak_flops: {bf16: 312 TFLOPS, fp32: 19.5 TFLOPS}   # or one number for every precision
+      vector_flops: 39 TFLOPS         # non-matrix (element-wise, reductions); default = peak
+      sram_bytes: 40 MiB
+      compute_tiles: 108              # SMs / PCUs / cores shared by fused kernels
+      memory: {kind: HBM2e, capacity_bytes: 80 GiB, bandwidth_Bps: 2039 GB/s}
+      execution: kernel_by_kernel     # or dataflow (kernels fuse into partitions)
+      overlap: true                   # compute/memory/network of a partition overlap (max) or add
+      efficiency: {matmul: 0.8, vector: 0.6, memory: 0.85, matmul_tile: [128, 128, 64],
+                   kernel_overhead_s: 5 us}
+      price_usd: 15000
+      power_w: 400
+    network:                          # innermost dimension first
+      - {name: nvlink, topology: switch, size: 8, link_bandwidth_Bps: 300 GB/s, latency_s: 2 us}
+      - {name: ib, topology: switch, size: 128, link_bandwidth_Bps: 25 GB/s, latency_s: 5 us}
+
+Bandwidth semantics (``link_bandwidth_Bps``, one direction): ring = between two neighbours (a
+bidirectional ring sends both ways at once); fully_connected = between each pair of members;
+switch = each member's injection bandwidth into the switch. Sizes accept unit strings (see
+:mod:`dfmodel.system.units`). Unknown fields are errors.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+
+from dfmodel.system.units import (
+    Bytes,
+    BytesPerSec,
+    Fraction,
+    FlopsPerSec,
+    NonNegativeFloat,
+    PositiveFloat,
+    Seconds,
+)
+
+
+class Precision(str, Enum):
+    """Numeric precision of a workload's tensors and math."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+    @property
+    def bytes(self) -> int:
+        return {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[self.value]
+
+
+class Strict(BaseModel):
+    """Base for every spec model: unknown fields are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class Memory(Strict):
+    """Off-chip memory of one chip (DDR, HBM, or an external weight store such as MemoryX)."""
+
+    kind: str = Field(pattern=r"^(DDR|LPDDR|GDDR|HBM|external)[0-9A-Za-z]*$")
+    capacity_bytes: Bytes
+    bandwidth_Bps: BytesPerSec
+    price_usd: NonNegativeFloat = 0.0
+    power_w: NonNegativeFloat = 0.0
+
+
+class Efficiency(Strict):
+    """Achieved fractions of peak, all physically plausible (in (0, 1]).
+
+    - ``matmul``: fraction of matrix peak reached by a large matmul once its dims are padded
+      to ``matmul_tile`` (systolic array / MMA tile shape: padding is the shape penalty);
+    - ``vector``: fraction of ``vector_flops`` reached by element-wise and reduction kernels;
+    - ``memory``: fraction of DRAM bandwidth reached by streaming kernels;
+    - ``kernel_overhead_s``: fixed time per kernel launch (kernel-by-kernel) or per partition
+      (dataflow: reconfiguration) -- the small-op penalty.
+    """
+
+    matmul: Fraction = 1.0
+    vector: Fraction = 1.0
+    memory: Fraction = 1.0
+    matmul_tile: tuple[PositiveInt, PositiveInt, PositiveInt] = (1, 1, 1)
+    kernel_overhead_s: Seconds = 0.0
+
+
+class Chip(Strict):
+    """One accelerator: compute, on-chip SRAM, off-chip memory, execution style, cost and power."""
+
+    name: str
+    peak_flops: FlopsPerSec | dict[Precision, FlopsPerSec]
+    vector_flops: FlopsPerSec | None = None
+    sram_bytes: Bytes
+    compute_tiles: PositiveInt = 1
+    memory: Memory
+    execution: Literal["kernel_by_kernel", "dataflow"] = "kernel_by_kernel"
+    overlap: bool = True
+    efficiency: Efficiency = Efficiency()
+    price_usd: NonNegativeFloat = 0.0
+    power_w: NonNegativeFloat = 0.0
+
+    def peak(self, precision: Precision | str) -> float:
+        """Matrix peak FLOP/s at ``precision``; a precision the chip does not list is an error."""
+        if not isinstance(self.peak_flops, dict):
+            return float(self.peak_flops)
+        p = Precision(precision)
+        if p not in self.peak_flops:
+            allowed = ", ".join(k.value for k in self.peak_flops)
+            raise ValueError(f"chip {self.name} has no peak_flops for {p.value} (has {allowed})")
+        return float(self.peak_flops[p])
+
+    def vector_peak(self, precision: Precision | str) -> float:
+        """Non-matrix FLOP/s; defaults to the matrix peak for chips that do not separate them."""
+        return float(self.vector_flops) if self.vector_flops is not None else self.peak(precision)
+
+
+class NetworkDim(Strict):
+    """One network dimension: a 1-D topology of ``size`` members (see module doc for bandwidth)."""
+
+    name: str
+    topology: Literal["ring", "fully_connected", "switch"]
+    size: PositiveInt
+    link_bandwidth_Bps: BytesPerSec
+    latency_s: Seconds = 0.0
+    efficiency: Fraction = 1.0
+    bidirectional: bool = True
+    link_price_usd: NonNegativeFloat = 0.0
+    link_power_w: NonNegativeFloat = 0.0
+    switch_radix: PositiveInt | None = None
+    switch_price_usd: NonNegativeFloat = 0.0
+    switch_power_w: NonNegativeFloat = 0.0
+
+    @property
+    def effective_bandwidth_Bps(self) -> float:
+        return self.link_bandwidth_Bps * self.efficiency
+
+
+class Storage(Strict):
+    """Input pipeline: per node read bandwidth and host preprocessing throughput."""
+
+    chips_per_node: PositiveInt = 8
+    read_bandwidth_Bps: BytesPerSec
+    preprocess_samples_per_s: PositiveFloat
+
+
+class System(Strict):
+    """A machine: ``prod(dim.size)`` identical chips on a multi-dimensional network."""
+
+    name: str
+    description: str = ""
+    chip: Chip
+    network: list[NetworkDim] = Field(min_length=1)
+    storage: Storage | None = None
+
+    @field_validator("network")
+    @classmethod
+    def _unique_dim_names(cls, dims: list[NetworkDim]) -> list[NetworkDim]:
+        names = [d.name for d in dims]
+        if len(set(names)) != len(names):
+            raise ValueError(f"dimension names must be unique, got {names}")
+        return dims
+
+    @property
+    def num_chips(self) -> int:
+        return math.prod(d.size for d in self.network)
+
+    def dim(self, name: str) -> NetworkDim:
+        for d in self.network:
+            if d.name == name:
+                return d
+        raise KeyError(f"system {self.name} has no network dimension {name!r}")
