@@ -48,6 +48,7 @@ from dfmodel.system.units import (
 class Precision(str, Enum):
     """Numeric precision of a workload's tensors and math."""
 
+    fp64 = "fp64"
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
@@ -55,7 +56,7 @@ class Precision(str, Enum):
 
     @property
     def bytes(self) -> int:
-        return {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[self.value]
+        return {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[self.value]
 
 
 class Strict(BaseModel):
