@@ -55,6 +55,7 @@ class Kernel:
     params: float = 0.0
     phase: Phase = Phase.forward
     group: str = ""  # e.g. "attention", "mlp", "embedding": for reports and sharding rules
+    weight: str | None = None  # name of the weight read; kernels sharing it (fwd/bwd/wgrad) share SRAM
     collective: str | None = None
     comm_bytes: float = 0.0
     comm_group: str | None = None
