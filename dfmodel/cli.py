@@ -1,0 +1,194 @@
+"""The ``dfmodel`` command: a thin layer over the public API.
+
+Every command is a few lines that call the library; every :class:`DFModelError` becomes one
+line on stderr and its exit code (2 bad input, 3 nothing fits), never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dfmodel.errors import DFModelError
+
+app = typer.Typer(
+    help="DFModel: map a workload onto a machine and predict how fast it runs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+def guarded(fn):
+    """Turn DFModelError into a one-line message and the error's exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DFModelError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def fmt(x: float, unit: str = "") -> str:
+    """Engineering notation: 1.23e+15 -> '1.23 P'."""
+    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def fmt_time(seconds: float) -> str:
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-9:.4g} ns"
+
+
+@app.command()
+@guarded
+def systems() -> None:
+    """List the shipped system presets, one line each."""
+    from dfmodel.presets import list_presets
+    from dfmodel.system import load_system
+
+    table = Table("preset", "chips", "chip", "execution", "network", box=None)
+    for path in list_presets("systems"):
+        s = load_system(path)
+        net = " x ".join(f"{d.name}:{d.topology}({d.size})" for d in s.network)
+        table.add_row(path.stem, str(s.num_chips), s.chip.name, s.chip.execution, net)
+    out.print(table)
+
+
+@app.command()
+@guarded
+def workloads() -> None:
+    """List the shipped workload presets, one line each."""
+    from dfmodel.graph.build import summary
+    from dfmodel.graph.workload import load_workload
+    from dfmodel.presets import list_presets
+
+    table = Table("preset", "kind", "params", "FLOP/iteration", "description", box=None)
+    for path in list_presets("workloads"):
+        w = load_workload(path)
+        s = summary(w)
+        table.add_row(path.stem, w.kind, fmt(s["params"]), fmt(s["flop_per_iteration"]), w.description)
+    out.print(table)
+
+
+@app.command()
+@guarded
+def check(file: Path = typer.Argument(..., help="A workload or system YAML file.")) -> None:
+    """Validate a workload or system YAML; exit 2 with a one-line error if it is bad."""
+    from dfmodel.graph.build import build_graphs
+    from dfmodel.graph.workload import load_workload
+    from dfmodel.system import load_system
+    from dfmodel.yamlio import read_yaml
+
+    data = read_yaml(file)
+    if "kind" in data:
+        w = load_workload(file)
+        g = build_graphs(w)
+        out.print(f"ok: {file}: workload {w.name} ({w.kind}), {len(g.layer)} kernels per layer")
+    else:
+        s = load_system(file)
+        out.print(f"ok: {file}: system {s.name}, {s.num_chips} chips of {s.chip.name}")
+
+
+@app.command()
+@guarded
+def graph(
+    workload: str = typer.Option(..., "--workload", "-w", help="Workload YAML or preset name."),
+    batch: Optional[int] = typer.Option(None, help="Sequences/samples in the graph (default: global batch)."),
+    kernels: bool = typer.Option(True, "--kernels/--no-kernels", help="List every kernel."),
+    dot: Optional[Path] = typer.Option(None, help="Write the graph as Graphviz DOT."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the graph as JSON."),
+    png: Optional[Path] = typer.Option(None, help="Draw the graph to a PNG file."),
+) -> None:
+    """Show a workload's dataflow graph: kernels, tensors, FLOP and parameters."""
+    from dfmodel.graph.build import build_graphs, summary
+    from dfmodel.graph.workload import load_workload
+
+    w = load_workload(workload)
+    graphs = build_graphs(w, batch=batch)
+    g = graphs.layer
+    if kernels:
+        table = Table("kernel", "kind", "phase", "FLOP", "output bytes", "weight bytes", title=g.name)
+        for k in g.kernels:
+            table.add_row(k.name, k.kind.value, k.phase.value, fmt(k.flop), fmt(k.output_bytes, "B"), fmt(k.weight_bytes, "B"))
+        out.print(table)
+    s = summary(w, batch=batch)
+    out.print(
+        f"{w.name}: {s['kernels']} kernels, {s['tensors']} tensors per layer x {graphs.num_layers} layers; "
+        f"FLOP per layer {fmt(s['flop_per_layer'])}, per iteration {fmt(s['flop_per_iteration'])}; "
+        f"parameters {fmt(s['params'])} ({s['params']:.4g})"
+    )
+    if dot:
+        dot.write_text(g.to_dot())
+    if json_path:
+        json_path.write_text(g.to_json())
+    if png:
+        from dfmodel.plots import draw_graph
+
+        draw_graph(g).savefig(png, dpi=120, bbox_inches="tight")
+    for path in (dot, json_path, png):
+        if path:
+            out.print(f"wrote {path}")
+
+
+@app.command()
+@guarded
+def collective(
+    system: str = typer.Option(..., "--system", "-s", help="System YAML or preset name."),
+    size: str = typer.Option("1 GiB", help="Message size, e.g. '1 GiB' or 1e9."),
+    group: Optional[str] = typer.Option(
+        None, help="Dims and members, innermost first, e.g. 'nvlink=8,ib=4' (default: whole machine)."
+    ),
+    num_chips: Optional[int] = typer.Option(None, help="Resize the outermost dimension."),
+) -> None:
+    """Cost of every collective for one message size over a group of the network."""
+    from dfmodel.errors import InputError
+    from dfmodel.netmodels import COLLECTIVES, CostTable
+    from dfmodel.system import load_system
+    from dfmodel.system.units import parse_quantity
+
+    sys_ = load_system(system, num_chips=num_chips)
+    try:
+        size_bytes = parse_quantity(size, "bytes")
+        members = [(d.name, d.size) for d in sys_.network]
+        if group:
+            members = [(name.strip(), int(n)) for name, n in (part.split("=") for part in group.split(","))]
+    except ValueError as exc:
+        raise InputError(f"{exc} (expected e.g. --size '1 GiB' --group nvlink=8,ib=4)", field="--size/--group") from None
+    table_ = CostTable(sys_)
+    table = Table("collective", "time", "algorithm", title=f"{fmt(size_bytes, 'B')} over {members}")
+    for name in COLLECTIVES:
+        try:
+            c = table_.cost(name, size_bytes, tuple(members))
+        except ValueError as exc:
+            raise InputError(str(exc), source=system, field="--group") from None
+        table.add_row(name, fmt_time(c.time_s), c.algorithm)
+    out.print(table)
+
+
+def main() -> None:  # console-script entry point
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
