@@ -160,6 +160,9 @@ class System(Strict):
     chip: Chip
     network: list[NetworkDim] = Field(min_length=1)
     storage: Storage | None = None
+    # Fraction of the last micro-batch's backward pass that can hide the data-parallel gradient
+    # synchronisation (bucketed all-reduce overlapped with backward; 0 = fully exposed).
+    dp_overlap: Fraction | Literal[0] = 1.0
 
     @field_validator("network")
     @classmethod
