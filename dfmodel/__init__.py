@@ -2,7 +2,7 @@
 
 Public API (imported lazily so ``import dfmodel`` stays fast)::
 
-    from dfmodel import load_workload, load_system, build_graph
+    from dfmodel import optimize, load_workload, load_system, build_graph
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ _EXPORTS = {
     "DataflowGraph": "dfmodel.graph.graph",
     "Kernel": "dfmodel.graph.kernel",
     "Tensor": "dfmodel.graph.kernel",
+    "optimize": "dfmodel.optimize",
+    "Result": "dfmodel.result",
     "DFModelError": "dfmodel.errors",
     "InputError": "dfmodel.errors",
     "InfeasibleError": "dfmodel.errors",

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dfmodel.cli_format import fmt, fmt_time
 from dfmodel.errors import DFModelError
 
 app = typer.Typer(
@@ -39,21 +40,6 @@ def guarded(fn):
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper
-
-
-def fmt(x: float, unit: str = "") -> str:
-    """Engineering notation: 1.23e+15 -> '1.23 P'."""
-    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}".rstrip()
-
-
-def fmt_time(seconds: float) -> str:
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.4g} {unit}"
-    return f"{seconds / 1e-9:.4g} ns"
 
 
 @app.command()
@@ -180,6 +166,43 @@ def collective(
             raise InputError(str(exc), source=system, field="--group") from None
         table.add_row(name, fmt_time(c.time_s), c.algorithm)
     out.print(table)
+
+
+@app.command()
+@guarded
+def solve(
+    workload: str = typer.Option(..., "--workload", "-w", help="Workload YAML or preset name."),
+    system: str = typer.Option(..., "--system", "-s", help="System YAML or preset name."),
+    tp: Optional[int] = typer.Option(None, help="Fix the tensor-parallel degree."),
+    pp: Optional[int] = typer.Option(None, help="Fix the pipeline-parallel degree."),
+    dp: Optional[int] = typer.Option(None, help="Fix the data-parallel degree."),
+    micro_batch: Optional[int] = typer.Option(None, help="Fix the micro-batch size."),
+    recompute: Optional[str] = typer.Option(None, help="none | selective | full."),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel"),
+    interleave: Optional[int] = typer.Option(None, help="Fix the pipeline interleaving (virtual stages)."),
+    distributed_optimizer: Optional[bool] = typer.Option(None, "--distributed-optimizer/--no-distributed-optimizer"),
+    num_chips: Optional[int] = typer.Option(None, help="Resize the system's outermost dimension."),
+    solver: str = typer.Option("auto", help="auto | highs | gurobi."),
+    time_limit: Optional[float] = typer.Option(None, help="Seconds per MILP solve."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the result as JSON to PATH, or '-' for stdout alone."),
+) -> None:
+    """Find the fastest mapping of a workload on a system and report it."""
+    from dfmodel.optimize import optimize
+    from dfmodel.report import render_result
+
+    result = optimize(
+        workload, system, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
+        sequence_parallel=sequence_parallel, interleave=interleave,
+        distributed_optimizer=distributed_optimizer, num_chips=num_chips, solver=solver,
+        time_limit_s=time_limit,
+    )
+    if json_out == "-":
+        sys.stdout.write(result.to_json() + "\n")
+        return
+    render_result(result, out)
+    if json_out:
+        Path(json_out).write_text(result.to_json())
+        out.print(f"wrote {json_out}")
 
 
 def main() -> None:  # console-script entry point

@@ -1,0 +1,340 @@
+"""Evaluate one LLM training mapping end to end, and a valid lower bound for pruning.
+
+For a :class:`~dfmodel.inter_chip.config.Mapping`: shard the decoder layer (and embedding and
+head) over the TP group, run the intra-chip pass on the forward and on the backward kernels
+(1F1B runs them at different times, so they never fuse), add recompute, balance layers over
+pipeline stages, compose the 1F1B pipeline, add the exposed data-parallel gradient sync, the
+optimizer step and the input pipeline, and check memory per chip. Inner results are cached by
+the knobs they depend on, so the search pays for each distinct layer solve once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from dfmodel.graph.build import build_graphs
+from dfmodel.graph.graph import DataflowGraph
+from dfmodel.graph.kernel import KernelKind, Phase
+from dfmodel.inter_chip import memory as mem
+from dfmodel.inter_chip import pipeline as pipe
+from dfmodel.inter_chip.config import Mapping
+from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
+from dfmodel.intra_chip import partition
+from dfmodel.netmodels import CostTable
+from dfmodel.system.processor import compute_time_s, memory_time_s
+from dfmodel.system.schema import Precision, System
+
+#: Adam step DRAM traffic per parameter: read fp32 master, m, v and the gradient, write master,
+#: m, v and the 16-bit weight (4+4+4+2 read, 4+4+4+2 written).
+OPTIMIZER_BYTES_PER_PARAM = 28.0
+COMPONENTS = ("compute", "memory", "tp_comm")
+
+
+@dataclass
+class PhaseTime:
+    """Intra-chip time of one group of kernels per micro-batch, split by bottleneck component."""
+
+    time_s: float
+    parts_s: dict[str, float]
+    partitions: list[dict]
+    proven_optimal: bool
+    gap: float
+
+    @classmethod
+    def of(cls, graph: DataflowGraph | None, system: System, network_s: dict[str, float], solver, time_limit_s):
+        if graph is None or len(graph) == 0:
+            return cls(0.0, dict.fromkeys(COMPONENTS, 0.0), [], True, 0.0)
+        res = partition(graph, system, network_time_s=network_s, solver=solver, time_limit_s=time_limit_s)
+        parts = dict.fromkeys(COMPONENTS, 0.0)
+        rows = []
+        for p in res.partitions:
+            comp = {"compute": p.compute_s, "memory": p.memory_s, "tp_comm": p.network_s}
+            parts[max(comp, key=comp.get)] += p.time_s
+            rows.append(p.to_dict() if hasattr(p, "to_dict") else dict(p.__dict__))
+        return cls(res.time_s, parts, rows, bool(res.proven_optimal), float(res.gap or 0.0))
+
+    def scaled(self, factor: float) -> dict[str, float]:
+        return {k: v * factor for k, v in self.parts_s.items()}
+
+
+@dataclass
+class BlockTimes:
+    """Forward / backward / selective-recompute times of one sharded block (layer, embedding, head)."""
+
+    sharded: ShardedGraph
+    fwd: PhaseTime
+    bwd: PhaseTime
+    attention_core: PhaseTime
+
+    def backward_s(self, recompute: str) -> float:
+        extra = {"none": 0.0, "selective": self.attention_core.time_s, "full": self.fwd.time_s}[recompute]
+        return self.bwd.time_s + extra
+
+    def parts(self, recompute: str) -> dict[str, float]:
+        extra = {"none": None, "selective": self.attention_core, "full": self.fwd}[recompute]
+        out = {k: self.fwd.parts_s[k] + self.bwd.parts_s[k] + (extra.parts_s[k] if extra else 0.0) for k in COMPONENTS}
+        return out
+
+    @property
+    def params_per_chip(self) -> float:
+        return self.sharded.graph.params()
+
+
+@dataclass
+class Evaluation:
+    """Everything computed for one mapping (the search keeps the best)."""
+
+    mapping: Mapping
+    iteration_time_s: float
+    breakdown_s: dict[str, float]
+    memory: "mem.MemoryBreakdown"
+    fits: bool
+    layer: BlockTimes
+    layers_per_stage: list[int]
+    stage_fwd_s: list[float]
+    stage_bwd_s: list[float]
+    proven_optimal: bool
+    input_bound: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_attention_core(kernel) -> bool:
+    """Kernels selective recompute re-runs (Korthikanti et al. 2022, section 4.3): the attention
+    score, softmax (and dropout) and attention-times-value, which hold the s^2 activations."""
+    return (
+        kernel.phase == Phase.forward
+        and "attention" in kernel.group
+        and kernel.weight_bytes == 0
+        and kernel.kind in (KernelKind.matmul, KernelKind.reduction, KernelKind.elementwise)
+    )
+
+
+class LLMModel:
+    """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
+
+    def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
+        self.workload = workload
+        self.system = system
+        self.solver = solver
+        self.time_limit_s = time_limit_s
+        self.costs = CostTable(system)
+        self.model = workload.model
+        self.training = workload.training
+        self.precision = Precision(self.training.precision)
+        self._graphs: dict[int, object] = {}
+        self._blocks: dict[tuple, BlockTimes | None] = {}
+
+    # -- graphs and inner solves (cached) ------------------------------------------------------
+    def graphs(self, micro_batch: int):
+        if micro_batch not in self._graphs:
+            self._graphs[micro_batch] = build_graphs(self.workload, batch=micro_batch)
+        return self._graphs[micro_batch]
+
+    def block(self, which: str, micro_batch: int, tp: int, tp_group, sp: bool) -> BlockTimes | None:
+        key = (which, micro_batch, tp, tp_group, sp)
+        if key not in self._blocks:
+            graph = getattr(self.graphs(micro_batch), which)
+            self._blocks[key] = None if graph is None else self._solve_block(graph, tp, tp_group, sp)
+        return self._blocks[key]
+
+    def _solve_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool) -> BlockTimes:
+        sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver)
+        g = sharded.graph
+        by_phase = {
+            "fwd": [k.name for k in g.kernels if k.phase == Phase.forward],
+            "bwd": [k.name for k in g.kernels if k.phase != Phase.forward],
+            "core": [k.name for k in g.kernels if _is_attention_core(k)],
+        }
+        net = sharded.network_time_s
+
+        def run(names):
+            if not names:
+                return PhaseTime.of(None, self.system, {}, self.solver, self.time_limit_s)
+            sub = g.subgraph(names, name=f"{g.name}.{len(names)}")
+            return PhaseTime.of(sub, self.system, {n: net[n] for n in names if n in net}, self.solver, self.time_limit_s)
+
+        return BlockTimes(sharded, run(by_phase["fwd"]), run(by_phase["bwd"]), run(by_phase["core"]))
+
+    # -- bounds ---------------------------------------------------------------------------------
+    @cached_property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+    def compute_floor_s(self, micro_batch: int, recompute: str) -> float:
+        """Per-chip-group compute time of one micro-batch through the whole model on ONE chip:
+        every kernel's FLOP at the chip's achieved peak (no padding), plus recompute."""
+        gs = self.graphs(micro_batch)
+        chip = self.system.chip
+
+        def floor(graph, pred=lambda k: True):
+            if graph is None:
+                return 0.0
+            total = 0.0
+            for k in graph.kernels:
+                if not pred(k) or k.kind == KernelKind.comm:
+                    continue
+                rate = (
+                    chip.peak(self.precision) * chip.efficiency.matmul
+                    if k.kind.is_matrix
+                    else chip.vector_peak(self.precision) * chip.efficiency.vector
+                )
+                total += k.flop / rate
+            return total
+
+        layer = floor(gs.layer)
+        extra = {
+            "none": 0.0,
+            "selective": floor(gs.layer, _is_attention_core),
+            "full": floor(gs.layer, lambda k: k.phase == Phase.forward),
+        }[recompute]
+        return (layer + extra) * self.num_layers + floor(gs.embedding) + floor(gs.head)
+
+    def lower_bound_s(self, m: Mapping) -> float:
+        """Valid lower bound on ``evaluate(m).iteration_time_s``: the pipeline can be no faster
+        than the average stage's compute for every micro-batch, each chip doing 1/tp of it; the
+        optimizer step is added exactly (it is cheap and independent of the inner solves)."""
+        per_mb = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.pp)
+        return m.num_micro_batches * per_mb + self.optimizer_s(m, self.params_per_chip_floor(m))
+
+    def params_per_chip_floor(self, m: Mapping) -> float:
+        """Fewest parameters any chip can hold: all of them split evenly over TP x PP."""
+        return self.graphs(1).params() / (m.tp * m.pp) if hasattr(self.graphs(1), "params") else 0.0
+
+    def optimizer_s(self, m: Mapping, params_per_chip: float) -> float:
+        shard_dp = m.dp if m.distributed_optimizer else 1
+        return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * params_per_chip / shard_dp)
+
+    # -- memory ---------------------------------------------------------------------------------
+    def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int]) -> "mem.MemoryBreakdown":
+        """Worst stage's memory per chip (weights, grads, optimizer, activations in flight)."""
+        act_layer = mem.activation_bytes_per_layer(
+            seq_len=self.model.seq_len,
+            micro_batch=m.micro_batch,
+            hidden=self.model.hidden,
+            num_heads=self.model.num_heads,
+            tp=m.tp,
+            sequence_parallel=m.sequence_parallel,
+            recompute=m.recompute,
+            ffn_hidden=self.model.ffn_hidden,
+            num_kv_heads=self.model.num_kv_heads,
+            bytes_per_element=self.precision.bytes,
+        )
+        worst = None
+        for stage, (params, layers) in enumerate(zip(params_per_stage, layers_per_stage)):
+            in_flight = mem.in_flight_micro_batches(m.pp, stage, m.num_micro_batches, m.interleave)
+            b = mem.memory_per_chip(
+                params_per_chip=params,
+                dp=m.dp,
+                distributed_optimizer=m.distributed_optimizer,
+                activation_bytes_per_layer=act_layer,
+                layers=layers,
+                in_flight_micro_batches=in_flight,
+                capacity_bytes=self.system.chip.memory.capacity_bytes,
+            )
+            if worst is None or b.total_bytes > worst.total_bytes:
+                worst = b
+        return worst
+
+    # -- the full evaluation ----------------------------------------------------------------------
+    def evaluate(self, m: Mapping) -> Evaluation:
+        tp_group, pp_group, dp_group = m.group("tp"), m.group("pp"), m.group("dp")
+        layer = self.block("layer", m.micro_batch, m.tp, tp_group, m.sequence_parallel)
+        emb = self.block("embedding", m.micro_batch, m.tp, tp_group, m.sequence_parallel)
+        head = self.block("head", m.micro_batch, m.tp, tp_group, m.sequence_parallel)
+        t_f, t_b = layer.fwd.time_s, layer.backward_s(m.recompute)
+        emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
+        head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
+
+        layers = pipe.balance_layers(self.num_layers, m.pp, m.interleave, t_f + t_b, emb_f + emb_b, head_f + head_b)
+        stages = self._stage_layers(layers, m)
+        stage_fwd = [n * t_f for n in stages]
+        stage_bwd = [n * t_b for n in stages]
+        stage_fwd[0] += emb_f
+        stage_bwd[0] += emb_b
+        stage_fwd[-1] += head_f
+        stage_bwd[-1] += head_b
+
+        p2p_s = 0.0
+        if m.pp > 1:
+            act_bytes = m.micro_batch * self.model.seq_len * self.model.hidden * self.precision.bytes / m.tp
+            p2p_s = self.costs.time_s("p2p", act_bytes, pp_group)
+        pt = pipe.pipeline_time(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
+
+        params_stage = [n * layer.params_per_chip for n in stages]
+        params_stage[0] += emb.params_per_chip if emb else 0.0
+        params_stage[-1] += head.params_per_chip if head else 0.0
+        worst_params = max(params_stage)
+
+        dp_exposed = 0.0
+        if m.dp > 1:
+            grad_bytes = worst_params * self.precision.bytes
+            if m.distributed_optimizer:
+                sync = self.costs.time_s("reduce_scatter", grad_bytes, dp_group) + self.costs.time_s(
+                    "all_gather", grad_bytes, dp_group
+                )
+            else:
+                sync = self.costs.time_s("all_reduce", grad_bytes, dp_group)
+            bottleneck = max(range(m.pp), key=lambda i: stage_fwd[i] + stage_bwd[i])
+            dp_exposed = pipe.dp_sync_time(grad_bytes, sync, stage_bwd[bottleneck], self.system.dp_overlap)
+        opt_s = self.optimizer_s(m, worst_params)
+        step_s = pt.total_s + dp_exposed + opt_s
+        input_s = self.input_exposed_s(m, step_s)
+        total = step_s + input_s
+
+        b = max(range(m.pp), key=lambda i: stage_fwd[i] + stage_bwd[i])
+        busy = m.num_micro_batches * (stage_fwd[b] + stage_bwd[b])
+        shares = self._stage_shares(stages[b], m, layer, emb if b == 0 else None, head if b == m.pp - 1 else None)
+        breakdown = {k: busy * shares[k] for k in COMPONENTS}
+        pp_comm = min(max(pt.total_s - busy, 0.0), getattr(pt, "p2p_s", 0.0))
+        breakdown.update(
+            pp_comm=pp_comm,
+            bubble=max(pt.total_s - busy - pp_comm, 0.0),
+            dp_comm=dp_exposed,
+            optimizer=opt_s,
+            input=input_s,
+        )
+        memory = self.memory_check(m, params_stage, stages)
+        proven = layer.fwd.proven_optimal and layer.bwd.proven_optimal
+        return Evaluation(
+            m,
+            total,
+            breakdown,
+            memory,
+            memory.fits,
+            layer,
+            stages,
+            stage_fwd,
+            stage_bwd,
+            proven,
+            input_bound=input_s > 0,
+        )
+
+    def _stage_layers(self, layers: list[int], m: Mapping) -> list[int]:
+        """Layers per physical stage (interleaved chunks summed)."""
+        if len(layers) == m.pp:
+            return list(layers)
+        return [sum(layers[i::m.pp]) for i in range(m.pp)]
+
+    def _stage_shares(self, n_layers: int, m: Mapping, layer: BlockTimes, emb, head) -> dict[str, float]:
+        parts = {k: n_layers * v for k, v in layer.parts(m.recompute).items()}
+        for blk in (emb, head):
+            if blk:
+                for k, v in blk.parts("none").items():
+                    parts[k] += v
+        total = sum(parts.values()) or 1.0
+        return {k: v / total for k, v in parts.items()}
+
+    def input_exposed_s(self, m: Mapping, step_s: float) -> float:
+        """Input loading overlaps the step; only what exceeds it is exposed."""
+        storage = self.system.storage
+        per_sample = getattr(self.training, "input_bytes_per_sample", 0.0) or 0.0
+        if storage is None or per_sample <= 0:
+            return 0.0
+        nodes = max(1, self.system.num_chips // storage.chips_per_node)
+        samples_per_node = self.training.global_batch / nodes
+        load_s = max(samples_per_node * per_sample / storage.read_bandwidth_Bps, samples_per_node / storage.preprocess_samples_per_s)
+        return max(0.0, load_s - step_s)
+
+
+__all__ = ["LLMModel", "Evaluation", "compute_time_s"]

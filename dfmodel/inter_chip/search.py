@@ -1,0 +1,150 @@
+"""Best-bound-first search over the outer mapping space, with valid lower bounds and pruning.
+
+Every candidate :class:`Mapping` gets a cheap lower bound (:meth:`LLMModel.lower_bound_s`) and,
+before any inner solve, an exact memory check; candidates are visited in increasing bound order
+and evaluated until the next bound is no better than the best time found. Each evaluation's inner
+solves (sharding MILP, intra-chip partitions) are cached by the knobs they depend on. The best
+mapping is optimal over the whole space within the model when every inner solve was proven.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from dfmodel.errors import InfeasibleError, InputError
+from dfmodel.inter_chip.config import RECOMPUTE, Knobs, Mapping, divisors
+from dfmodel.netmodels import split_dims
+
+
+@dataclass
+class SearchStats:
+    candidates: int = 0
+    evaluated: int = 0
+    pruned_bound: int = 0
+    pruned_memory: int = 0
+    wall_s: float = 0.0
+    proven_optimal: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pruned(self) -> int:
+        return self.pruned_bound + self.pruned_memory
+
+
+def _choices(fixed, options):
+    return [fixed] if fixed is not None else list(options)
+
+
+def degree_triples(num_chips: int, knobs: Knobs, *, max_tp: int, max_pp: int, batch: int):
+    """(tp, pp, dp) with tp*pp*dp = num_chips honouring fixed knobs and divisibility."""
+    for tp in _choices(knobs.tp, divisors(num_chips)):
+        if tp > max_tp or num_chips % tp:
+            continue
+        for pp in _choices(knobs.pp, divisors(num_chips // tp)):
+            if pp > max_pp or (num_chips // tp) % pp:
+                continue
+            dp = num_chips // (tp * pp)
+            if knobs.dp is not None and dp != knobs.dp:
+                continue
+            if batch % dp:
+                continue
+            yield tp, pp, dp
+
+
+def llm_candidates(model, knobs: Knobs):
+    """Every valid mapping of an LLM workload (fixed knobs fixed, the rest enumerated)."""
+    system, w = model.system, model.workload
+    n, L = system.num_chips, w.model.num_layers
+    batch = w.training.global_batch
+    heads = w.model.num_heads
+    max_tp = max(d for d in divisors(heads) if d <= n)
+    for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch):
+        if heads % tp:
+            continue
+        kv = getattr(w.model, "num_kv_heads", heads) or heads
+        if kv % tp and tp % kv:
+            continue
+        placements = split_dims(system, {"tp": tp, "pp": pp, "dp": dp})
+        per_dp = batch // dp
+        fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
+        for mb in _choices(fixed_mb, divisors(per_dp)):
+            if per_dp % mb:
+                continue
+            m = per_dp // mb
+            for v in _choices(knobs.interleave, [1, 2, 3, 4, 6, 8]):
+                if v > 1 and (pp == 1 or m % pp or L % (pp * v)):
+                    continue
+                for rc in _choices(knobs.recompute, RECOMPUTE):
+                    for spar in _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False]):
+                        for dist in _choices(knobs.distributed_optimizer, [False, True] if dp > 1 else [False]):
+                            for place in placements:
+                                yield Mapping(
+                                    tp, pp, dp, mb, m, v, rc, bool(spar), bool(dist),
+                                    tuple((k, tuple(place[k])) for k in ("tp", "pp", "dp")),
+                                )
+
+
+def search(model, candidates, *, exhaustive: bool = False):
+    """Best evaluation over ``candidates`` (an iterable of mappings), with statistics.
+
+    ``exhaustive=True`` evaluates everything (the oracle the tests compare against).
+    """
+    t0 = time.perf_counter()
+    stats = SearchStats()
+    heap = []
+    for i, m in enumerate(candidates):
+        stats.candidates += 1
+        heap.append((model.lower_bound_s(m), i, m))
+    if not heap:
+        raise InfeasibleError("no valid mapping: the fixed knobs, chip count and batch admit none")
+    heapq.heapify(heap)
+    best = None
+    worst_memory = None
+    while heap:
+        bound, _, m = heapq.heappop(heap)
+        if best is not None and bound >= best.iteration_time_s and not exhaustive:
+            stats.pruned_bound += 1 + len(heap)
+            break
+        ev = model.evaluate(m)
+        stats.evaluated += 1
+        if not ev.fits:
+            stats.pruned_memory += 1
+            if worst_memory is None or ev.memory.total_bytes < worst_memory.memory.total_bytes:
+                worst_memory = ev
+            continue
+        stats.proven_optimal &= ev.proven_optimal
+        if best is None or (ev.iteration_time_s, ev.mapping) < (best.iteration_time_s, best.mapping):
+            best = ev
+    stats.wall_s = time.perf_counter() - t0
+    if best is None:
+        mem = worst_memory.memory
+        raise InfeasibleError(
+            f"no mapping fits in memory: the smallest needs {mem.total_bytes / 2**30:.1f} GiB per chip "
+            f"(weights {mem.weights_bytes / 2**30:.1f}, gradients {mem.gradients_bytes / 2**30:.1f}, "
+            f"optimizer {mem.optimizer_bytes / 2**30:.1f}, activations {mem.activations_bytes / 2**30:.1f}) "
+            f"but a chip has {mem.capacity_bytes / 2**30:.1f} GiB, short by "
+            f"{(mem.total_bytes - mem.capacity_bytes) / 2**30:.1f} GiB"
+        )
+    return best, stats
+
+
+def validate_knobs(knobs: Knobs, num_chips: int) -> None:
+    for name in ("tp", "pp", "dp", "micro_batch", "interleave"):
+        v = getattr(knobs, name)
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise InputError(f"must be a positive integer, got {v!r}", field=name)
+    if knobs.recompute is not None and knobs.recompute not in RECOMPUTE:
+        raise InputError(f"must be one of {', '.join(RECOMPUTE)}, got {knobs.recompute!r}", field="recompute")
+    for name in ("tp", "pp", "dp"):
+        v = getattr(knobs, name)
+        if v is not None and num_chips % v:
+            raise InputError(f"must divide the {num_chips} chips, got {v}", field=name)
+    fixed = [getattr(knobs, n) for n in ("tp", "pp", "dp")]
+    if all(v is not None for v in fixed) and fixed[0] * fixed[1] * fixed[2] != num_chips:
+        raise InputError(f"tp x pp x dp = {fixed[0] * fixed[1] * fixed[2]} but the system has {num_chips} chips", field="tp/pp/dp")
+
+
+__all__ = ["search", "llm_candidates", "SearchStats", "validate_knobs", "itertools"]

@@ -1,0 +1,353 @@
+"""Per-kernel sharding over a tensor-parallel group as a MILP, and the per-chip graph it yields.
+
+One-hot ``s[g, r]`` picks strategy ``r`` for every strategy group ``g`` (kernels sharing a
+weight form one group); ``y[e, r, q] >= 0`` carries the layout conversion on edge ``e`` from the
+producer's strategy ``r`` to the consumer's ``q`` with ``sum_q y[e,r,q] = s[u,r]`` and
+``sum_r y[e,r,q] = s[v,q]`` (DESIGN.md section 5; tight, integral on trees). The layer's input
+and output share one boundary layout (layers repeat). Kernel costs are roofline times per chip;
+conversions are collective times over the TP group from the netmodels cost table.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import numpy as np
+import scipy.sparse as sp
+
+from dfmodel.graph.graph import DataflowGraph
+from dfmodel.graph.kernel import Kernel, KernelKind, Phase, Tensor
+from dfmodel.inter_chip.strategies import Strategy, conversion, local_fraction, strategies
+from dfmodel.system.processor import compute_time_s, memory_time_s
+from dfmodel.system.schema import System
+
+US = 1e6  # the MILP works in microseconds (DESIGN.md section 3: scale coefficients)
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """Where a TP group lives: its size and ``(dim_name, members)`` placement, innermost first."""
+
+    size: int
+    placement: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass
+class ShardingPlan:
+    """Chosen strategy per kernel and the boundary layout, with the MILP's proof status."""
+
+    strategy: dict[str, str]
+    boundary_layout: str
+    objective_s: float
+    status: str = "optimal"
+    backend: str = "closed_form"
+    gap: float = 0.0
+
+
+def role(graph: DataflowGraph, t: Tensor) -> str:
+    """``g`` for a gradient operand, ``x`` for an activation/saved value (used by wgrad rules)."""
+    if t.producer is not None:
+        return "g" if graph.kernel(t.producer).phase != Phase.forward else "x"
+    return "g" if t.operand in ("g", "dy", "grad") or t.name.startswith("d") else "x"
+
+
+class ShardingProblem:
+    """Everything the sharding MILP and its oracle need about one graph on one TP group."""
+
+    def __init__(self, graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, tokens_split: bool):
+        self.graph, self.system, self.group, self.costs = graph, system, group, cost_table
+        self.tokens_split = tokens_split and group.size > 1
+        self.precision = graph.meta.get("precision", "bf16")
+        self.groups: dict[str, list[Kernel]] = defaultdict(list)
+        for k in graph.kernels:
+            self.groups[k.weight or k.name].append(k)
+        self.group_of = {k.name: (k.weight or k.name) for k in graph.kernels}
+        self.boundaries = ("R", "T") if self.tokens_split else ("R",)
+
+    @cached_property
+    def options(self) -> dict[str, list[str]]:
+        """Strategy names valid for every kernel of each group (the weight is split once)."""
+        out = {}
+        for g, ks in self.groups.items():
+            names = [s.name for s in strategies(ks[0], tokens_split=self.tokens_split)]
+            for k in ks[1:]:
+                valid = {s.name for s in strategies(k, tokens_split=self.tokens_split)}
+                names = [n for n in names if n in valid]
+            out[g] = names if self.group.size > 1 else ["rep"]
+        return out
+
+    def strategy(self, kernel: Kernel, name: str) -> Strategy:
+        for s in strategies(kernel, tokens_split=self.tokens_split):
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def comm_time_s(self, collective: str | None, message_bytes: float) -> float:
+        if collective is None or self.group.size == 1:
+            return 0.0
+        return self.costs.time_s(collective, message_bytes, self.group.placement)
+
+    def conversion_s(self, src: str, dst: str, full_bytes: float) -> float | None:
+        c = conversion(src, dst, full_bytes, self.group.size)
+        return None if c is None else self.comm_time_s(c.collective, c.message_bytes)
+
+    def in_layout(self, kernel: Kernel, name: str, t: Tensor) -> str:
+        return self.strategy(kernel, name).input_layout(role(self.graph, t))
+
+    def kernel_time_s(self, kernel: Kernel, name: str) -> float | None:
+        """Roofline time of ``kernel`` per chip under strategy ``name`` (its conversions are
+        charged on its edges, including the all-reduce of a token-split weight gradient)."""
+        s = self.strategy(kernel, name)
+        t = self.group.size
+        chip = self.system.chip
+        compute = compute_time_s(chip, kernel, self.precision) / (t if s.splits_work else 1)
+        in_bytes = sum(
+            e.bytes * local_fraction(self.in_layout(kernel, name, e), t)
+            for e in self.graph.tensors
+            if e.consumer == kernel.name
+        )
+        out_bytes = kernel.output_bytes * local_fraction(s.output, t)
+        weight_bytes = kernel.weight_bytes / (t if s.splits_weight else 1)
+        memory = memory_time_s(chip, in_bytes + out_bytes + weight_bytes + kernel.extra_memory_bytes)
+        return max(compute, memory)
+
+    def group_time_s(self, g: str, name: str) -> float | None:
+        times = [self.kernel_time_s(k, name) for k in self.groups[g]]
+        return None if any(x is None for x in times) else sum(times)
+
+    def output_target(self, kernel: Kernel, name: str) -> str | None:
+        """Layout a graph output must end in: weight gradients stay local, activations go to
+        the boundary layout (None)."""
+        if kernel.phase == Phase.weight_grad:
+            s = self.strategy(kernel, name)
+            return s.output if s.output in ("S", "R") else "R"
+        return None
+
+    def evaluate(self, choice: dict[str, str], boundary: str) -> float | None:
+        """Objective of a full assignment (group -> strategy); None if infeasible. The oracle."""
+        total = 0.0
+        for g, name in choice.items():
+            gt = self.group_time_s(g, name)
+            if gt is None:
+                return None
+            total += gt
+        for e in self.graph.tensors:
+            cost = self.edge_cost_s(e, choice.get(self.group_of.get(e.producer)), choice.get(self.group_of.get(e.consumer)), boundary)
+            if cost is None:
+                return None
+            total += cost
+        return total
+
+    def edge_cost_s(self, e: Tensor, r: str | None, q: str | None, boundary: str) -> float | None:
+        if e.producer is None:
+            src = boundary
+        else:
+            src = self.strategy(self.graph.kernel(e.producer), r).output
+        if e.consumer is None:
+            target = self.output_target(self.graph.kernel(e.producer), r)
+            dst = boundary if target is None else target
+        else:
+            dst = self.in_layout(self.graph.kernel(e.consumer), q, e)
+        return self.conversion_s(src, dst, e.bytes)
+
+
+def build_milp(problem: ShardingProblem):
+    """The sharding MILP as a backend-neutral model plus a decoder of its solution."""
+    from dfmodel.solvers import MILPModel
+
+    cols_cost: list[float] = []
+    integer: list[bool] = []
+    index: dict[tuple, int] = {}
+
+    def var(key, cost, is_int):
+        index[key] = len(cols_cost)
+        cols_cost.append(cost)
+        integer.append(is_int)
+        return index[key]
+
+    for g, names in problem.options.items():
+        for i, name in enumerate(names):
+            gt = problem.group_time_s(g, name)
+            if gt is not None:
+                # tiny preference for earlier strategies makes ties reproducible across back-ends
+                var(("s", g, name), gt * US + 1e-6 * i, True)
+    for L in problem.boundaries:
+        var(("b", L), 0.0, True)
+
+    rows: list[dict[int, float]] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def row(coefs: dict[int, float], lower: float, upper: float):
+        rows.append(coefs)
+        lo.append(lower)
+        hi.append(upper)
+
+    for g, names in problem.options.items():
+        row({index[("s", g, n)]: 1.0 for n in names if ("s", g, n) in index}, 1.0, 1.0)
+    row({index[("b", L)]: 1.0 for L in problem.boundaries}, 1.0, 1.0)
+
+    for ei, e in enumerate(problem.graph.tensors):
+        gu = problem.group_of.get(e.producer)
+        gv = problem.group_of.get(e.consumer)
+        left = [("s", gu, r) for r in problem.options[gu]] if gu else [("b", L) for L in problem.boundaries]
+        right = [("s", gv, q) for q in problem.options[gv]] if gv else None
+        left = [k for k in left if k in index]
+        if right is None:  # graph output: cost depends on the producer's strategy and boundary
+            right = [("b", L) for L in problem.boundaries]
+        right = [k for k in right if k in index]
+        ys: dict[tuple, int] = {}
+        for lk in left:
+            for rk in right:
+                if gu and gv and gu == gv and lk != rk:
+                    continue
+                r = lk[2] if lk[0] == "s" else None
+                q = rk[2] if (rk[0] == "s") else None
+                boundary = lk[1] if lk[0] == "b" else (rk[1] if rk[0] == "b" else "R")
+                cost = problem.edge_cost_s(e, r, q, boundary)
+                if cost is None:
+                    continue
+                ys[(lk, rk)] = var(("y", ei, lk, rk), cost * US, False)
+        for lk in left:
+            coefs = {j: 1.0 for (a, _), j in ys.items() if a == lk}
+            coefs[index[lk]] = coefs.get(index[lk], 0.0) - 1.0
+            row(coefs, 0.0, 0.0)
+        for rk in right:
+            coefs = {j: 1.0 for (_, b), j in ys.items() if b == rk}
+            coefs[index[rk]] = coefs.get(index[rk], 0.0) - 1.0
+            row(coefs, 0.0, 0.0)
+
+    n = len(cols_cost)
+    data, ri, ci = [], [], []
+    for i, coefs in enumerate(rows):
+        for j, v in coefs.items():
+            ri.append(i)
+            ci.append(j)
+            data.append(v)
+    A = sp.csr_matrix((data, (ri, ci)), shape=(len(rows), n))
+    model = MILPModel(
+        c=np.array(cols_cost),
+        A=A,
+        row_lo=np.array(lo),
+        row_hi=np.array(hi),
+        lb=np.zeros(n),
+        ub=np.ones(n),
+        integrality=np.array(integer, dtype=bool),
+    )
+
+    def decode(x: np.ndarray) -> tuple[dict[str, str], str]:
+        choice = {}
+        for (kind, *rest), j in index.items():
+            if kind == "s" and x[j] > 0.5:
+                choice[rest[0]] = rest[1]
+        boundary = next(L for L in problem.boundaries if x[index[("b", L)]] > 0.5)
+        return choice, boundary
+
+    return model, decode
+
+
+def solve_sharding(problem: ShardingProblem, *, solver: str = "auto", time_limit_s: float | None = None) -> ShardingPlan:
+    """Optimal strategies for every kernel (group size 1: everything replicated, no solve)."""
+    if problem.group.size == 1:
+        choice = {g: "rep" for g in problem.groups}
+        return ShardingPlan(
+            {k.name: "rep" for k in problem.graph.kernels}, "R", problem.evaluate(choice, "R") or 0.0
+        )
+    from dfmodel.solvers import solve
+
+    model, decode = build_milp(problem)
+    res = solve(model, solver=solver, time_limit_s=time_limit_s)
+    if res.x is None:
+        from dfmodel.errors import InfeasibleError
+
+        raise InfeasibleError(f"sharding of {problem.graph.name} on TP {problem.group.size}: {res.status} {res.message}")
+    choice, boundary = decode(res.x)
+    per_kernel = {k.name: choice[problem.group_of[k.name]] for k in problem.graph.kernels}
+    return ShardingPlan(per_kernel, boundary, problem.evaluate(choice, boundary), res.status, res.backend, res.gap)
+
+
+@dataclass
+class ShardedGraph:
+    """The per-chip graph after sharding, with explicit communication kernels."""
+
+    graph: DataflowGraph
+    network_time_s: dict[str, float]  # comm kernel -> collective time
+    plan: ShardingPlan
+    comm: list[tuple[str, str, float, float]] = field(default_factory=list)  # name, collective, bytes, s
+
+    @property
+    def tp_comm_s(self) -> float:
+        return float(sum(self.network_time_s.values()))
+
+
+def _scaled_kernel(k: Kernel, s: Strategy, t: int) -> Kernel:
+    work = t if s.splits_work else 1
+    weight = t if s.splits_weight else 1
+    dims = dict(k.dims)
+    if s.splits_work and s.split_dim in dims:
+        dims[s.split_dim] = max(1, dims[s.split_dim] // t)
+    return replace(
+        k,
+        dims=dims,
+        flop=k.flop / work,
+        output_bytes=k.output_bytes * local_fraction(s.output, t),
+        weight_bytes=k.weight_bytes / weight,
+        params=k.params / weight,
+        extra_memory_bytes=k.extra_memory_bytes / work,
+    )
+
+
+def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph:
+    """Per-chip kernels and tensors, with a ``comm`` kernel on every edge that converts layouts."""
+    t = problem.group.size
+    g = problem.graph
+    kernels = [_scaled_kernel(k, problem.strategy(k, plan.strategy[k.name]), t) for k in g.kernels]
+    tensors: list[Tensor] = []
+    net: dict[str, float] = {}
+    comm_rows = []
+    for i, e in enumerate(g.tensors):
+        src = plan.boundary_layout if e.producer is None else problem.strategy(g.kernel(e.producer), plan.strategy[e.producer]).output
+        if e.consumer is None:
+            target = problem.output_target(g.kernel(e.producer), plan.strategy[e.producer])
+            dst = plan.boundary_layout if target is None else target
+        else:
+            dst = problem.in_layout(g.kernel(e.consumer), plan.strategy[e.consumer], e)
+        conv = conversion(src, dst, e.bytes, t)
+        if conv is None or conv.collective is None or t == 1:
+            tensors.append(replace(e, bytes=e.bytes * local_fraction(dst, t)))
+            continue
+        name = f"comm{i}.{conv.collective}.{e.name}"
+        time_s = problem.comm_time_s(conv.collective, conv.message_bytes)
+        net[name] = time_s
+        comm_rows.append((name, conv.collective, conv.message_bytes, time_s))
+        kernels.append(
+            Kernel(
+                name,
+                KernelKind.comm,
+                {},
+                flop=0.0,
+                output_bytes=e.bytes * local_fraction(dst, t),
+                phase=g.kernel(e.producer).phase if e.producer else (g.kernel(e.consumer).phase),
+                group="tp_comm",
+                collective=conv.collective,
+                comm_bytes=conv.message_bytes,
+                comm_group="tp",
+            )
+        )
+        tensors.append(replace(e, consumer=name, bytes=e.bytes * local_fraction(src, t)))
+        tensors.append(replace(e, producer=name, bytes=e.bytes * local_fraction(dst, t)))
+    sharded = DataflowGraph(kernels, tensors, name=f"{g.name}/tp{t}", meta={**g.meta, "tp": t})
+    return ShardedGraph(sharded, net, plan, comm_rows)
+
+
+def shard(graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, sequence_parallel: bool = True,
+          solver: str = "auto", time_limit_s: float | None = None) -> ShardedGraph:
+    """Optimal sharding of ``graph`` over ``group`` and the per-chip graph it yields.
+
+    ``sequence_parallel`` allows the token-split layout ``T`` (Megatron sequence parallelism and
+    token-split matmuls); without it layouts are replicated, feature-split or partial.
+    """
+    problem = ShardingProblem(graph, system, group, cost_table, tokens_split=sequence_parallel)
+    return apply_sharding(problem, solve_sharding(problem, solver=solver, time_limit_s=time_limit_s))
