@@ -23,7 +23,7 @@ dimension. Formulas: :mod:`~dfmodel.netmodels.formulas`; per-topology algorithms
 ...     "network": [{"name": "nv", "topology": "switch", "size": 8, "link_bandwidth_Bps": 1e11},
 ...                 {"name": "ib", "topology": "switch", "size": 4, "link_bandwidth_Bps": 1e10}]})
 >>> collective_time(s, "all_reduce", 2**30, (("nv", 8), ("ib", 4))).algorithm
-'ring reduce-scatter over nv, then ring all-reduce over ib, then ring all-gather over nv'
+'pipelined over dims: ring reduce-scatter over nv, ring all-reduce over ib, ring all-gather over nv'
 """
 
 from dfmodel.netmodels.collectives import (

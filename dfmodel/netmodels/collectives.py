@@ -20,9 +20,16 @@ returns the fastest.
 - flat ring: one ring through all members of the group (a snake through the dimensions), each
   step gated by the slowest dimension's bandwidth (times the directions every dimension allows)
   and latency -- a candidate for all_reduce, reduce_scatter, all_gather and broadcast.
+- pipelined: every multi-phase composition above is also a candidate with the message cut into
+  chunks that flow through the phases, so phases on *different* dimensions overlap (different
+  links) while phases on the same dimension still add up (NCCL's multi-channel rings and trees
+  behave like this across NVLink and InfiniBand). Time = the busiest dimension's summed phase
+  times + the pipeline fill, estimated as every phase's zero-byte (latency-only) time. Only the
+  latency is taken for the fill (many small chunks), and the bottleneck's latency is counted
+  twice, which keeps the estimate on the safe side and monotone in every parameter.
 
-Not modelled: running the per-dimension phases of different data chunks concurrently on
-different dimensions (multi-port torus algorithms); contention with other groups on shared links.
+Not modelled: contention with other groups on shared links; multi-port torus algorithms that
+run different chunks along different dimensions *in different orders* at the same time.
 """
 
 from __future__ import annotations
@@ -59,8 +66,10 @@ class StepCost:
 class CollectiveCost:
     """Time of one collective with the algorithm that achieves it.
 
-    ``steps`` run one after another and their times add up to ``time_s`` (a p2p over several
-    dimensions has one step: its slowest hop).
+    ``steps`` are the phases, each timed as if run alone. They run one after another and add up
+    to ``time_s``, except when ``algorithm`` starts with ``"pipelined"`` (phases on different
+    dimensions overlap, see the module doc); a p2p over several dimensions has one step, its
+    slowest hop.
     """
 
     time_s: float
@@ -100,9 +109,25 @@ def _step(collective: str, gd: GroupDim, message_bytes: float) -> StepCost:
     return StepCost(collective, gd.label, gd.members, message_bytes, name, t)
 
 
-def _cost(steps: Sequence[StepCost], prefix: str = "") -> CollectiveCost:
+def _cost(steps: Sequence[StepCost]) -> CollectiveCost:
+    """Phases one after another."""
     text = ", then ".join(s.describe() for s in steps)
-    return CollectiveCost(sum(s.time_s for s in steps), prefix + text, tuple(steps))
+    return CollectiveCost(sum(s.time_s for s in steps), text, tuple(steps))
+
+
+def _pipelined(steps: Sequence[StepCost], dims: tuple[GroupDim, ...]) -> CollectiveCost:
+    """Phases overlapped across dimensions: busiest dimension + latency-only fill (module doc)."""
+    busy: dict[str, float] = {}
+    for st in steps:
+        busy[st.dims] = busy.get(st.dims, 0.0) + st.time_s
+    by_label = {gd.label: gd for gd in dims}
+    fill = sum(_step(st.collective, by_label[st.dims], 0.0).time_s for st in steps)
+    text = "pipelined over dims: " + ", ".join(s.describe() for s in steps)
+    return CollectiveCost(max(busy.values()) + fill, text, tuple(steps))
+
+
+def _both(steps: Sequence[StepCost], dims: tuple[GroupDim, ...]) -> list[CollectiveCost]:
+    return [_cost(steps), _pipelined(steps, dims)]
 
 
 def _orders(dims: tuple[GroupDim, ...]) -> list[tuple[GroupDim, ...]]:
@@ -111,7 +136,7 @@ def _orders(dims: tuple[GroupDim, ...]) -> list[tuple[GroupDim, ...]]:
     return [dims, tuple(reversed(dims))]
 
 
-def _hierarchical_all_reduce(order: tuple[GroupDim, ...], S: float) -> CollectiveCost:
+def _hierarchical_all_reduce(order: tuple[GroupDim, ...], S: float) -> list[StepCost]:
     """Reduce-scatter inward over ``order[:-1]``, all-reduce over ``order[-1]``, all-gather out."""
     down: list[StepCost] = []
     size = S
@@ -123,10 +148,10 @@ def _hierarchical_all_reduce(order: tuple[GroupDim, ...], S: float) -> Collectiv
     for gd in reversed(order[:-1]):
         size *= gd.members
         up.append(_step("all_gather", gd, size))  # all-gather's size is its (full) output
-    return _cost([*down, top, *up])
+    return [*down, top, *up]
 
 
-def _chain(collective: str, order: tuple[GroupDim, ...], S: float) -> CollectiveCost:
+def _chain(collective: str, order: tuple[GroupDim, ...], S: float) -> list[StepCost]:
     """Reduce-scatter (message shrinks) or all-gather (message grows to S) dimension by dimension."""
     steps: list[StepCost] = []
     if collective == "reduce_scatter":
@@ -142,7 +167,7 @@ def _chain(collective: str, order: tuple[GroupDim, ...], S: float) -> Collective
             size /= gd.members
         for gd, sz in zip(order, reversed(sizes)):
             steps.append(_step(collective, gd, sz))
-    return _cost(steps)
+    return steps
 
 
 def _flat_ring(collective: str, dims: tuple[GroupDim, ...], S: float) -> CollectiveCost:
@@ -196,15 +221,15 @@ def algorithms(system: System, collective: str, message_bytes: float, group) -> 
         labels = "+".join(gd.label for gd in dims)
         return [CollectiveCost(worst.time_s, f"{worst.describe()} (slowest hop of {labels})", (worst,))]
     if collective == "all_to_all":
-        return [_cost([_step(collective, gd, S) for gd in dims])]
+        return _both([_step(collective, gd, S) for gd in dims], dims)
     if collective == "broadcast":
-        return [_cost([_step(collective, gd, S) for gd in dims]), _flat_ring(collective, dims, S)]
+        return [*_both([_step(collective, gd, S) for gd in dims], dims), _flat_ring(collective, dims, S)]
     out = []
     for order in _orders(dims):
         if collective == "all_reduce":
-            out.append(_hierarchical_all_reduce(order, S))
+            out.extend(_both(_hierarchical_all_reduce(order, S), dims))
         else:
-            out.append(_chain(collective, order, S))
+            out.extend(_both(_chain(collective, order, S), dims))
     out.append(_flat_ring(collective, dims, S))
     return out
 
