@@ -1,0 +1,298 @@
+"""LLM (GPT / Llama decoder-only transformer) graphs: one decoder layer, the token embedding and
+the LM head, each with forward, backward (data-gradient) and weight-gradient kernels.
+
+Notation: b sequences, s = seq_len, h = hidden, a = num_heads, kv = num_kv_heads, d = h/a,
+f = ffn_hidden, T = b*s tokens, p = bytes per element. Matmul dims are ``b`` (batched heads),
+``m`` (rows), ``n`` (columns), ``k`` (reduction); vector kernels use ``m`` x ``n``.
+
+Closed forms the graphs satisfy (checked in tests/test_builders_llm.py):
+
+- forward matmul FLOP per layer: ``2T h (a+2kv)d + 4 b s^2 h + 2T h^2 + 2T h f_in + 2T f h``
+  with ``f_in = f`` (gelu) or ``2f`` (swiglu); for GPT (kv = a, f = 4h, gelu) that is
+  ``24 b s h^2 + 4 b s^2 h`` (Narayanan et al., SC'21, eq. 2 without the logit layer);
+- backward + weight-gradient matmul FLOP = 2 x forward matmul FLOP, exactly;
+- parameters per layer: ``(h+1)(a+2kv)d + (h+1)h + (h+1)f_in + (f+1)h + 4h`` (biases on every
+  linear, two layernorms with gain and bias); GPT: ``12h^2 + 13h``;
+- embedding: ``V h`` (+ ``s h`` learned positions); head: final layernorm ``2h`` plus ``V h``
+  unless ``tie_embeddings`` (Megatron ties the LM head to the token embedding, so its
+  parameters are counted once, on the embedding). GPT-3 175B: 96 (12h^2+13h) + 51200 h +
+  2048 h + 2h = 174.6e9.
+
+Biases are modelled on every linear layer (GPT-2/3 style); Llama has none and uses RMSNorm,
+which changes its parameter count by < 0.02 %. Bias additions are counted in the next
+element-wise kernel (residual or activation) and bias gradients in the kernel that first
+sees the gradient, so matmul kernels carry exactly ``2bmnk``. Rotary position embeddings are
+applied inside attention at negligible cost and are not modelled as a kernel.
+"""
+
+from __future__ import annotations
+
+from dfmodel.graph.builders.base import GraphBuilder
+from dfmodel.graph.builders.formulas import INDEX_BYTES, LOSS_BYTES, matmul_flop, vector_flop
+from dfmodel.graph.graph import DataflowGraph
+from dfmodel.graph.kernel import KernelKind, Phase
+from dfmodel.graph.workload import LLMWorkload
+
+MM, EW, RED, EMB = KernelKind.matmul, KernelKind.elementwise, KernelKind.reduction, KernelKind.embedding
+FWD, BWD, WG = Phase.forward, Phase.backward, Phase.weight_grad
+
+
+def linear_params(k: int, n: int, bias: bool = True) -> int:
+    """Parameters of a linear layer from k to n features: ``k*n`` (+ ``n`` bias)."""
+    return k * n + (n if bias else 0)
+
+
+def layernorm_params(h: int) -> int:
+    """Gain and bias of a layernorm over h features: ``2h``."""
+    return 2 * h
+
+
+def _meta(w: LLMWorkload, batch: int, part: str) -> dict:
+    m = w.model
+    return {
+        "family": "llm",
+        "part": part,
+        "workload": w.name,
+        "batch": batch,
+        "seq_len": m.seq_len,
+        "tokens": batch * m.seq_len,
+        "hidden": m.hidden,
+        "num_heads": m.num_heads,
+        "num_kv_heads": m.kv_heads,
+        "head_dim": m.head_dim,
+        "ffn_hidden": m.ffn,
+        "ffn_type": m.ffn_type,
+        "num_layers": m.num_layers,
+        "vocab_size": m.vocab_size,
+        "tie_embeddings": m.tie_embeddings,
+        "precision": w.precision.value,
+        "bytes_per_element": w.precision.bytes,
+    }
+
+
+def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
+    """One decoder layer for ``batch`` sequences: forward, backward and weight-gradient kernels.
+
+    Graph inputs: ``x`` (the previous layer's output) and ``dy`` (the next layer's gradient);
+    outputs: ``y``, ``dx`` and the weight gradients ``dW.*``. Backward kernels read the saved
+    forward activations they need (edges from forward to backward kernels), which is what makes
+    activation memory and fusion visible to the mapping passes.
+
+    >>> from dfmodel.graph.workload import load_workload
+    >>> w = load_workload({"kind": "llm", "name": "t", "model": {"hidden": 64, "num_heads": 4,
+    ...     "num_layers": 1, "seq_len": 32}, "training": {"global_batch": 2}})
+    >>> g = build_llm_layer(w, 2)
+    >>> g.matmul_flop(Phase.forward) == 24 * 2 * 32 * 64**2 + 4 * 2 * 32**2 * 64
+    True
+    >>> g.params() == 12 * 64**2 + 13 * 64
+    True
+    """
+    m = w.model
+    b, s, h, a, kv, d, f = batch, m.seq_len, m.hidden, m.num_heads, m.kv_heads, m.head_dim, m.ffn
+    T, p, ba = b * s, w.precision.bytes, batch * m.num_heads
+    nqkv = (a + 2 * kv) * d
+    f_in = f if m.ffn_type == "gelu" else 2 * f  # swiglu: gate and up projections fused
+    act, act_bwd = m.ffn_type, f"{m.ffn_type}_bwd"
+    qkv_p, out_p = linear_params(h, nqkv), linear_params(a * d, h)
+    fc1_p, fc2_p, ln_p = linear_params(h, f_in), linear_params(f, h), layernorm_params(h)
+    tok = T * h  # elements of one token-by-hidden activation
+    g = GraphBuilder()
+
+    def weights(params: int) -> dict:
+        return {"params": params, "weight_bytes": params * p}
+
+    # ---- forward ------------------------------------------------------------------------------
+    g.kernel("fwd.ln1", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", tok), output_bytes=tok * p,
+             group="norm", **weights(ln_p))
+    g.kernel("fwd.qkv", MM, {"m": T, "n": nqkv, "k": h}, flop=matmul_flop(1, T, nqkv, h),
+             output_bytes=T * nqkv * p, group="attention", **weights(qkv_p))
+    # GQA: each of the a query heads attends to its group's shared K/V head; FLOP as for MHA
+    g.kernel("fwd.attn_score", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=matmul_flop(ba, s, s, d),
+             output_bytes=ba * s * s * p, group="attention")
+    g.kernel("fwd.softmax", RED, {"m": ba * s, "n": s}, flop=vector_flop("softmax", ba * s * s),
+             output_bytes=ba * s * s * p, group="attention")
+    g.kernel("fwd.attn_v", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
+             output_bytes=T * a * d * p, group="attention")
+    g.kernel("fwd.out_proj", MM, {"m": T, "n": h, "k": a * d}, flop=matmul_flop(1, T, h, a * d),
+             output_bytes=tok * p, group="attention", **weights(out_p))
+    g.kernel("fwd.residual1", EW, {"m": T, "n": h}, flop=vector_flop("residual", tok) + vector_flop("bias", tok),
+             output_bytes=tok * p, group="attention")
+    g.kernel("fwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", tok), output_bytes=tok * p,
+             group="norm", **weights(ln_p))
+    g.kernel("fwd.fc1", MM, {"m": T, "n": f_in, "k": h}, flop=matmul_flop(1, T, f_in, h),
+             output_bytes=T * f_in * p, group="mlp", **weights(fc1_p))
+    g.kernel("fwd.act", EW, {"m": T, "n": f}, flop=vector_flop(act, T * f) + vector_flop("bias", T * f_in),
+             output_bytes=T * f * p, group="mlp")
+    g.kernel("fwd.fc2", MM, {"m": T, "n": h, "k": f}, flop=matmul_flop(1, T, h, f), output_bytes=tok * p,
+             group="mlp", **weights(fc2_p))
+    g.kernel("fwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("residual", tok) + vector_flop("bias", tok),
+             output_bytes=tok * p, group="mlp")
+
+    # ---- backward (data gradients) and weight gradients, in execution order --------------------
+    # Weight-gradient kernels also carry weight_bytes: with gradient accumulation over
+    # micro-batches they read and write the dW buffer (output_bytes = the weight bytes).
+    g.kernel("bwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("bias_grad", tok), output_bytes=tok * p,
+             phase=BWD, group="mlp")
+    g.kernel("bwd.fc2", MM, {"m": T, "n": f, "k": h}, flop=matmul_flop(1, T, f, h), output_bytes=T * f * p,
+             phase=BWD, group="mlp", weight_bytes=fc2_p * p)
+    g.kernel("wgrad.fc2", MM, {"m": f, "n": h, "k": T}, flop=matmul_flop(1, f, h, T), output_bytes=fc2_p * p,
+             phase=WG, group="mlp", weight_bytes=fc2_p * p)
+    g.kernel("bwd.act", EW, {"m": T, "n": f}, flop=vector_flop(act_bwd, T * f) + vector_flop("bias_grad", T * f_in),
+             output_bytes=T * f_in * p, phase=BWD, group="mlp")
+    g.kernel("bwd.fc1", MM, {"m": T, "n": h, "k": f_in}, flop=matmul_flop(1, T, h, f_in), output_bytes=tok * p,
+             phase=BWD, group="mlp", weight_bytes=fc1_p * p)
+    g.kernel("wgrad.fc1", MM, {"m": h, "n": f_in, "k": T}, flop=matmul_flop(1, h, f_in, T),
+             output_bytes=fc1_p * p, phase=WG, group="mlp", weight_bytes=fc1_p * p)
+    g.kernel("bwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,
+             phase=BWD, group="norm", weight_bytes=ln_p * p)
+    g.kernel("bwd.residual1", EW, {"m": T, "n": h},
+             flop=vector_flop("residual", tok) + vector_flop("bias_grad", tok), output_bytes=tok * p,
+             phase=BWD, group="attention")
+    g.kernel("bwd.out_proj", MM, {"m": T, "n": a * d, "k": h}, flop=matmul_flop(1, T, a * d, h),
+             output_bytes=T * a * d * p, phase=BWD, group="attention", weight_bytes=out_p * p)
+    g.kernel("wgrad.out_proj", MM, {"m": a * d, "n": h, "k": T}, flop=matmul_flop(1, a * d, h, T),
+             output_bytes=out_p * p, phase=WG, group="attention", weight_bytes=out_p * p)
+    # attention has no weights: each forward matmul has two data-gradient matmuls
+    g.kernel("bwd.attn_v.dp", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=matmul_flop(ba, s, s, d),
+             output_bytes=ba * s * s * p, phase=BWD, group="attention")  # dP = dCtx V^T
+    g.kernel("bwd.attn_v.dv", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
+             output_bytes=T * kv * d * p, phase=BWD, group="attention")  # dV = P^T dCtx (summed per KV group)
+    g.kernel("bwd.softmax", RED, {"m": ba * s, "n": s}, flop=vector_flop("softmax_bwd", ba * s * s),
+             output_bytes=ba * s * s * p, phase=BWD, group="attention")
+    g.kernel("bwd.attn_score.dq", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
+             output_bytes=T * a * d * p, phase=BWD, group="attention")  # dQ = dS K
+    g.kernel("bwd.attn_score.dk", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
+             output_bytes=T * kv * d * p, phase=BWD, group="attention")  # dK = dS^T Q
+    g.kernel("bwd.qkv", MM, {"m": T, "n": h, "k": nqkv}, flop=matmul_flop(1, T, h, nqkv), output_bytes=tok * p,
+             phase=BWD, group="attention", weight_bytes=qkv_p * p)
+    g.kernel("wgrad.qkv", MM, {"m": h, "n": nqkv, "k": T}, flop=matmul_flop(1, h, nqkv, T),
+             output_bytes=qkv_p * p, phase=WG, group="attention", weight_bytes=qkv_p * p)
+    g.kernel("bwd.ln1", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,
+             phase=BWD, group="norm", weight_bytes=ln_p * p)
+
+    # ---- tensors ------------------------------------------------------------------------------
+    act_shape = (b, s, h)
+    g.tensor("x", None, ["fwd.ln1", "fwd.residual1", "bwd.ln1"], tok * p, ["x", "residual", "saved"], act_shape)
+    g.tensor("ln1_out", "fwd.ln1", ["fwd.qkv", "wgrad.qkv"], tok * p, "a", act_shape)
+    g.tensor("q", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dk"], T * a * d * p, ["a", "b"], (b, s, a, d))
+    g.tensor("k", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dq"], T * kv * d * p, "b", (b, s, kv, d))
+    g.tensor("v", "fwd.qkv", ["fwd.attn_v", "bwd.attn_v.dp"], T * kv * d * p, "b", (b, s, kv, d))
+    g.tensor("scores", "fwd.attn_score", "fwd.softmax", ba * s * s * p, "x", (b, a, s, s))
+    g.tensor("probs", "fwd.softmax", ["fwd.attn_v", "bwd.softmax", "bwd.attn_v.dv"], ba * s * s * p,
+             ["a", "saved", "a"], (b, a, s, s))
+    g.tensor("ctx", "fwd.attn_v", ["fwd.out_proj", "wgrad.out_proj"], T * a * d * p, "a", (b, s, a, d))
+    g.tensor("attn_out", "fwd.out_proj", "fwd.residual1", tok * p, "x", act_shape)
+    g.tensor("r1", "fwd.residual1", ["fwd.ln2", "fwd.residual2", "bwd.ln2"], tok * p, ["x", "residual", "saved"],
+             act_shape)
+    g.tensor("ln2_out", "fwd.ln2", ["fwd.fc1", "wgrad.fc1"], tok * p, "a", act_shape)
+    g.tensor("fc1_out", "fwd.fc1", ["fwd.act", "bwd.act"], T * f_in * p, ["x", "saved"], (b, s, f_in))
+    g.tensor("act_out", "fwd.act", ["fwd.fc2", "wgrad.fc2"], T * f * p, "a", (b, s, f))
+    g.tensor("mlp_out", "fwd.fc2", "fwd.residual2", tok * p, "x", act_shape)
+    g.tensor("y", "fwd.residual2", None, tok * p, "x", act_shape)
+
+    g.tensor("dy", None, "bwd.residual2", tok * p, "grad", act_shape)
+    g.tensor("d_y", "bwd.residual2", ["bwd.fc2", "wgrad.fc2", "bwd.residual1"], tok * p,
+             ["a", "b", "grad_skip"], act_shape)
+    g.tensor("d_act", "bwd.fc2", "bwd.act", T * f * p, "grad", (b, s, f))
+    g.tensor("dW.fc2", "wgrad.fc2", None, fc2_p * p, "x")
+    g.tensor("d_fc1", "bwd.act", ["bwd.fc1", "wgrad.fc1"], T * f_in * p, ["a", "b"], (b, s, f_in))
+    g.tensor("dW.fc1", "wgrad.fc1", None, fc1_p * p, "x")
+    g.tensor("d_ln2_out", "bwd.fc1", "bwd.ln2", tok * p, "grad", act_shape)
+    g.tensor("dW.ln2", "bwd.ln2", None, ln_p * p, "x")
+    g.tensor("d_ln2_in", "bwd.ln2", "bwd.residual1", tok * p, "grad", act_shape)
+    g.tensor("d_r1", "bwd.residual1", ["bwd.out_proj", "wgrad.out_proj", "bwd.ln1"], tok * p,
+             ["a", "b", "grad_skip"], act_shape)
+    g.tensor("dW.out_proj", "wgrad.out_proj", None, out_p * p, "x")
+    g.tensor("d_ctx", "bwd.out_proj", ["bwd.attn_v.dp", "bwd.attn_v.dv"], T * a * d * p, ["a", "b"], (b, s, a, d))
+    g.tensor("d_probs", "bwd.attn_v.dp", "bwd.softmax", ba * s * s * p, "grad", (b, a, s, s))
+    g.tensor("dv", "bwd.attn_v.dv", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
+    g.tensor("d_scores", "bwd.softmax", ["bwd.attn_score.dq", "bwd.attn_score.dk"], ba * s * s * p, "a",
+             (b, a, s, s))
+    g.tensor("dq", "bwd.attn_score.dq", ["bwd.qkv", "wgrad.qkv"], T * a * d * p, ["a", "b"], (b, s, a, d))
+    g.tensor("dk", "bwd.attn_score.dk", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
+    g.tensor("d_ln1_out", "bwd.qkv", "bwd.ln1", tok * p, "grad", act_shape)
+    g.tensor("dW.qkv", "wgrad.qkv", None, qkv_p * p, "x")
+    g.tensor("dW.ln1", "bwd.ln1", None, ln_p * p, "x")
+    g.tensor("dx", "bwd.ln1", None, tok * p, "x", act_shape)
+    return g.build(f"{w.name}.layer", _meta(w, batch, "layer"))
+
+
+def build_llm_embedding(w: LLMWorkload, batch: int) -> DataflowGraph | None:
+    """Token (and learned position) embedding: a look-up and its gradient scatter; None if
+    ``vocab_size`` is 0.
+
+    The tables are parameters (``params``) but not streamed weights (``weight_bytes = 0``): a
+    look-up reads only the gathered rows, counted in ``extra_memory_bytes``. Token ids have no
+    data gradient, so the backward is the weight-gradient scatter-add alone.
+
+    >>> from dfmodel.graph.workload import load_workload
+    >>> w = load_workload("gpt3_175b")
+    >>> build_llm_embedding(w, 1).params() == 51200 * 12288 + 2048 * 12288
+    True
+    """
+    m = w.model
+    if m.vocab_size == 0:
+        return None
+    T, h, p, V = batch * m.seq_len, m.hidden, w.precision.bytes, m.vocab_size
+    tables = 2 if m.position_embedding == "learned" else 1  # rows gathered per token
+    params = V * h + (m.seq_len * h if tables == 2 else 0)
+    gathered = tables * T * h * p
+    g = GraphBuilder()
+    g.kernel("fwd.embed", EMB, {"m": T, "n": h}, flop=vector_flop("embedding_pool", (tables - 1) * T * h),
+             output_bytes=T * h * p, extra_memory_bytes=gathered, params=params, group="embedding")
+    # scatter-add of the gradient rows: read-modify-write of every touched row
+    g.kernel("wgrad.embed", EMB, {"m": T, "n": h}, flop=vector_flop("embedding_scatter", tables * T * h),
+             output_bytes=T * h * p, extra_memory_bytes=2 * gathered, phase=WG, group="embedding")
+    g.tensor("tokens", None, ["fwd.embed", "wgrad.embed"], T * INDEX_BYTES, "index", (batch, m.seq_len))
+    g.tensor("emb", "fwd.embed", None, T * h * p, "x", (batch, m.seq_len, h))
+    g.tensor("d_emb", None, "wgrad.embed", T * h * p, "grad", (batch, m.seq_len, h))
+    g.tensor("dW.embed", "wgrad.embed", None, T * h * p, "x")
+    return g.build(f"{w.name}.embedding", _meta(w, batch, "embedding"))
+
+
+def build_llm_head(w: LLMWorkload, batch: int) -> DataflowGraph | None:
+    """Final layernorm, LM-head matmul and softmax cross-entropy with their gradients; None if
+    ``vocab_size`` is 0.
+
+    With ``tie_embeddings`` the LM head multiplies by the token-embedding table: it reads
+    (``weight_bytes``) and produces a gradient for it, but owns no parameters of its own.
+
+    >>> from dfmodel.graph.workload import load_workload
+    >>> build_llm_head(load_workload("gpt3_175b"), 1).params() == 2 * 12288  # tied: ln_f only
+    True
+    """
+    m = w.model
+    if m.vocab_size == 0:
+        return None
+    b, s, h, V, p = batch, m.seq_len, m.hidden, m.vocab_size, w.precision.bytes
+    T, ln_p = b * s, layernorm_params(h)
+    head_p = 0 if m.tie_embeddings else linear_params(h, V, bias=False)
+    g = GraphBuilder()
+    g.kernel("fwd.ln_f", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", T * h), output_bytes=T * h * p,
+             group="norm", params=ln_p, weight_bytes=ln_p * p)
+    g.kernel("fwd.lm_head", MM, {"m": T, "n": V, "k": h}, flop=matmul_flop(1, T, V, h), output_bytes=T * V * p,
+             group="head", params=head_p, weight_bytes=V * h * p)
+    g.kernel("fwd.loss", RED, {"m": T, "n": V}, flop=vector_flop("cross_entropy", T * V),
+             output_bytes=T * LOSS_BYTES, group="head")
+    g.kernel("bwd.loss", EW, {"m": T, "n": V}, flop=vector_flop("cross_entropy_bwd", T * V),
+             output_bytes=T * V * p, phase=BWD, group="head")
+    g.kernel("bwd.lm_head", MM, {"m": T, "n": h, "k": V}, flop=matmul_flop(1, T, h, V), output_bytes=T * h * p,
+             phase=BWD, group="head", weight_bytes=V * h * p)
+    g.kernel("wgrad.lm_head", MM, {"m": h, "n": V, "k": T}, flop=matmul_flop(1, h, V, T),
+             output_bytes=V * h * p, phase=WG, group="head", weight_bytes=V * h * p)
+    g.kernel("bwd.ln_f", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", T * h), output_bytes=T * h * p,
+             phase=BWD, group="norm", weight_bytes=ln_p * p)
+
+    g.tensor("y_last", None, ["fwd.ln_f", "bwd.ln_f"], T * h * p, ["x", "saved"], (b, s, h))
+    g.tensor("lnf_out", "fwd.ln_f", ["fwd.lm_head", "wgrad.lm_head"], T * h * p, "a", (b, s, h))
+    g.tensor("logits", "fwd.lm_head", ["fwd.loss", "bwd.loss"], T * V * p, ["x", "saved"], (b, s, V))
+    g.tensor("labels", None, ["fwd.loss", "bwd.loss"], T * INDEX_BYTES, "labels", (b, s))
+    g.tensor("loss", "fwd.loss", None, T * LOSS_BYTES, "x", (b, s))
+    # log-sum-exp per token, saved by fused cross-entropy kernels for the backward
+    g.tensor("lse", "fwd.loss", "bwd.loss", T * LOSS_BYTES, "saved", (b, s))
+    g.tensor("d_logits", "bwd.loss", ["bwd.lm_head", "wgrad.lm_head"], T * V * p, ["a", "b"], (b, s, V))
+    g.tensor("d_lnf_out", "bwd.lm_head", "bwd.ln_f", T * h * p, "grad", (b, s, h))
+    g.tensor("dW.lm_head", "wgrad.lm_head", None, V * h * p, "x")
+    g.tensor("dW.ln_f", "bwd.ln_f", None, ln_p * p, "x")
+    g.tensor("dy_last", "bwd.ln_f", None, T * h * p, "x", (b, s, h))
+    return g.build(f"{w.name}.head", _meta(w, batch, "head"))

@@ -1,0 +1,507 @@
+"""Workload specs: one pydantic model per family, chosen by ``kind`` (a discriminated union).
+
+A workload YAML names a family and its hyper-parameters; a builder (:mod:`dfmodel.graph.build`)
+expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and their fields::
+
+    kind: llm                          # GPT / Llama style decoder-only transformer
+    name: gpt3_175b
+    description: ""                    # every family has name + description
+    model:
+      hidden: 12288                    # h
+      num_heads: 96                    # a, must divide hidden (head dim d = h / a)
+      num_kv_heads: 96                 # default num_heads; must divide num_heads (GQA / MQA)
+      num_layers: 96
+      seq_len: 2048
+      ffn_hidden: 49152                # default 4 * hidden
+      ffn_type: gelu                   # gelu | swiglu (swiglu: gate and up projections)
+      vocab_size: 51200                # default 0 = no embedding / LM head graphs
+      tie_embeddings: true             # LM head reuses the token embedding (Megatron default)
+      position_embedding: learned      # learned (seq_len x hidden table) | rotary (no params)
+    training:
+      global_batch: 1536               # sequences per iteration
+      micro_batch: null                # optional fixed micro-batch (sequences); must divide it
+      precision: bf16                  # fp32 | bf16 | fp16 | fp8
+      optimizer: adam                  # adam | sgd | adagrad
+      input_bytes_per_sample: 8192     # bytes read by the input pipeline per sample (0 = ignore)
+
+    kind: dlrm
+    embedding: {num_tables: 26, rows_per_table: [..26 ints..] or one int, dim: 128,
+                lookups_per_table: [..] or one int (pooling factor)}
+    dense_features: 13
+    bottom_mlp: [512, 256, 128]        # last width must equal embedding.dim (dot interaction)
+    top_mlp: [1024, 1024, 512, 256, 1]
+    interaction: dot
+    training: {global_batch: 65536, precision: fp32}
+
+    kind: hpl                          # HPL.dat's N, NB, P, Q (lower case here)
+    n: 2457600                         # matrix order
+    nb: 384                            # block size
+    p: 32                              # process rows
+    q: 32                              # process columns
+    precision: fp64
+    max_steps: 64                      # the N/NB steps are grouped into at most this many
+
+    kind: fft
+    dims: [4096, 4096, 4096]           # [n], [nx, ny] or [nx, ny, nz] complex points
+    batch: 1
+    precision: fp32                    # of each real component: a point is 2 x bytes
+    decomposition: pencil              # pencil | slab (slab: 3-D only)
+
+    kind: graph                        # an explicit graph
+    precision: bf16
+    batch: 1                           # the batch the graph stands for (fixed)
+    kernels: [{name, kind, dims, flop, output_bytes, weight_bytes, extra_memory_bytes, params,
+               phase, group, collective, comm_bytes, comm_group}, ...]
+    tensors: [{name, producer, consumer, bytes, operand, shape}, ...]   # null = graph in/out
+
+Byte fields accept unit strings ("4 KiB"). Every bad input raises one-line
+:class:`~dfmodel.errors.InputError` naming the file, the field path and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PositiveInt,
+    PrivateAttr,
+    RootModel,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from dfmodel.errors import InputError
+from dfmodel.graph.kernel import KernelKind, Phase
+from dfmodel.presets import resolve
+from dfmodel.system.schema import Precision, Strict
+from dfmodel.system.units import Bytes, BytesOrZero, NonNegativeFloat
+from dfmodel.yamlio import read_yaml, validate
+
+KINDS = ("llm", "dlrm", "hpl", "fft", "graph")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
+
+
+def _training_precision(p: Precision) -> Precision:
+    # fp64 is for HPC families; no accelerator trains networks in it and chips rarely list it
+    if p == Precision.fp64:
+        raise ValueError("training precision must be one of fp32, bf16, fp16, fp8, got fp64")
+    return p
+
+
+TrainingPrecision = Annotated[Precision, AfterValidator(_training_precision)]
+
+
+class _Base(Strict):
+    """Fields every workload has; ``_source`` remembers the file for later error messages."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    _source: str = PrivateAttr(default="<workload>")
+
+    @property
+    def source(self) -> str:
+        """The file (or ``<dict>``) this workload was loaded from, for error messages."""
+        return self._source
+
+
+class Training(Strict):
+    """How a network family is trained: batch, precision, optimizer and input pipeline.
+
+    ``input_bytes_per_sample`` is what the input pipeline reads from storage per sample (a
+    sequence for an LLM, a record for DLRM); 0 means the input pipeline is not modelled.
+    """
+
+    global_batch: PositiveInt
+    micro_batch: PositiveInt | None = None
+    precision: TrainingPrecision = Precision.bf16
+    optimizer: Literal["adam", "sgd", "adagrad"] = "adam"
+    input_bytes_per_sample: BytesOrZero = 0.0
+
+    @field_validator("micro_batch")
+    @classmethod
+    def _divides(cls, v: int | None, info: ValidationInfo) -> int | None:
+        g = info.data.get("global_batch")
+        if v is not None and g is not None and g % v:
+            raise ValueError(f"must divide training.global_batch ({g}), got {v}")
+        return v
+
+
+# -- llm ---------------------------------------------------------------------------------------------
+
+
+class LLMModel(Strict):
+    """Decoder-only transformer hyper-parameters (see the module doc for each field)."""
+
+    hidden: PositiveInt
+    num_heads: PositiveInt
+    num_layers: PositiveInt
+    seq_len: PositiveInt
+    ffn_hidden: PositiveInt | None = None  # filled with 4 * hidden when absent
+    vocab_size: Annotated[int, Field(ge=0)] = 0
+    num_kv_heads: PositiveInt | None = None  # filled with num_heads when absent
+    ffn_type: Literal["gelu", "swiglu"] = "gelu"
+    tie_embeddings: bool = True
+    position_embedding: Literal["learned", "rotary"] = "learned"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        # Fill defaults before field validation so the stored model is explicit; leave bad
+        # values alone so the field validators report them at their own path.
+        if isinstance(data, dict):
+            data = dict(data)
+            hidden, heads = data.get("hidden"), data.get("num_heads")
+            if data.get("ffn_hidden") is None and type(hidden) is int:
+                data["ffn_hidden"] = 4 * hidden
+            if data.get("num_kv_heads") is None and type(heads) is int:
+                data["num_kv_heads"] = heads
+        return data
+
+    @field_validator("num_heads")
+    @classmethod
+    def _heads_divide_hidden(cls, v: int, info: ValidationInfo) -> int:
+        h = info.data.get("hidden")
+        if h is not None and h % v:
+            raise ValueError(f"must divide model.hidden ({h}), got {v}")
+        return v
+
+    @field_validator("num_kv_heads")
+    @classmethod
+    def _kv_divide_heads(cls, v: int | None, info: ValidationInfo) -> int | None:
+        a = info.data.get("num_heads")
+        if v is not None and a is not None and a % v:
+            raise ValueError(f"must divide model.num_heads ({a}), got {v}")
+        return v
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+
+class LLMWorkload(_Base):
+    """``kind: llm``: a GPT/Llama decoder-only transformer and its training setup.
+
+    >>> w = load_workload({"kind": "llm", "name": "tiny", "model": {"hidden": 64, "num_heads": 4,
+    ...     "num_layers": 2, "seq_len": 16}, "training": {"global_batch": 8}})
+    >>> w.model.ffn_hidden, w.model.num_kv_heads, w.training.precision.value
+    (256, 4, 'bf16')
+    """
+
+    kind: Literal["llm"]
+    model: LLMModel
+    training: Training
+
+    @property
+    def precision(self) -> Precision:
+        return self.training.precision
+
+    @property
+    def default_batch(self) -> int:
+        """Samples per iteration when no batch is given (sequences)."""
+        return self.training.global_batch
+
+
+# -- dlrm --------------------------------------------------------------------------------------------
+
+
+class EmbeddingTables(Strict):
+    """Sparse features: ``num_tables`` tables of ``rows`` x ``dim``; each sample looks up
+    ``lookups_per_table`` rows per table (the pooling factor) and sums them."""
+
+    num_tables: PositiveInt
+    rows_per_table: PositiveInt | list[PositiveInt]
+    dim: PositiveInt
+    lookups_per_table: PositiveInt | list[PositiveInt] = 1
+
+    @field_validator("rows_per_table", "lookups_per_table")
+    @classmethod
+    def _one_per_table(cls, v: int | list[int], info: ValidationInfo) -> int | list[int]:
+        t = info.data.get("num_tables")
+        if isinstance(v, list) and t is not None and len(v) != t:
+            raise ValueError(f"must be one integer or a list of num_tables ({t}) integers, got {len(v)}")
+        return v
+
+    def rows(self) -> list[int]:
+        r = self.rows_per_table
+        return list(r) if isinstance(r, list) else [r] * self.num_tables
+
+    def lookups(self) -> list[int]:
+        p = self.lookups_per_table
+        return list(p) if isinstance(p, list) else [p] * self.num_tables
+
+
+class DLRMWorkload(_Base):
+    """``kind: dlrm``: Deep Learning Recommendation Model (Naumov et al. 2019, arXiv:1906.00091).
+
+    >>> w = load_workload({"kind": "dlrm", "name": "d", "embedding": {"num_tables": 2,
+    ...     "rows_per_table": [10, 20], "dim": 4}, "dense_features": 3, "bottom_mlp": [8, 4],
+    ...     "top_mlp": [8, 1], "training": {"global_batch": 16}})
+    >>> w.embedding.rows(), w.embedding.lookups()
+    ([10, 20], [1, 1])
+    """
+
+    kind: Literal["dlrm"]
+    embedding: EmbeddingTables
+    dense_features: PositiveInt
+    bottom_mlp: list[PositiveInt] = Field(min_length=1)
+    top_mlp: list[PositiveInt] = Field(min_length=1)
+    interaction: Literal["dot"] = "dot"
+    training: Training
+
+    @field_validator("bottom_mlp")
+    @classmethod
+    def _bottom_matches_dim(cls, v: list[int], info: ValidationInfo) -> list[int]:
+        emb = info.data.get("embedding")
+        if emb is not None and v[-1] != emb.dim:
+            raise ValueError(f"last width must equal embedding.dim ({emb.dim}) for the dot interaction, got {v[-1]}")
+        return v
+
+    @property
+    def precision(self) -> Precision:
+        return self.training.precision
+
+    @property
+    def default_batch(self) -> int:
+        return self.training.global_batch
+
+
+# -- hpl ---------------------------------------------------------------------------------------------
+
+
+class HPLWorkload(_Base):
+    """``kind: hpl``: High-Performance Linpack, LU with partial pivoting of an n x n matrix.
+
+    Fields are HPL.dat's N, NB, P, Q in lower case (field paths in errors stay readable); the
+    upper-case spellings are accepted too and renamed on load.
+
+    >>> load_workload({"kind": "hpl", "name": "h", "n": 1000, "nb": 100, "p": 2, "q": 2}).precision.value
+    'fp64'
+    """
+
+    kind: Literal["hpl"]
+    n: PositiveInt
+    nb: PositiveInt
+    p: PositiveInt = 1
+    q: PositiveInt = 1
+    precision: Precision = Precision.fp64
+    max_steps: PositiveInt = 64
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hpl_dat_names(cls, data: Any) -> Any:
+        # users copy N/NB/P/Q from HPL.dat; accept them unless the lower-case key is also given
+        if isinstance(data, dict):
+            data = dict(data)
+            for upper in ("N", "NB", "P", "Q"):
+                if upper in data and upper.lower() not in data:
+                    data[upper.lower()] = data.pop(upper)
+        return data
+
+    @field_validator("nb")
+    @classmethod
+    def _nb_le_n(cls, v: int, info: ValidationInfo) -> int:
+        n = info.data.get("n")
+        if n is not None and v > n:
+            raise ValueError(f"must be <= n ({n}), got {v}")
+        return v
+
+    @property
+    def default_batch(self) -> int:
+        return 1
+
+
+# -- fft ---------------------------------------------------------------------------------------------
+
+
+class FFTWorkload(_Base):
+    """``kind: fft``: a distributed complex FFT of ``dims`` points, ``batch`` times.
+
+    >>> load_workload({"kind": "fft", "name": "f", "dims": [64, 64, 64]}).decomposition
+    'pencil'
+    """
+
+    kind: Literal["fft"]
+    dims: list[Annotated[int, Field(ge=2)]] = Field(min_length=1, max_length=3)
+    batch: PositiveInt = 1
+    precision: Precision = Precision.fp32
+    decomposition: Literal["pencil", "slab"] = "pencil"
+
+    @field_validator("decomposition")
+    @classmethod
+    def _slab_is_3d(cls, v: str, info: ValidationInfo) -> str:
+        dims = info.data.get("dims")
+        if v == "slab" and dims is not None and len(dims) != 3:
+            raise ValueError(f"slab applies to 3-D transforms only (dims has {len(dims)}); use pencil")
+        return v
+
+    @property
+    def point_bytes(self) -> int:
+        """Bytes of one complex point (two real components)."""
+        return 2 * self.precision.bytes
+
+    @property
+    def default_batch(self) -> int:
+        return self.batch
+
+
+# -- explicit graph ----------------------------------------------------------------------------------
+
+
+class KernelSpec(Strict):
+    """One kernel of an explicit graph (fields of :class:`~dfmodel.graph.kernel.Kernel`)."""
+
+    name: str = Field(min_length=1)
+    kind: KernelKind
+    dims: dict[str, PositiveInt] = Field(default_factory=dict)
+    flop: NonNegativeFloat = 0.0
+    output_bytes: Bytes
+    weight_bytes: BytesOrZero = 0.0
+    extra_memory_bytes: BytesOrZero = 0.0
+    params: NonNegativeFloat = 0.0
+    phase: Phase = Phase.forward
+    group: str = ""
+    collective: Literal[COLLECTIVES] | None = Field(default=None, validate_default=True)  # type: ignore[valid-type]
+    comm_bytes: BytesOrZero = 0.0
+    comm_group: str | None = None
+
+    @field_validator("collective")
+    @classmethod
+    def _comm_needs_collective(cls, v: str | None, info: ValidationInfo) -> str | None:
+        kind = info.data.get("kind")
+        if kind == KernelKind.comm and v is None:
+            raise ValueError(f"a comm kernel needs a collective, one of {', '.join(COLLECTIVES)}")
+        if kind is not None and kind != KernelKind.comm and v is not None:
+            raise ValueError("only kind: comm kernels take a collective")
+        return v
+
+
+class TensorSpec(Strict):
+    """One tensor (edge) of an explicit graph; a null producer/consumer is a graph input/output."""
+
+    name: str = Field(min_length=1)
+    producer: str | None = None
+    consumer: str | None = None
+    bytes: Bytes
+    operand: str = "x"
+    shape: list[PositiveInt] = Field(default_factory=list)
+
+
+class GraphWorkload(_Base):
+    """``kind: graph``: an explicit dataflow graph, for demos and workloads without a builder.
+
+    Cycles and unknown kernel names are reported at load time with the tensor's field path.
+    """
+
+    kind: Literal["graph"]
+    precision: Precision = Precision.bf16
+    batch: PositiveInt = 1
+    kernels: list[KernelSpec] = Field(min_length=1)
+    tensors: list[TensorSpec] = Field(default_factory=list)
+
+    @property
+    def default_batch(self) -> int:
+        return self.batch
+
+
+# -- the union ---------------------------------------------------------------------------------------
+
+
+class _UnknownKind(Strict):
+    """Where the discriminator sends a missing or unknown ``kind``: always fails, at ``kind``."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: Any = Field(default=None, validate_default=True)
+
+    @field_validator("kind")
+    @classmethod
+    def _reject(cls, v: Any) -> Any:
+        allowed = ", ".join(KINDS)
+        if v is None:
+            raise ValueError(f"required field is missing; allowed: {allowed}")
+        raise ValueError(f"unknown workload kind {v!r}; allowed: {allowed}")
+
+
+_TAGS = {"llm": "LLMWorkload", "dlrm": "DLRMWorkload", "hpl": "HPLWorkload", "fft": "FFTWorkload",
+         "graph": "GraphWorkload"}
+
+
+def _kind_tag(v: Any) -> str:
+    # Tags are class names on purpose: yamlio.field_path skips loc items that start upper case,
+    # so errors read `model.hidden`, not `llm.model.hidden`.
+    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+    return _TAGS.get(kind, "UnknownKind") if isinstance(kind, str) else "UnknownKind"
+
+
+Workload = Annotated[
+    Union[
+        Annotated[LLMWorkload, Tag("LLMWorkload")],
+        Annotated[DLRMWorkload, Tag("DLRMWorkload")],
+        Annotated[HPLWorkload, Tag("HPLWorkload")],
+        Annotated[FFTWorkload, Tag("FFTWorkload")],
+        Annotated[GraphWorkload, Tag("GraphWorkload")],
+        Annotated[_UnknownKind, Tag("UnknownKind")],
+    ],
+    Discriminator(_kind_tag),
+]
+"""Any workload; pick the family by ``kind``. Use in other schemas as a field type."""
+
+WORKLOAD_TYPES = (LLMWorkload, DLRMWorkload, HPLWorkload, FFTWorkload, GraphWorkload)
+AnyWorkload = Union[LLMWorkload, DLRMWorkload, HPLWorkload, FFTWorkload, GraphWorkload]
+
+
+class WorkloadFile(RootModel[Workload]):
+    """A whole workload YAML document."""
+
+
+def load_workload(spec: str | Path | dict[str, Any] | AnyWorkload) -> AnyWorkload:
+    """Validated workload from a path, a preset name (``gpt3_175b``), a dict or a model.
+
+    >>> load_workload("gpt3_175b").model.hidden
+    12288
+    >>> try:
+    ...     load_workload({"kind": "llm", "name": "x", "model": {"hidden": 100, "num_heads": 3,
+    ...         "num_layers": 1, "seq_len": 8}, "training": {"global_batch": 1}})
+    ... except InputError as e:
+    ...     print(e)
+    <dict>: model.num_heads: must divide model.hidden (100), got 3
+    """
+    if isinstance(spec, WORKLOAD_TYPES):
+        w = spec.model_copy(deep=True)
+        w._source = spec._source
+    else:
+        if isinstance(spec, dict):
+            source, data = "<dict>", spec
+        elif isinstance(spec, (str, Path)):
+            path = resolve(spec, "workloads")
+            if not path.exists():
+                from dfmodel.presets import list_presets
+
+                names = ", ".join(x.stem for x in list_presets("workloads")) or "none"
+                raise InputError(f"no such file or workload preset (presets: {names})", source=str(spec))
+            source, data = str(path), read_yaml(path)
+        else:
+            raise InputError(f"expected a path, preset name, dict or workload, got {type(spec).__name__}")
+        w = validate(WorkloadFile, data, source).root
+        w._source = source
+    if isinstance(w, GraphWorkload):
+        # cycles, unknown kernel names and duplicates are checked by DataflowGraph; do it now so
+        # a bad file fails at load time, with the file and the field path
+        from dfmodel.graph.builders.explicit import build_explicit
+
+        build_explicit(w)
+    return w
