@@ -19,7 +19,7 @@ import numpy as np
 from dfmodel.errors import SolverError
 from dfmodel.solvers import gurobi as _gurobi
 from dfmodel.solvers import highs as _highs
-from dfmodel.solvers.model import STATUSES, MILPModel, SolveResult, relative_gap
+from dfmodel.solvers.model import STATUSES, MILPModel, SolveResult, eliminate_fixed, relative_gap
 
 __all__ = ["MILPModel", "SolveResult", "STATUSES", "solve", "choose_backend", "gurobi_licence", "relative_gap"]
 
@@ -84,20 +84,33 @@ def solve(
 
     ``solver``: ``"auto"`` | ``"highs"`` | ``"gurobi"`` (see :func:`choose_backend`).
     ``time_limit_s`` bounds the wall time (None = no limit); ``mip_gap`` is the relative gap at
-    which a solution counts as proven optimal. A partial warm start (NaN for continuous
-    entries) is completed first. The result's ``status`` is ``optimal``, ``time_limit`` (with
+    which a solution counts as proven optimal. Fixed columns are eliminated first (so the
+    licence check counts real decisions) and a partial warm start (NaN for continuous entries)
+    is completed by an LP. The result's ``status`` is ``optimal``, ``time_limit`` (with
     the incumbent, bound and gap if any), ``infeasible``, ``unbounded`` or ``error``.
     """
-    backend = choose_backend(model, solver)
-    if model.warm_start is not None and not np.all(np.isfinite(model.warm_start)):
-        full = complete_warm_start(model)
-        model = MILPModel(**{**model.__dict__, "warm_start": full})
+    reduced, keep, values = eliminate_fixed(model)
+    backend = choose_backend(reduced, solver)
+    if reduced.num_vars == 0:  # every decision fixed: nothing for a back-end to do
+        ok = bool(np.all(reduced.row_lo <= 1e-9) and np.all(reduced.row_hi >= -1e-9))
+        obj = float(reduced.offset) if ok else None
+        return SolveResult("optimal" if ok else "infeasible", obj, obj, 0.0 if ok else None,
+                           values.copy() if ok else None, 0.0, backend, "" if ok else "fixed model infeasible")
+    if reduced.warm_start is not None and not np.all(np.isfinite(reduced.warm_start)):
+        reduced.warm_start = complete_warm_start(reduced)
     adapter = _gurobi if backend == "gurobi" else _highs
     try:
-        return adapter.solve(model, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads)
+        res = adapter.solve(reduced, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads)
     except ImportError as e:  # gurobipy vanished between probe and use
         raise SolverError(f"solver {backend!r} unavailable: {e}") from e
     except Exception as e:
         if type(e).__name__ == "GurobiError":
             raise SolverError(f"Gurobi failed: {e}") from e
         raise
+    if res.x is not None:
+        x = values.copy()
+        x[keep] = res.x
+        res.x = x
+    res.extra.update(num_vars=reduced.num_vars, num_rows=reduced.num_rows,
+                     num_integer=int(reduced.integrality.sum()))
+    return res

@@ -134,3 +134,45 @@ def relative_gap(objective: float | None, bound: float | None) -> float | None:
     if objective is None or bound is None or not np.isfinite(bound):
         return None
     return abs(objective - bound) / max(abs(objective), 1e-10)
+
+
+def eliminate_fixed(model: MILPModel) -> tuple[MILPModel, np.ndarray, np.ndarray]:
+    """Model without its fixed columns (``lb == ub``), plus ``(keep, values)`` to expand ``x``.
+
+    Fixed columns are folded into the row bounds and the objective offset and empty rows are
+    dropped: back-ends then see (and licences count) only real decisions.
+    """
+    fixed = np.isfinite(model.lb) & (model.lb == model.ub)
+    if not fixed.any():
+        return model, np.ones(model.num_vars, dtype=bool), model.lb.copy()
+    keep = ~fixed
+    A = sp.csc_matrix(model.A)
+    shift = A[:, np.flatnonzero(fixed)] @ model.lb[fixed]
+    A_keep = sp.csr_matrix(A[:, np.flatnonzero(keep)])
+    nonempty = np.diff(A_keep.indptr) > 0
+    lo = (model.row_lo - shift)[nonempty]
+    hi = (model.row_hi - shift)[nonempty]
+    empty_lo = (model.row_lo - shift)[~nonempty]
+    empty_hi = (model.row_hi - shift)[~nonempty]
+    if np.any(empty_lo > 1e-9) or np.any(empty_hi < -1e-9):
+        # a row of constants only that fails: keep one infeasible row so the solver says so
+        lo = np.append(lo, 1.0)
+        hi = np.append(hi, np.inf)
+        A_keep = sp.vstack([A_keep[nonempty], sp.csr_matrix((1, int(keep.sum())))]).tocsr()
+    else:
+        A_keep = A_keep[nonempty]
+    ws = model.warm_start[keep] if model.warm_start is not None else None
+    reduced = MILPModel(
+        c=model.c[keep],
+        A=A_keep,
+        row_lo=lo,
+        row_hi=hi,
+        lb=model.lb[keep],
+        ub=model.ub[keep],
+        integrality=model.integrality[keep],
+        offset=float(model.offset + model.c[fixed] @ model.lb[fixed]),
+        names=[nm for nm, k in zip(model.names, keep) if k] if model.names else None,
+        warm_start=ws,
+        name=model.name,
+    )
+    return reduced, keep, model.lb.copy()

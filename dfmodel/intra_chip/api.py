@@ -1,0 +1,165 @@
+"""Public entry point of the intra-chip pass: :func:`partition`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from dfmodel.errors import InfeasibleError, SolverError
+from dfmodel.graph.graph import DataflowGraph
+from dfmodel.intra_chip import dp as _dp
+from dfmodel.intra_chip.cost import CostModel
+from dfmodel.intra_chip.milp import solve_milp
+from dfmodel.intra_chip.result import PartitionReport, PartitionResult
+from dfmodel.system.schema import Chip, System
+
+#: Time limit of a MILP solve when the caller gives none (every solve has one, DESIGN.md s. 6).
+DEFAULT_TIME_LIMIT_S = 60.0
+METHODS = ("auto", "milp", "dp", "closed_form")
+
+
+def partition(
+    graph: DataflowGraph,
+    system: System | Chip,
+    *,
+    method: str = "auto",
+    max_partitions: int | None = None,
+    solver: str = "auto",
+    time_limit_s: float | None = None,
+    network_s: Mapping[str, float] | None = None,
+    mip_gap: float = 1e-6,
+    tile_fractions: Iterable[float] | None = None,
+    tile_overhead_s: float | None = None,
+    max_ideals: int = _dp.DEFAULT_MAX_IDEALS,
+    max_pairs: int = _dp.DEFAULT_MAX_PAIRS,
+    warm_start: bool = True,
+) -> PartitionResult:
+    """Sequence of partitions of ``graph``'s kernels minimising the chip's time per micro-batch.
+
+    ``graph`` holds the kernels one chip runs (per-chip sizes after sharding); ``network_s``
+    the per-kernel network seconds from the inter-chip pass (zero when run alone).
+
+    ``method``:
+      - ``auto``: kernel-by-kernel chips take the closed form (one kernel per partition in
+        topological order, no search); dataflow chips take the exact DP when the ideal lattice
+        is within ``max_ideals``/``max_pairs``, else the MILP warm-started by the best plan
+        of the DP restricted to one topological order;
+      - ``dp``: the exact DP (SolverError when over the guards);
+      - ``milp``: the MILP on ``solver`` (``auto``/``highs``/``gurobi``), warm-started by the DP
+        plan when it is cheap (``warm_start=False`` for a cold start);
+      - ``closed_form``: kernel-by-kernel chips only.
+
+    ``max_partitions`` limits the partitions of a dataflow chip (kernel-by-kernel chips always
+    use one per kernel). ``time_limit_s`` bounds the MILP (default 60 s); the result says
+    whether it is proven optimal and with what gap. Raises InfeasibleError (one line, naming
+    the kernel and the bytes against the capacity) when no plan fits.
+
+    >>> from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
+    >>> from dfmodel.system.schema import Chip
+    >>> chip = Chip(name="rdu", peak_flops=1e12, sram_bytes=2**20, compute_tiles=8,
+    ...             memory={"kind": "DDR", "capacity_bytes": 2**30, "bandwidth_Bps": 1e9},
+    ...             execution="dataflow")
+    >>> mm = lambda n: Kernel(n, KernelKind.matmul, {"m": 64, "n": 64, "k": 64}, flop=2 * 64**3,
+    ...                       output_bytes=8192, weight_bytes=8192)
+    >>> g = DataflowGraph([mm("a"), mm("b")], [Tensor("x", None, "a", 8192),
+    ...     Tensor("y", "a", "b", 8192), Tensor("z", "b", None, 8192)])
+    >>> r = partition(g, chip)
+    >>> r.plan, r.proven_optimal, r.method
+    ([['a', 'b']], True, 'dp')
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if max_partitions is not None and max_partitions < 1:
+        raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
+    t0 = time.perf_counter()
+    cm = CostModel(graph, system, network_s, tile_fractions_=tile_fractions, tile_overhead_s=tile_overhead_s)
+    limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    if cm.n == 0:
+        return PartitionResult(0.0, [], True, 0.0, "closed_form", "closed_form", "optimal", 0.0, max_partitions)
+    _precheck(cm)
+
+    if method == "closed_form" or (method == "auto" and not cm.dataflow):
+        if cm.dataflow:
+            raise ValueError("method 'closed_form' is for kernel_by_kernel chips; use auto, dp or milp")
+        plan = [[k] for k in cm.names]
+        if np.isfinite(cm.plan_time_s(plan)):
+            return _result(cm, plan, t0, method="closed_form", solver="closed_form", max_partitions=max_partitions)
+        # the topological order parks too much in DRAM: search the orders
+        method = "auto"
+
+    if method in ("auto", "dp"):
+        try:
+            found = _dp.solve_dp(cm, max_partitions, max_ideals=max_ideals, max_pairs=max_pairs)
+        except _dp.TooLarge as e:
+            if method == "dp":
+                raise SolverError(f"graph too large for the exact DP ({e}); use method='milp'") from e
+        else:
+            if found is None:
+                raise InfeasibleError(cm.infeasibility_reason(max_partitions))
+            return _result(cm, found[0], t0, method="dp", solver="dp", max_partitions=max_partitions)
+
+    # MILP, warm-started by the best plan known cheaply
+    start = None
+    if warm_start:
+        start = _best_start(cm, max_partitions, max_ideals, max_pairs, exact=(method == "milp"))
+    out = solve_milp(cm, max_partitions, start=start, solver=solver, time_limit_s=limit, mip_gap=mip_gap)
+    if out.status == "infeasible":
+        raise InfeasibleError(out.message)
+    if out.plan is None:
+        raise SolverError(f"MILP found no plan ({out.status}: {out.message})")
+    res = _result(cm, out.plan, t0, method="milp", solver=out.backend, max_partitions=max_partitions,
+                  status=out.status, gap=out.gap, bound_s=out.bound_s, message=out.message)
+    res.stats.update(out.stats, milp_objective_s=out.objective_s, solve_wall_s=out.wall_s, warm_start=start is not None)
+    return res
+
+
+def _precheck(cm: CostModel) -> None:
+    """Cheap certain infeasibility: weights beyond DRAM, a kernel's weights beyond SRAM."""
+    mib = 2**20
+    if cm.all_weight_bytes > cm.dram_bytes:
+        raise InfeasibleError(cm.infeasibility_reason())
+    if cm.dataflow:
+        for w in cm.weights:
+            if w.bytes > cm.sram_bytes:
+                k = cm.names[w.kernels[0]]
+                raise InfeasibleError(
+                    f"kernel {k!r}: resident weights {w.bytes / mib:.1f} MiB exceed the chip's SRAM "
+                    f"{cm.sram_bytes / mib:.1f} MiB at every tile"
+                )
+
+
+def _best_start(cm: CostModel, max_partitions, max_ideals, max_pairs, *, exact: bool) -> list[list[str]] | None:
+    """Exact DP plan when affordable (``exact``), else the DP along one topological order."""
+    if exact:
+        try:
+            found = _dp.solve_dp(cm, max_partitions, max_ideals=max_ideals, max_pairs=max_pairs)
+            if found is not None:
+                return found[0]
+        except _dp.TooLarge:
+            pass
+    found = _dp.solve_dp(cm, max_partitions, lattice=_dp.chain_lattice(cm))
+    return found[0] if found is not None else None
+
+
+def _result(cm: CostModel, plan, t0, *, method, solver, max_partitions, status="optimal", gap=0.0,
+            bound_s=None, message="") -> PartitionResult:
+    rows = cm.report_sets(plan)
+    reports = [PartitionReport.from_row(r) for r in rows]
+    total = float(sum(r.time_s for r in reports))
+    proven = status == "optimal"
+    return PartitionResult(
+        time_s=total,
+        partitions=reports,
+        proven_optimal=proven,
+        gap=gap if gap is not None else None,
+        solver=solver,
+        method=method,
+        status=status,
+        wall_s=time.perf_counter() - t0,
+        max_partitions=max_partitions,
+        bound_s=bound_s if bound_s is not None else (total if proven else None),
+        peak_dram_live_bytes=max((r.dram_live_bytes for r in reports), default=0.0),
+        message=message,
+    )

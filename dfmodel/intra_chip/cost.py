@@ -1,0 +1,417 @@
+"""The cost of one partition (a set of kernels run together on one chip): the single source.
+
+The exact DP, the brute-force oracle, the MILP's coefficients and the reports all read this
+module, so they agree to rounding. For a partition ``S`` (DESIGN.md section 4):
+
+- compute: kernel-by-kernel chips run each kernel alone; dataflow chips share their compute
+  tiles among the kernels of ``S`` in proportion to work, so the pipeline finishes in
+  ``sum_k compute_time_s(k)`` (the continuous optimum of the tile-sharing min-max; needs
+  ``|S| <= compute_tiles``). The integer allocation is reported as a diagnostic only;
+- memory bytes: tensors entering ``S`` (a producer outside ``S`` or a graph input, read once per
+  tensor name), tensors leaving ``S`` (a consumer outside ``S`` or a graph output, written once per
+  name), weights (once per ``Kernel.weight`` name: fused fwd/bwd/wgrad kernels read W once) and
+  ``extra_memory_bytes``; time = ``memory_time_s``;
+- network: the given per-kernel network seconds, summed;
+- time = ``max(compute, memory, network)`` if the chip overlaps, else their sum, plus overheads:
+  ``kernel_overhead_s`` per kernel (kernel-by-kernel) or per partition (dataflow), and for
+  dataflow ``tile_overhead_s`` per row tile streamed (see :data:`DEFAULT_TILE_OVERHEAD_S`);
+- SRAM (dataflow only) at row-tile fraction ``f``: ``f * bytes`` per internal tensor (FIFO),
+  ``2 f * bytes`` per boundary tensor (double buffer), whole resident weights, and whole
+  weight-gradient accumulators (outputs of ``weight_grad`` kernels sum over all rows, so they do
+  not shrink with the tile). Each partition takes the largest ``f`` that fits;
+- DRAM lifetimes: intermediate tensors live in DRAM from the partition of their producer to
+  that of their last consumer (unless both are in one partition); live bytes plus all weights
+  must fit ``memory.capacity_bytes`` during every partition. Graph inputs and outputs belong
+  to the caller (the inter-chip pass counts stashed activations).
+
+Kernel-by-kernel partitions are always single kernels, so the cost of a set there is the sum of
+its kernels' stand-alone costs (the closed form).
+
+>>> from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
+>>> from dfmodel.graph.graph import DataflowGraph
+>>> from dfmodel.system.schema import Chip
+>>> chip = Chip(name="c", peak_flops=1e12, sram_bytes=2**20, compute_tiles=4,
+...             memory={"kind": "DDR", "capacity_bytes": 2**30, "bandwidth_Bps": 1e9},
+...             execution="dataflow")
+>>> a = Kernel("a", KernelKind.matmul, {"m": 64, "n": 64, "k": 64}, flop=1e6, output_bytes=8192)
+>>> b = Kernel("b", KernelKind.matmul, {"m": 64, "n": 64, "k": 64}, flop=1e6, output_bytes=8192)
+>>> g = DataflowGraph([a, b], [Tensor("x", None, "a", 8192), Tensor("y", "a", "b", 8192),
+...                            Tensor("z", "b", None, 8192)])
+>>> cm = CostModel(g, chip)
+>>> fused = cm.report_sets([{"a", "b"}])[0]
+>>> round(fused["memory_bytes"]), round(fused["compute_s"] * 1e6, 3)   # y stays on chip
+(16384, 2.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from dfmodel.graph.graph import DataflowGraph
+from dfmodel.graph.kernel import Phase
+from dfmodel.system.processor import compute_time_s, fused_compute_time_s, memory_time_s, tile_allocation
+from dfmodel.system.schema import Chip, System
+
+#: Cost of streaming one more row tile through a dataflow partition: the per-tile handshake and
+#: pipeline fill/drain of a tile through the on-chip network, about a thousand cycles at ~1 GHz.
+#: Smaller tiles save SRAM (FIFOs and double buffers shrink with the tile) but pay this once per
+#: tile, so a partition takes the largest tile that fits. Override with ``tile_overhead_s``.
+DEFAULT_TILE_OVERHEAD_S = 1e-6
+#: Smallest row tile considered (rows of a systolic/PCU pass); tiles halve down to it.
+MIN_TILE_ROWS = 128
+#: Tile fractions when the graph does not say how many rows it streams.
+DEFAULT_TILE_FRACTIONS = (1.0, 0.5, 0.25, 0.125, 0.0625)
+#: Graph ``meta`` keys that give the rows a layer streams (first found wins; multiplied by
+#: ``micro_batch``/``batch`` when present and the key counts per-sample rows).
+_ROW_KEYS = ("tile_rows", "tokens", "seq_len", "seq", "sequence_length")
+
+
+def tile_fractions(graph: DataflowGraph) -> tuple[float, ...]:
+    """Row-tile fractions ``1, 1/2, 1/4, ...`` down to :data:`MIN_TILE_ROWS` rows.
+
+    >>> from dfmodel.graph.graph import DataflowGraph
+    >>> tile_fractions(DataflowGraph([], [], meta={"seq_len": 1024}))
+    (1.0, 0.5, 0.25, 0.125)
+    """
+    meta = graph.meta or {}
+    rows = None
+    for key in _ROW_KEYS:
+        if isinstance(meta.get(key), (int, float)) and meta[key] > 0:
+            rows = float(meta[key])
+            if key not in ("tile_rows", "tokens"):
+                rows *= float(meta.get("micro_batch", meta.get("batch", 1)) or 1)
+            break
+    if rows is None:
+        return DEFAULT_TILE_FRACTIONS
+    out, f = [], 1.0
+    while True:
+        out.append(f)
+        if rows * f / 2 < MIN_TILE_ROWS or len(out) >= 12:
+            return tuple(out)
+        f /= 2
+
+
+def combine_times(compute, memory, network, overlap: bool):
+    """Time of work whose compute, memory and network parts overlap (max) or not (sum)."""
+    if overlap:
+        return np.maximum(np.maximum(compute, memory), network)
+    return compute + memory + network
+
+
+@dataclass(frozen=True)
+class TensorUse:
+    """One tensor name as a partition sees it (all edges of the name together)."""
+
+    name: str
+    bytes: float
+    producer: int  # kernel index, -1 for a graph input
+    consumers: tuple[int, ...]  # kernel indices reading it
+    is_output: bool  # also a graph output (written to DRAM whatever the partition)
+    row_scaled: bool  # SRAM share shrinks with the row tile (False: weight-gradient accumulators)
+
+
+@dataclass(frozen=True)
+class WeightUse:
+    """One weight (``Kernel.weight`` name, or the kernel's own name) and its readers."""
+
+    key: str
+    bytes: float
+    kernels: tuple[int, ...]
+
+
+class CostModel:
+    """Per-kernel and per-tensor data of one graph on one chip, and the partition cost.
+
+    ``network_s`` maps kernel names to network seconds from the inter-chip pass (missing = 0).
+    Kernels are indexed in ``graph.topological_names()`` order; partition sets are boolean
+    matrices ``S[m, n]`` (one row per candidate partition) so thousands are costed at once.
+    """
+
+    def __init__(
+        self,
+        graph: DataflowGraph,
+        chip: Chip | System,
+        network_s: Mapping[str, float] | None = None,
+        *,
+        tile_fractions_: Iterable[float] | None = None,
+        tile_overhead_s: float | None = None,
+    ):
+        if isinstance(chip, System):
+            chip = chip.chip
+        self.graph, self.chip = graph, chip
+        self.names: list[str] = graph.topological_names()
+        self.index = {k: i for i, k in enumerate(self.names)}
+        n = self.n = len(self.names)
+        network_s = dict(network_s or {})
+        unknown = set(network_s) - set(self.index)
+        if unknown:
+            raise ValueError(f"network times for unknown kernels: {sorted(unknown)[:5]}")
+        self.precision = graph.meta.get("precision", "bf16")
+        self.dataflow = chip.execution == "dataflow"
+        self.overlap = chip.overlap
+        self.tiles = chip.compute_tiles
+        self.sram_bytes = float(chip.sram_bytes)
+        self.dram_bytes = float(chip.memory.capacity_bytes)
+        self.kernel_overhead_s = float(chip.efficiency.kernel_overhead_s)
+        self.tile_overhead_s = DEFAULT_TILE_OVERHEAD_S if tile_overhead_s is None else float(tile_overhead_s)
+        self.fractions = tuple(sorted({float(f) for f in (tile_fractions_ or tile_fractions(graph))}, reverse=True))
+        if not self.fractions or not all(0 < f <= 1 for f in self.fractions):
+            raise ValueError(f"tile fractions must lie in (0, 1], got {self.fractions}")
+        #: seconds per byte of DRAM traffic (memory_time_s is linear in bytes)
+        self.s_per_byte = memory_time_s(chip, 1.0)
+
+        kernels = [graph.kernel(k) for k in self.names]
+        self.kernels = kernels
+        self.compute_s = np.array([compute_time_s(chip, k, self.precision) for k in kernels], dtype=float)
+        self.network_s = np.array([float(network_s.get(k, 0.0)) for k in self.names], dtype=float)
+        self.extra_bytes = np.array([k.extra_memory_bytes for k in kernels], dtype=float)
+
+        # tensors, grouped by name (a tensor read by several kernels is one edge per consumer)
+        groups: dict[str, dict] = {}
+        for t in graph.tensors:
+            g = groups.setdefault(t.name, {"bytes": 0.0, "producer": None, "consumers": [], "out": False})
+            g["bytes"] = max(g["bytes"], float(t.bytes))
+            if t.producer is not None:
+                if g["producer"] not in (None, t.producer):
+                    raise ValueError(f"tensor {t.name!r} has two producers: {g['producer']!r}, {t.producer!r}")
+                g["producer"] = t.producer
+            if t.consumer is None:
+                g["out"] = True
+            elif self.index[t.consumer] not in g["consumers"]:
+                g["consumers"].append(self.index[t.consumer])
+        self.tensors: list[TensorUse] = []
+        for name, g in groups.items():
+            p = -1 if g["producer"] is None else self.index[g["producer"]]
+            scaled = p < 0 or kernels[p].phase != Phase.weight_grad
+            self.tensors.append(TensorUse(name, g["bytes"], p, tuple(sorted(g["consumers"])), g["out"], scaled))
+
+        wk: dict[str, list[int]] = {}
+        wb: dict[str, float] = {}
+        for i, k in enumerate(kernels):
+            if k.weight_bytes > 0:
+                key = k.weight or f"<{k.name}>"
+                wk.setdefault(key, []).append(i)
+                # a weight's size is a property of the weight: the largest any reader declares
+                wb[key] = max(wb.get(key, 0.0), float(k.weight_bytes))
+        self.weights = [WeightUse(key, wb[key], tuple(ks)) for key, ks in wk.items()]
+        self.all_weight_bytes = float(sum(w.bytes for w in self.weights))
+
+        preds = [0] * n
+        for t in self.tensors:
+            for c in t.consumers:
+                if t.producer >= 0:
+                    preds[c] |= 1 << t.producer
+        self.pred_mask = preds  # python-int bitmasks over kernel indices
+        succ = [set() for _ in range(n)]
+        for t in self.tensors:
+            if t.producer >= 0:
+                succ[t.producer].update(t.consumers)
+        self.successors = [sorted(s) for s in succ]
+        self.sinks = [i for i in range(n) if not succ[i]]
+
+        # DRAM lifetimes can only bind if everything parked at once would not fit
+        inter = sum(t.bytes for t in self.tensors if t.producer >= 0 and t.consumers)
+        self.dram_check = inter + self.all_weight_bytes > self.dram_bytes
+        self._singleton_s = None
+
+    # -- per-kernel closed form -----------------------------------------------------------------
+    def singleton_time_s(self) -> np.ndarray:
+        """Stand-alone time of every kernel (its own partition, kernel-by-kernel semantics)."""
+        if self._singleton_s is None:
+            ev = self._terms(np.eye(self.n, dtype=bool))
+            over = self.kernel_overhead_s
+            self._singleton_s = combine_times(ev["compute_s"], ev["memory_s"], ev["network_s"], self.overlap) + over
+        return self._singleton_s
+
+    # -- vectorised partition terms ---------------------------------------------------------------
+    def _terms(self, S: np.ndarray) -> dict[str, np.ndarray]:
+        """Raw per-set quantities (no feasibility): compute/memory/network, SRAM parts."""
+        S = np.asarray(S, dtype=bool)
+        m = S.shape[0]
+        Sf = S.astype(float)
+        mem = Sf @ self.extra_bytes
+        sram_scaled = np.zeros(m)  # bytes at tile fraction 1 that shrink with the tile
+        sram_fixed = np.zeros(m)  # bytes that do not (weights, weight-gradient accumulators)
+        for t in self.tensors:
+            prod_in = S[:, t.producer] if t.producer >= 0 else np.zeros(m, dtype=bool)
+            if t.consumers:
+                cons = S[:, list(t.consumers)]
+                any_c, all_c = cons.any(axis=1), cons.all(axis=1)
+            else:
+                any_c, all_c = np.zeros(m, dtype=bool), np.ones(m, dtype=bool)
+            enters = any_c & ~prod_in
+            leaves = prod_in & (t.is_output | ~all_c)
+            internal = prod_in & any_c
+            mem += t.bytes * (enters.astype(float) + leaves)
+            if t.row_scaled:
+                sram_scaled += t.bytes * (internal.astype(float) + 2.0 * enters + 2.0 * leaves)
+            else:
+                sram_fixed += t.bytes * (prod_in | any_c)
+        for w in self.weights:
+            used = S[:, list(w.kernels)].any(axis=1)
+            mem += w.bytes * used
+            sram_fixed += w.bytes * used
+        return {
+            "count": S.sum(axis=1),
+            "compute_s": Sf @ self.compute_s,
+            "network_s": Sf @ self.network_s,
+            "memory_bytes": mem,
+            "memory_s": mem * self.s_per_byte,
+            "sram_scaled": sram_scaled,
+            "sram_fixed": sram_fixed,
+        }
+
+    def live_bytes(self, I: np.ndarray, J: np.ndarray) -> np.ndarray:
+        """DRAM bytes of intermediate tensors live while partition ``J - I`` runs after ideal ``I``.
+
+        A tensor u->v is live iff u has run (``u in J``), some consumer v has not finished
+        (``v not in I``), and not both u and v are in the partition (then it stays on chip).
+        """
+        I, J = np.asarray(I, dtype=bool), np.asarray(J, dtype=bool)
+        S = J & ~I
+        out = np.zeros(I.shape[0])
+        for t in self.tensors:
+            if t.producer < 0 or not t.consumers:
+                continue
+            u = t.producer
+            live = np.zeros(I.shape[0], dtype=bool)
+            for v in t.consumers:
+                live |= J[:, u] & ~I[:, v] & ~(S[:, u] & S[:, v])
+            out += t.bytes * live
+        return out
+
+    def evaluate(self, S: np.ndarray, I: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Cost of each candidate partition (rows of ``S``), run after ideal ``I`` (rows).
+
+        Returns the terms of :meth:`_terms` plus ``feasible``, ``tile`` (index into
+        ``fractions`` of the largest tile that fits, -1 if none), ``sram_bytes`` at that tile,
+        ``time_s`` (NaN where infeasible) and, when ``I`` is given and DRAM could bind,
+        ``live_bytes``. Kernel-by-kernel chips cost a set as the sum of its kernels alone.
+        """
+        S = np.asarray(S, dtype=bool)
+        m = S.shape[0]
+        ev = self._terms(S)
+        feasible = ev["count"] >= 1
+        if self.dataflow:
+            feasible &= ev["count"] <= self.tiles
+            tile = np.full(m, -1)
+            sram = np.full(m, np.nan)
+            for j in range(len(self.fractions) - 1, -1, -1):  # largest fitting tile wins
+                need = self.fractions[j] * ev["sram_scaled"] + ev["sram_fixed"]
+                ok = need <= self.sram_bytes
+                tile = np.where(ok, j, tile)
+                sram = np.where(ok, need, sram)
+            feasible &= tile >= 0
+            frac = np.asarray(self.fractions)[np.maximum(tile, 0)]
+            time = combine_times(ev["compute_s"], ev["memory_s"], ev["network_s"], self.overlap)
+            time = time + self.kernel_overhead_s + self.tile_overhead_s / frac
+        else:
+            tile = np.zeros(m, dtype=int)
+            sram = np.zeros(m)
+            time = S.astype(float) @ self.singleton_time_s()
+        if I is not None and self.dram_check:
+            I = np.asarray(I, dtype=bool)
+            live = self.live_bytes(I, I | S)
+            ev["live_bytes"] = live
+            feasible &= live + self.all_weight_bytes <= self.dram_bytes
+        ev.update(feasible=feasible, tile=tile, sram_bytes=sram, time_s=np.where(feasible, time, np.nan))
+        return ev
+
+    # -- sets, plans and reports ----------------------------------------------------------------
+    def mask(self, kernels: Iterable[str] | Iterable[int]) -> np.ndarray:
+        row = np.zeros(self.n, dtype=bool)
+        for k in kernels:
+            row[self.index[k] if isinstance(k, str) else k] = True
+        return row
+
+    def plan_matrices(self, plan: list[Iterable]) -> tuple[np.ndarray, np.ndarray]:
+        """``(S, I)``: partition rows and the ideal run before each, for a partition sequence."""
+        S = np.array([self.mask(p) for p in plan], dtype=bool).reshape(len(plan), self.n)
+        I = np.zeros_like(S)
+        if len(plan) > 1:
+            I[1:] = np.cumsum(S, axis=0)[:-1] > 0
+        return S, I
+
+    def check_plan(self, plan: list[Iterable]) -> str | None:
+        """None if ``plan`` is a valid partition sequence (cover, precedence), else why not."""
+        S, I = self.plan_matrices(plan)
+        counts = S.sum(axis=0)
+        if np.any(counts != 1):
+            bad = self.names[int(np.flatnonzero(counts != 1)[0])]
+            return f"kernel {bad!r} appears {int(counts[self.index[bad]])} times"
+        J = I | S
+        for r in range(S.shape[0]):
+            for k in np.flatnonzero(S[r]):
+                if self.pred_mask[k] & ~_to_int(J[r]):
+                    return f"kernel {self.names[k]!r} runs before one of its producers"
+        return None
+
+    def plan_time_s(self, plan: list[Iterable]) -> float:
+        """Objective of a partition sequence: the sum of its partition times (inf if infeasible)."""
+        S, I = self.plan_matrices(plan)
+        ev = self.evaluate(S, I)
+        return float(np.sum(ev["time_s"])) if ev["feasible"].all() else math.inf
+
+    def report_sets(self, plan: list[Iterable]) -> list[dict]:
+        """Per-partition breakdown of a sequence (SI units), including the integer tile split."""
+        S, I = self.plan_matrices(plan)
+        ev = self.evaluate(S, I)
+        live = ev.get("live_bytes", self.live_bytes(I, I | S))
+        out = []
+        for r in range(S.shape[0]):
+            idx = [int(i) for i in np.flatnonzero(S[r])]
+            times = [float(self.compute_s[i]) for i in idx]
+            row = {
+                "kernels": [self.names[i] for i in idx],
+                "compute_s": float(ev["compute_s"][r]),
+                "memory_s": float(ev["memory_s"][r]),
+                "network_s": float(ev["network_s"][r]),
+                "memory_bytes": float(ev["memory_bytes"][r]),
+                "time_s": float(ev["time_s"][r]),
+                "feasible": bool(ev["feasible"][r]),
+                "dram_live_bytes": float(live[r]),
+            }
+            if self.dataflow:
+                alloc = tile_allocation(times, self.tiles)
+                integer = fused_compute_time_s(times, self.tiles)
+                row.update(
+                    sram_bytes=float(ev["sram_bytes"][r]),
+                    tile_fraction=self.fractions[int(ev["tile"][r])] if ev["tile"][r] >= 0 else None,
+                    tiles_per_kernel=dict(zip(row["kernels"], alloc)) if alloc else {},
+                    integer_tile_compute_s=integer,
+                )
+            else:
+                row.update(sram_bytes=0.0, tile_fraction=None, tiles_per_kernel={}, integer_tile_compute_s=None)
+            out.append(row)
+        return out
+
+    # -- infeasibility --------------------------------------------------------------------------
+    def infeasibility_reason(self, max_partitions: int | None = None) -> str:
+        """A one-line reason why no partition sequence fits (for errors and MILP results)."""
+        mib = 2**20
+        if self.all_weight_bytes > self.dram_bytes:
+            return (f"weights {self.all_weight_bytes / mib:.1f} MiB exceed DRAM capacity "
+                    f"{self.dram_bytes / mib:.1f} MiB")
+        if self.dataflow:
+            ev = self._terms(np.eye(self.n, dtype=bool))
+            fmin = self.fractions[-1]
+            need = fmin * ev["sram_scaled"] + ev["sram_fixed"]
+            worst = int(np.argmax(need - self.sram_bytes)) if self.n else 0
+            if self.n and need[worst] > self.sram_bytes:
+                k = self.names[worst]
+                return (f"kernel {k!r} needs {need[worst] / mib:.1f} MiB of SRAM even alone at the smallest "
+                        f"tile {fmin:g} (resident weights {ev['sram_fixed'][worst] / mib:.1f} MiB), "
+                        f"over the chip's {self.sram_bytes / mib:.1f} MiB")
+        if max_partitions is not None:
+            return (f"no sequence of at most {max_partitions} partitions fits SRAM "
+                    f"({self.sram_bytes / 2**20:.1f} MiB) and compute tiles ({self.tiles})")
+        return "no partition sequence fits the chip's SRAM and DRAM capacity"
+
+
+def _to_int(row: np.ndarray) -> int:
+    """Bitmask of a boolean row."""
+    return sum(1 << int(i) for i in np.flatnonzero(row))

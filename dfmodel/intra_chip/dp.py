@@ -1,0 +1,283 @@
+"""Exact partitioning by dynamic programming over the ideals of the DAG, and brute force.
+
+A partition sequence is a chain of down-sets (ideals) ``{} = I_0 < I_1 < ... < I_m = V`` of the
+DAG; partition ``j`` is ``I_j - I_{j-1}`` and its cost depends only on that set (and, for the
+DRAM capacity check, on ``I_{j-1}``). The optimum of the sum objective is therefore a shortest
+path from the empty ideal to the full one in the lattice of ideals (DESIGN.md section 5); with
+a partition-count limit, a shortest path over ``(ideal, partitions used)``. Transformer layers
+are narrow DAGs with few ideals, so this is exact and fast; a guard on the number of ideals and
+of (ideal, superset) pairs sends larger graphs to the MILP.
+
+>>> from dfmodel.intra_chip.cost import CostModel          # doctest: +SKIP
+>>> plan, t = solve_dp(CostModel(graph, chip))              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dfmodel.intra_chip.cost import CostModel
+
+#: Above this many ideals the DP is not attempted (the MILP takes over).
+DEFAULT_MAX_IDEALS = 50_000
+#: Above this many (ideal, larger ideal) pairs the DP is not attempted.
+DEFAULT_MAX_PAIRS = 8_000_000
+_CHUNK = 65_536  # rows costed per vectorised call (bounds memory)
+
+
+class TooLarge(Exception):
+    """The ideal lattice exceeds the DP's guard."""
+
+
+@dataclass
+class Lattice:
+    """Ideals as boolean rows (``bits[i, k]``: kernel k in ideal i), sorted by size."""
+
+    bits: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.bits.shape[0])
+
+
+def enumerate_ideals(cm: CostModel, max_ideals: int = DEFAULT_MAX_IDEALS) -> Lattice:
+    """All down-sets of the DAG (kernels closed under producers); TooLarge past ``max_ideals``."""
+    n, pred = cm.n, cm.pred_mask
+    seen = {0}
+    stack = [0]
+    while stack:
+        ideal = stack.pop()
+        for k in range(n):
+            if not (ideal >> k) & 1 and not (pred[k] & ~ideal):
+                nxt = ideal | (1 << k)
+                if nxt not in seen:
+                    seen.add(nxt)
+                    if len(seen) > max_ideals:
+                        raise TooLarge(f"more than {max_ideals} ideals")
+                    stack.append(nxt)
+    return _lattice(cm, seen)
+
+
+def chain_lattice(cm: CostModel, order: list[int] | None = None) -> Lattice:
+    """The prefixes of one topological order: a sub-lattice whose DP is a cheap exact heuristic
+    (optimal among plans that cut this order into consecutive runs)."""
+    order = list(range(cm.n)) if order is None else order
+    masks, acc = [0], 0
+    for k in order:
+        acc |= 1 << k
+        masks.append(acc)
+    return _lattice(cm, masks)
+
+
+def _lattice(cm: CostModel, masks) -> Lattice:
+    masks = sorted(masks, key=lambda m: (m.bit_count(), m))
+    bits = np.zeros((len(masks), cm.n), dtype=bool)
+    for i, m in enumerate(masks):
+        for k in range(cm.n):
+            if (m >> k) & 1:
+                bits[i, k] = True
+    return Lattice(bits)
+
+
+def _pack(bits: np.ndarray) -> np.ndarray:
+    """Rows of booleans as uint64 words (for fast subset tests)."""
+    n = bits.shape[1]
+    words = max(1, -(-n // 64))
+    padded = np.zeros((bits.shape[0], words * 64), dtype=bool)
+    padded[:, :n] = bits
+    weights = (np.uint64(1) << np.arange(64, dtype=np.uint64)).astype(np.uint64)
+    return (padded.reshape(bits.shape[0], words, 64).astype(np.uint64) * weights).sum(axis=2, dtype=np.uint64)
+
+
+@dataclass
+class Edges:
+    """Feasible transitions ``ideal I -> ideal J`` (partition ``J - I``) and their costs."""
+
+    src: np.ndarray  # int index of I
+    dst: np.ndarray  # int index of J
+    cost_s: np.ndarray
+
+
+def transitions(
+    cm: CostModel, lat: Lattice, *, max_pairs: int = DEFAULT_MAX_PAIRS, singletons: bool = False
+) -> Edges:
+    """Every feasible partition ``J - I`` between two ideals, costed by :class:`CostModel`.
+
+    ``singletons`` keeps only one-kernel partitions (kernel-by-kernel execution).
+    """
+    packed = _pack(lat.bits)
+    sizes = lat.bits.sum(axis=1)
+    max_size = cm.tiles if cm.dataflow else cm.n
+    if singletons:
+        max_size = 1
+    src_l, dst_l = [], []
+    total = 0
+    for i in range(lat.size):
+        lo = np.searchsorted(sizes, sizes[i], side="right")
+        hi = np.searchsorted(sizes, sizes[i] + max_size, side="right")
+        if lo >= hi:
+            continue
+        cand = packed[lo:hi]
+        ok = np.all((packed[i] & ~cand) == 0, axis=1)
+        js = np.flatnonzero(ok) + lo
+        if js.size:
+            src_l.append(np.full(js.size, i, dtype=np.int64))
+            dst_l.append(js)
+            total += js.size
+            if total > max_pairs:
+                raise TooLarge(f"more than {max_pairs} (ideal, superset) pairs")
+    if not src_l:
+        return Edges(np.zeros(0, int), np.zeros(0, int), np.zeros(0))
+    src, dst = np.concatenate(src_l), np.concatenate(dst_l)
+    keep, costs = [], []
+    for a in range(0, src.size, _CHUNK):
+        s, d = src[a : a + _CHUNK], dst[a : a + _CHUNK]
+        I = lat.bits[s]
+        ev = cm.evaluate(lat.bits[d] & ~I, I)
+        keep.append(ev["feasible"])
+        costs.append(ev["time_s"])
+    keep_a = np.concatenate(keep)
+    return Edges(src[keep_a], dst[keep_a], np.concatenate(costs)[keep_a])
+
+
+def shortest_plan(
+    cm: CostModel, lat: Lattice, edges: Edges, max_partitions: int | None = None
+) -> tuple[list[list[str]], float] | None:
+    """Cheapest chain from the empty to the full ideal using at most ``max_partitions`` steps.
+
+    None if no chain exists (infeasible). Ties go to fewer partitions, then to the first edge.
+    """
+    N = lat.size
+    full = N - 1
+    if N == 1:  # empty graph
+        return [], 0.0
+    src, dst, cost = edges.src, edges.dst, edges.cost_s
+    if max_partitions is None or max_partitions >= cm.n:
+        # unconstrained: edges go to larger ideals, so settle destinations by ideal size
+        dist = np.full(N, np.inf)
+        dist[0] = 0.0
+        sizes = lat.bits.sum(axis=1)
+        order = np.argsort(sizes[dst], kind="stable")
+        src, dst, cost = src[order], dst[order], cost[order]
+        bounds = np.searchsorted(sizes[dst], np.arange(cm.n + 2))
+        for s in range(1, cm.n + 1):
+            a, b = bounds[s], bounds[s + 1]
+            if a < b:
+                np.minimum.at(dist, dst[a:b], dist[src[a:b]] + cost[a:b])
+        if not np.isfinite(dist[full]):
+            return None
+        layers = None
+    else:
+        layers = [np.full(N, np.inf)]
+        layers[0][0] = 0.0
+        for _ in range(max_partitions):
+            nxt = np.full(N, np.inf)
+            np.minimum.at(nxt, dst, layers[-1][src] + cost)
+            layers.append(nxt)
+        finals = np.array([lay[full] for lay in layers])
+        if not np.isfinite(finals).any():
+            return None
+        best = float(np.min(finals))
+        steps = int(np.flatnonzero(finals == best)[0])
+    # walk back along edges that achieve the stored distances
+    plan_ideals = [full]
+    node = full
+    if layers is None:
+        while node != 0:
+            hit = np.flatnonzero((dst == node) & (dist[src] + cost == dist[node]))
+            node = int(src[hit[0]])
+            plan_ideals.append(node)
+        total = float(dist[full])
+    else:
+        total = best
+        for c in range(steps, 0, -1):
+            hit = np.flatnonzero((dst == node) & (layers[c - 1][src] + cost == layers[c][node]))
+            node = int(src[hit[0]])
+            plan_ideals.append(node)
+    plan_ideals.reverse()
+    plan = []
+    for a, b in zip(plan_ideals, plan_ideals[1:]):
+        idx = np.flatnonzero(lat.bits[b] & ~lat.bits[a])
+        plan.append([cm.names[int(i)] for i in idx])
+    return plan, total
+
+
+def count_ideals(cm: CostModel, limit: int) -> int | None:
+    """Number of ideals, or None when above ``limit``."""
+    try:
+        return enumerate_ideals(cm, limit).size
+    except TooLarge:
+        return None
+
+
+def solve_dp(
+    cm: CostModel,
+    max_partitions: int | None = None,
+    *,
+    max_ideals: int = DEFAULT_MAX_IDEALS,
+    max_pairs: int = DEFAULT_MAX_PAIRS,
+    lattice: Lattice | None = None,
+) -> tuple[list[list[str]], float] | None:
+    """Optimal plan and objective (seconds) over ``lattice`` (default: all ideals; exact).
+
+    Raises TooLarge past the guards; returns None if no plan fits. Kernel-by-kernel chips only
+    take one-kernel partitions (their ``max_partitions`` is the kernel count).
+    """
+    lat = lattice if lattice is not None else enumerate_ideals(cm, max_ideals)
+    singletons = not cm.dataflow
+    edges = transitions(cm, lat, max_pairs=max_pairs, singletons=singletons)
+    return shortest_plan(cm, lat, edges, None if singletons else max_partitions)
+
+
+def brute_force(cm: CostModel, max_partitions: int | None = None) -> tuple[list[list[str]], float] | None:
+    """Test oracle: every ordered partition of the kernels, kept if it respects precedence.
+
+    Enumerates each sequence of blocks explicitly (any non-empty subset of the kernels not yet
+    placed, valid when its producers are placed or in the block), costs every block with the
+    same :class:`CostModel`, and returns the cheapest. Exponential: for graphs of a few kernels.
+    """
+    n, pred = cm.n, cm.pred_mask
+    full = (1 << n) - 1
+    limit = n if (max_partitions is None or not cm.dataflow) else max_partitions
+    seqs: list[list[tuple[int, int]]] = []
+
+    def rec(placed: int, seq: list[tuple[int, int]]):
+        if placed == full:
+            seqs.append(list(seq))
+            return
+        if len(seq) >= limit:
+            return
+        rest = full & ~placed
+        sub = rest
+        while sub:
+            block = sub
+            sub = (sub - 1) & rest
+            if not cm.dataflow and block.bit_count() != 1:
+                continue
+            if all(not (pred[k] & ~(placed | block)) for k in range(n) if (block >> k) & 1):
+                seq.append((placed, block))
+                rec(placed | block, seq)
+                seq.pop()
+
+    rec(0, [])
+    if n == 0:
+        return [], 0.0
+    pairs = sorted({p for s in seqs for p in s})
+    if not pairs:
+        return None
+    where = {p: i for i, p in enumerate(pairs)}
+    bits = np.array([[(m >> k) & 1 for k in range(n)] for p in pairs for m in p], dtype=bool).reshape(len(pairs), 2, n)
+    ev = cm.evaluate(bits[:, 1], bits[:, 0])
+    cost = np.where(ev["feasible"], ev["time_s"], np.inf)
+    best, best_seq = math.inf, None
+    for s in seqs:
+        total = float(sum(cost[where[p]] for p in s))
+        if total < best:
+            best, best_seq = total, s
+    if best_seq is None:
+        return None
+    plan = [[cm.names[k] for k in range(n) if (b >> k) & 1] for _, b in best_seq]
+    return plan, best

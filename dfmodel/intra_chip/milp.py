@@ -1,0 +1,417 @@
+"""The intra-chip partitioning MILP in the tight prefix form of DESIGN.md section 5.
+
+Variables (P partitions, n kernels in topological order):
+
+- ``z[k,p]`` binary, 1 iff kernel k runs in partitions ``0..p``; ``z[k,P-1] = 1``,
+  ``z[k,p] <= z[k,p+1]``, and ``z[v,p] <= z[u,p]`` for every edge u->v. The assignment is the
+  expression ``A[k,p] = z[k,p] - z[k,p-1]`` (no variable needed);
+- ``B[t,p]`` (internal, the AND) for a tensor with one consumer v: ``B <= A[u,p]``,
+  ``B <= A[v,p]``. Every use of B rewards a larger value (it saves DRAM traffic, SRAM and
+  DRAM lifetime), so the third AND inequality ``B >= A[u]+A[v]-1`` is implied at any optimum
+  and left out; leaving/entering (C, two linear halves) are the expressions ``A[u,p] - B``
+  and ``A[v,p] - B``. Tensors read by several kernels (deduplicated per name) get their own
+  ``enter >= A[v,p] - A[u,p]``, ``leave >= A[u,p] - A[v,p]``, ``internal >= A[u,p]+A[v,p]-1``;
+- lifetimes (D), only when DRAM could bind: ``L[t,p] >= z[u,p] - z[v,p-1] - B[t,p]``;
+- weights shared by several kernels: ``W[w,p] >= A[k,p]`` (read once per partition);
+- ``used[p]`` = some kernel is not in partitions ``< p``: ``used[p] >= 1 - z[s,p-1]`` for every
+  sink s; symmetry breaking: ``sum_k A[k,p] >= used[p]`` (used partitions come first, no empty
+  partition in the middle);
+- tile choice ``y[p,j]`` binary, ``sum_j y[p,j] = used[p]``, SRAM
+  ``f_j * X[p] + F[p] <= SRAM + M_j (1 - y[p,j])`` with ``M_j`` the largest possible excess;
+- ``time[p] >= compute[p], memory[p], network[p]`` (or their sum without overlap).
+
+Objective: ``sum_p time[p] + kernel_overhead * sum_p used[p] + tile_overhead * sum y/f``.
+All linear. Units: microseconds and MiB (DESIGN.md section 3).
+
+>>> from dfmodel.intra_chip.cost import CostModel     # doctest: +SKIP
+>>> out = solve_milp(CostModel(graph, chip), max_partitions=4)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from dfmodel.intra_chip.cost import CostModel
+from dfmodel.solvers import MILPModel, SolveResult, solve
+
+US = 1e6  # microseconds per second
+MIB = float(2**20)  # bytes per MiB
+
+
+class _Builder:
+    """Columns and rows collected as numpy blocks, assembled once into a :class:`MILPModel`."""
+
+    def __init__(self, P: int):
+        self.P = P
+        self.ncols = 0
+        self.lb: list[np.ndarray] = []
+        self.ub: list[np.ndarray] = []
+        self.integer: list[np.ndarray] = []
+        self.cost: list[np.ndarray] = []
+        self.rows: list[np.ndarray] = []
+        self.cols: list[np.ndarray] = []
+        self.vals: list[np.ndarray] = []
+        self.row_lo: list[float] = []
+        self.row_hi: list[float] = []
+        self.nrows = 0
+
+    def var(self, shape, lb=0.0, ub=1.0, integer=False, cost=0.0) -> np.ndarray:
+        size = int(np.prod(shape))
+        idx = np.arange(self.ncols, self.ncols + size).reshape(shape)
+        self.ncols += size
+        self.lb.append(np.broadcast_to(np.asarray(lb, float), (size,)).copy())
+        self.ub.append(np.broadcast_to(np.asarray(ub, float), (size,)).copy())
+        self.integer.append(np.full(size, bool(integer)))
+        self.cost.append(np.broadcast_to(np.asarray(cost, float), (size,)).copy())
+        return idx
+
+    def rows_p(self, terms: list[tuple[np.ndarray, np.ndarray | float]], lo, hi, *, skip_first: bool = False) -> None:
+        """One row per partition: ``lo[p] <= sum_terms coef[p] * x[cols[p]] <= hi[p]``.
+
+        ``cols[p] = -1`` marks an absent term (e.g. ``z[k,-1]``); ``skip_first`` leaves out the
+        row of partition 0 (where it would be trivial).
+        """
+        P = self.P
+        first = 1 if skip_first else 0
+        r = np.full(P, -1)
+        r[first:] = np.arange(self.nrows, self.nrows + P - first)
+        for cols, coef in terms:
+            cols = np.asarray(cols)
+            coef = np.broadcast_to(np.asarray(coef, float), (P,))
+            m = (cols >= 0) & (coef != 0) & (r >= 0)
+            self.rows.append(r[m])
+            self.cols.append(cols[m])
+            self.vals.append(coef[m])
+        self.row_lo.extend(np.broadcast_to(np.asarray(lo, float), (P,))[first:])
+        self.row_hi.extend(np.broadcast_to(np.asarray(hi, float), (P,))[first:])
+        self.nrows += P - first
+
+    def model(self, name: str) -> MILPModel:
+        rows = np.concatenate(self.rows) if self.rows else np.zeros(0, int)
+        cols = np.concatenate(self.cols) if self.cols else np.zeros(0, int)
+        vals = np.concatenate(self.vals) if self.vals else np.zeros(0)
+        A = sp.csr_matrix((vals, (rows, cols)), shape=(self.nrows, self.ncols))
+        A.sum_duplicates()
+        return MILPModel(
+            c=np.concatenate(self.cost),
+            A=A,
+            row_lo=np.array(self.row_lo, float),
+            row_hi=np.array(self.row_hi, float),
+            lb=np.concatenate(self.lb),
+            ub=np.concatenate(self.ub),
+            integrality=np.concatenate(self.integer),
+            name=name,
+        )
+
+
+def _shift(cols: np.ndarray) -> np.ndarray:
+    """``out[p] = cols[p-1]`` and ``out[0] = -1`` (absent): the previous partition's column."""
+    out = np.empty_like(cols)
+    out[0] = -1
+    out[1:] = cols[:-1]
+    return out
+
+
+@dataclass
+class Formulation:
+    """A built model and the column blocks needed to warm-start and decode it."""
+
+    model: MILPModel
+    P: int
+    z: np.ndarray  # (n, P) column indices
+    used: np.ndarray  # (P,)
+    y: np.ndarray | None  # (P, options) or None when the tile is fixed
+    options: tuple[float, ...]  # tile fractions the model chooses from
+    stats: dict = field(default_factory=dict)
+
+
+def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
+    """The MILP for ``cm`` with at most ``max_partitions`` partitions (default: one per kernel).
+
+    Kernel-by-kernel chips get exactly one kernel per partition (``P = n``): their objective is
+    then a constant and only DRAM lifetimes constrain the order.
+    """
+    n = cm.n
+    P = n if (max_partitions is None or not cm.dataflow) else max(1, min(max_partitions, n))
+    b = _Builder(P)
+    zero = np.full(P, -1)
+
+    # prefix variables; z[k,p] = 1 is forced where a later partition is impossible: with used
+    # partitions first, k can sit at most after the n - 1 - (#descendants) other kernels
+    desc = _descendant_counts(cm)
+    z = b.var((n, P), integer=True)
+    lbz = np.zeros((n, P))
+    lbz[:, P - 1] = 1.0
+    for k in range(n):
+        lbz[k, max(0, n - 1 - desc[k]) :] = 1.0
+    b.lb[-1] = lbz.ravel()
+
+    def A(k):  # assignment A[k,p] = z[k,p] - z[k,p-1] as expression terms
+        return [(z[k], 1.0), (_shift(z[k]), -1.0)]
+
+    def neg(terms):
+        return [(c, -np.asarray(v, float)) for c, v in terms]
+
+    # precedence and monotonicity
+    for k in range(n):
+        if P > 1:
+            b.rows_p([(z[k], 1.0), (_shift(z[k]), -1.0)], 0.0, np.inf, skip_first=True)  # z[k,p] >= z[k,p-1]
+    edges = sorted({(t.producer, v) for t in cm.tensors if t.producer >= 0 for v in t.consumers})
+    for u, v in edges:
+        b.rows_p([(z[u], 1.0), (z[v], -1.0)], 0.0, np.inf)  # z[v,p] <= z[u,p]
+
+    # used partitions first
+    ko = cm.kernel_overhead_s * US if cm.dataflow else 0.0
+    used_block = len(b.cost)
+    used = b.var((P,), lb=np.r_[1.0, np.zeros(P - 1)], cost=ko)
+    for s in cm.sinks:
+        b.rows_p([(used, 1.0), (_shift(z[s]), 1.0)], 1.0, np.inf, skip_first=True)
+    all_A = [term for k in range(n) for term in A(k)]
+    b.rows_p(all_A + [(used, -1.0)], 0.0, np.inf)  # sum_k A[k,p] >= used[p]
+
+    stats = {"P": P}
+    if not cm.dataflow:
+        # one kernel per partition; each kernel costs its stand-alone time wherever it runs
+        b.rows_p(all_A, -np.inf, 1.0)
+        offset = float(np.sum(cm.singleton_time_s()) * US)
+        if cm.dram_check:
+            _lifetimes(b, cm, z, lambda t, j: None, P)
+        f = b.model("intra_chip_kbk")
+        f.offset = offset
+        return Formulation(f, P, z, used, None, (1.0,), stats)
+
+    # -- per-tensor terms: memory expression pieces and SRAM pieces ----------------------------
+    tpb = cm.s_per_byte * US  # microseconds per byte of DRAM traffic
+    mem_terms: list = []  # microseconds
+    X_terms: list = []  # SRAM at tile fraction 1 that scales with the tile (MiB)
+    F_terms: list = []  # SRAM that does not (MiB)
+    X_max = F_max = 0.0
+    B_of: dict[tuple[int, int], np.ndarray] = {}  # (tensor idx, consumer) -> B columns
+    for ti, t in enumerate(cm.tensors):
+        u, V, by = t.producer, t.consumers, t.bytes
+        mib = by / MIB
+        if u < 0:  # graph input: read by the partitions holding a consumer
+            if len(V) == 1:
+                enter = A(V[0])
+            else:
+                e = b.var((P,))
+                for v in V:
+                    b.rows_p([(e, 1.0)] + neg(A(v)), 0.0, np.inf)
+                enter = [(e, 1.0)]
+            leave, internal = [], []
+        elif not V:  # graph output only
+            enter, leave, internal = [], A(u), []
+        elif len(V) == 1:
+            v = V[0]
+            bt = b.var((P,))
+            B_of[(ti, v)] = bt
+            b.rows_p([(bt, 1.0)] + neg(A(u)), -np.inf, 0.0)
+            b.rows_p([(bt, 1.0)] + neg(A(v)), -np.inf, 0.0)
+            enter = A(v) + [(bt, -1.0)]
+            leave = A(u) if t.is_output else A(u) + [(bt, -1.0)]
+            internal = [(bt, 1.0)]
+        else:
+            e = b.var((P,))
+            for v in V:
+                b.rows_p([(e, 1.0)] + neg(A(v)) + A(u), 0.0, np.inf)
+            enter = [(e, 1.0)]
+            if t.is_output:
+                leave = A(u)
+            else:
+                lv = b.var((P,))
+                for v in V:
+                    b.rows_p([(lv, 1.0)] + neg(A(u)) + A(v), 0.0, np.inf)
+                leave = [(lv, 1.0)]
+            it = b.var((P,))
+            for v in V:
+                b.rows_p([(it, 1.0)] + neg(A(u)) + neg(A(v)), -1.0, np.inf)
+            internal = [(it, 1.0)]
+        mem_terms += [(c, tpb * by * np.asarray(w, float)) for c, w in enter + leave]
+        if t.row_scaled:
+            X_terms += [(c, mib * np.asarray(w, float)) for c, w in internal]
+            X_terms += [(c, 2 * mib * np.asarray(w, float)) for c, w in enter + leave]
+            # internal + 2 enter + 2 leave <= 3 (enter and leave exclude each other); a tensor
+            # with one consumer and no graph output is either internal or crossing: <= 2
+            X_max += (2 if len(V) == 1 and not t.is_output else 3) * mib
+        else:
+            touch = b.var((P,))
+            for k in ([u] if u >= 0 else []) + list(V):
+                b.rows_p([(touch, 1.0)] + neg(A(k)), 0.0, np.inf)
+            F_terms.append((touch, mib))
+            F_max += mib
+    for w in cm.weights:
+        if len(w.kernels) == 1:
+            wt = A(w.kernels[0])
+        else:
+            wv = b.var((P,))
+            for k in w.kernels:
+                b.rows_p([(wv, 1.0)] + neg(A(k)), 0.0, np.inf)
+            wt = [(wv, 1.0)]
+        mem_terms += [(c, tpb * w.bytes * np.asarray(x, float)) for c, x in wt]
+        F_terms += [(c, w.bytes / MIB * np.asarray(x, float)) for c, x in wt]
+        F_max += w.bytes / MIB
+    for k in range(n):
+        if cm.extra_bytes[k]:
+            mem_terms += [(c, tpb * cm.extra_bytes[k] * w) for c, w in A(k)]
+
+    # -- time per partition ------------------------------------------------------------------------
+    time = b.var((P,), lb=0.0, ub=np.inf, cost=1.0)
+    comp = [(c, cm.compute_s[k] * US * w) for k in range(n) for c, w in A(k)]
+    net = [(c, cm.network_s[k] * US * w) for k in range(n) for c, w in A(k) if cm.network_s[k]]
+    if cm.overlap:
+        b.rows_p([(time, 1.0)] + neg(comp), 0.0, np.inf)
+        b.rows_p([(time, 1.0)] + neg(mem_terms), 0.0, np.inf)
+        if net:
+            b.rows_p([(time, 1.0)] + neg(net), 0.0, np.inf)
+    else:
+        b.rows_p([(time, 1.0)] + neg(comp) + neg(mem_terms) + neg(net), 0.0, np.inf)
+    # a partition's kernels each need a compute tile
+    if n > cm.tiles:
+        b.rows_p(all_A, -np.inf, float(cm.tiles))
+
+    # -- SRAM and tile choice ----------------------------------------------------------------------
+    sram = cm.sram_bytes / MIB
+    options = []
+    for f in cm.fractions:
+        options.append(f)
+        if f * X_max + F_max <= sram:  # this tile always fits: smaller ones never pay off
+            break
+    tau = cm.tile_overhead_s * US
+    y = None
+    always_fits = options[-1] * X_max + F_max <= sram
+    if len(options) == 1:
+        b.cost[used_block] = b.cost[used_block] + tau / options[0]  # one tile option: a fixed cost
+        if not always_fits:
+            b.rows_p([(c, options[0] * np.asarray(w, float)) for c, w in X_terms] + F_terms, -np.inf, sram)
+    else:
+        J = len(options)
+        y = b.var((P, J), integer=True, cost=np.tile([tau / f for f in options], P))
+        b.rows_p([(y[:, j], 1.0) for j in range(J)] + [(used, -1.0)], 0.0, 0.0)
+        for j, f in enumerate(options):
+            M = max(0.0, f * X_max + F_max - sram)
+            if M == 0.0:
+                continue
+            b.rows_p([(c, f * np.asarray(w, float)) for c, w in X_terms] + F_terms + [(y[:, j], M)], -np.inf, sram + M)
+
+    if cm.dram_check:
+        _lifetimes(b, cm, z, lambda ti, v: B_of.get((ti, v)), P)
+
+    stats.update(options=len(options))
+    return Formulation(b.model("intra_chip"), P, z, used, y, tuple(options), stats)
+
+
+def _lifetimes(b: _Builder, cm: CostModel, z: np.ndarray, B_of, P: int) -> None:
+    """D: bytes live in DRAM during each partition plus all weights fit the DRAM capacity."""
+    live_terms = []
+    for ti, t in enumerate(cm.tensors):
+        if t.producer < 0 or not t.consumers:
+            continue
+        u = t.producer
+        lt = b.var((P,))
+        for v in t.consumers:
+            bt = B_of(ti, v)
+            if bt is None and cm.dataflow:
+                # several consumers: B for this edge (only upper bounds: a larger B is better)
+                bt = b.var((P,))
+                for k in (u, v):
+                    b.rows_p([(bt, 1.0), (z[k], -1.0), (_shift(z[k]), 1.0)], -np.inf, 0.0)
+            terms = [(lt, 1.0), (z[u], -1.0), (_shift(z[v]), 1.0)]
+            if bt is not None:
+                terms.append((bt, 1.0))
+            b.rows_p(terms, 0.0, np.inf)  # L >= z[u,p] - z[v,p-1] - B[p]
+        live_terms.append((lt, t.bytes / MIB))
+    cap = (cm.dram_bytes - cm.all_weight_bytes) / MIB
+    b.rows_p(live_terms, -np.inf, cap)
+
+
+def _descendant_counts(cm: CostModel) -> list[int]:
+    n = cm.n
+    desc = [0] * n  # bitmask of descendants
+    for k in range(n - 1, -1, -1):
+        m = 0
+        for s in cm.successors[k]:
+            m |= (1 << s) | desc[s]
+        desc[k] = m
+    return [d.bit_count() for d in desc]
+
+
+def warm_start(form: Formulation, cm: CostModel, plan: list[list[str]]) -> np.ndarray | None:
+    """Start vector (integer entries; continuous ones NaN, completed by the solver layer)."""
+    if len(plan) > form.P:
+        return None
+    x = np.full(form.model.num_vars, np.nan)
+    part = {k: p for p, ks in enumerate(plan) for k in ks}
+    for k, name in enumerate(cm.names):
+        x[form.z[k]] = (np.arange(form.P) >= part[name]).astype(float)
+    if form.y is not None:
+        x[form.y.ravel()] = 0.0
+        reports = cm.report_sets(plan)
+        for p, r in enumerate(reports):
+            j = form.options.index(r["tile_fraction"]) if r["tile_fraction"] in form.options else None
+            if j is None:
+                return None
+            x[form.y[p, j]] = 1.0
+    return x
+
+
+def decode(form: Formulation, cm: CostModel, x: np.ndarray) -> list[list[str]]:
+    """Partition sequence (kernel names, empty partitions dropped) from a solution vector."""
+    zv = x[form.z] > 0.5
+    first = np.argmax(zv, axis=1)
+    plan = []
+    for p in range(form.P):
+        ks = [cm.names[k] for k in range(cm.n) if first[k] == p]
+        if ks:
+            plan.append(ks)
+    return plan
+
+
+@dataclass
+class MilpOutcome:
+    """Result of the MILP: the plan (None if none found), its model objective and proof."""
+
+    plan: list[list[str]] | None
+    objective_s: float | None
+    bound_s: float | None
+    status: str
+    gap: float | None
+    backend: str
+    wall_s: float
+    message: str
+    solve: SolveResult | None = None
+    stats: dict = field(default_factory=dict)
+
+
+def solve_milp(
+    cm: CostModel,
+    max_partitions: int | None = None,
+    *,
+    start: list[list[str]] | None = None,
+    solver: str = "auto",
+    time_limit_s: float | None = None,
+    mip_gap: float = 1e-6,
+) -> MilpOutcome:
+    """Build, warm-start (with ``start`` when it has at most P partitions) and solve the MILP.
+
+    An infeasible model comes back with ``status="infeasible"`` and a one-line reason.
+    """
+    form = build(cm, max_partitions)
+    if start is not None:
+        form.model.warm_start = warm_start(form, cm, start)
+    res = solve(form.model, solver, time_limit_s=time_limit_s, mip_gap=mip_gap)
+    stats = dict(form.stats, **res.extra)
+    if res.status == "infeasible":
+        return MilpOutcome(None, None, None, "infeasible", None, res.backend, res.wall_s,
+                           cm.infeasibility_reason(form.P if max_partitions is not None else None), res, stats)
+    if res.x is None:
+        return MilpOutcome(None, None, _s(res.bound), res.status, None, res.backend, res.wall_s, res.message, res, stats)
+    plan = decode(form, cm, res.x)
+    return MilpOutcome(plan, res.objective / US, _s(res.bound), res.status, res.gap, res.backend, res.wall_s,
+                       res.message, res, stats)
+
+
+def _s(v: float | None) -> float | None:
+    return None if v is None else v / US
