@@ -37,18 +37,42 @@ def field_path(loc: tuple) -> str:
 
     Tagged-union and function-validator steps (``function-after[...]``, class names) are skipped.
     """
-    parts = []
-    for item in loc:
-        s = str(item)
-        if "[" in s or s[:1].isupper():
-            continue
-        parts.append(s)
-    return ".".join(parts) or "<root>"
+    return ".".join(str(item) for item in loc if not _is_tag(item)) or "<root>"
+
+
+def _is_tag(item: object) -> bool:
+    """A loc step that names a validator, union branch or dict key marker, not a field."""
+    s = str(item)
+    return "[" in s or s[:1].isupper()
+
+
+def most_specific_error(errors: list[dict]) -> dict:
+    """The error to report: the first, unless it is one branch of a failed union.
+
+    For a union such as ``peak_flops: float | dict[Precision, float]`` pydantic reports one error
+    per branch (loc steps named after the branch). Of the first error's sibling branches, the one
+    that got deepest into the input names the real problem (``chip.peak_flops.fp4`` rather than
+    "expected a number" for the float branch); ties keep the first.
+    """
+    first = errors[0]
+    loc = tuple(first["loc"])
+    cut = next((i for i, item in enumerate(loc) if _is_tag(item)), None)
+    if cut is None:
+        return first
+    siblings = [first] + [
+        e for e in errors[1:]
+        if len(e["loc"]) > cut and tuple(e["loc"][:cut]) == loc[:cut]
+        and _is_tag(e["loc"][cut]) and e["loc"][cut] != loc[cut]
+    ]
+    return max(siblings, key=lambda e: len(field_path(tuple(e["loc"])).split(".")))
 
 
 def validation_message(err: dict) -> str:
     """One pydantic error dict -> 'what is allowed' text."""
     kind = err.get("type", "")
+    loc = tuple(err.get("loc", ()))
+    if loc and loc[-1] == "[key]":
+        return f"invalid key {err.get('input')!r}: {err.get('msg', 'not allowed')}"
     if kind == "extra_forbidden":
         return "unknown field"
     if kind == "missing":
@@ -62,5 +86,5 @@ def validate(model: type[M], data: Any, source: str | None) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        err = most_specific_error(exc.errors())
         raise InputError(validation_message(err), source=source, field=field_path(err["loc"])) from None
