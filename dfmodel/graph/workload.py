@@ -224,25 +224,35 @@ class EmbeddingTables(Strict):
     ``lookups_per_table`` rows per table (the pooling factor) and sums them."""
 
     num_tables: PositiveInt
-    rows_per_table: PositiveInt | list[PositiveInt]
+    rows_per_table: list[PositiveInt]
     dim: PositiveInt
-    lookups_per_table: PositiveInt | list[PositiveInt] = 1
+    lookups_per_table: list[PositiveInt] = Field(default=1, validate_default=True)  # type: ignore[assignment]
+
+    @field_validator("rows_per_table", "lookups_per_table", mode="before")
+    @classmethod
+    def _broadcast(cls, v: Any, info: ValidationInfo) -> Any:
+        # One integer stands for every table. Expanding here (rather than typing the field as
+        # int | list) keeps pydantic's union branch names out of error paths.
+        t = info.data.get("num_tables")
+        if type(v) is int:
+            if v < 1:
+                raise ValueError(f"must be > 0, got {v}")
+            return [v] * (t or 1)
+        return v
 
     @field_validator("rows_per_table", "lookups_per_table")
     @classmethod
-    def _one_per_table(cls, v: int | list[int], info: ValidationInfo) -> int | list[int]:
+    def _one_per_table(cls, v: list[int], info: ValidationInfo) -> list[int]:
         t = info.data.get("num_tables")
-        if isinstance(v, list) and t is not None and len(v) != t:
+        if t is not None and len(v) != t:
             raise ValueError(f"must be one integer or a list of num_tables ({t}) integers, got {len(v)}")
         return v
 
     def rows(self) -> list[int]:
-        r = self.rows_per_table
-        return list(r) if isinstance(r, list) else [r] * self.num_tables
+        return list(self.rows_per_table)
 
     def lookups(self) -> list[int]:
-        p = self.lookups_per_table
-        return list(p) if isinstance(p, list) else [p] * self.num_tables
+        return list(self.lookups_per_table)
 
 
 class DLRMWorkload(_Base):
