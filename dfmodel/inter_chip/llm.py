@@ -106,7 +106,7 @@ def _is_attention_core(kernel) -> bool:
         kernel.phase == Phase.forward
         and "attention" in kernel.group
         and kernel.weight_bytes == 0
-        and kernel.kind in (KernelKind.matmul, KernelKind.reduction, KernelKind.elementwise)
+        and kernel.kind in (KernelKind.matmul, KernelKind.reduction)
     )
 
 

@@ -46,6 +46,11 @@ class ShardingPlan:
     gap: float = 0.0
 
 
+def is_weight_gradient(kernel: Kernel, t: Tensor) -> bool:
+    """A graph output that is a weight gradient (of a matmul, or of a norm's scale and shift)."""
+    return t.consumer is None and (kernel.phase == Phase.weight_grad or t.name.startswith("dW"))
+
+
 def role(graph: DataflowGraph, t: Tensor) -> str:
     """``g`` for a gradient operand, ``x`` for an activation/saved value (used by wgrad rules)."""
     if t.producer is not None:
@@ -117,13 +122,18 @@ class ShardingProblem:
         times = [self.kernel_time_s(k, name) for k in self.groups[g]]
         return None if any(x is None for x in times) else sum(times)
 
-    def output_target(self, kernel: Kernel, name: str) -> str | None:
-        """Layout a graph output must end in: weight gradients stay local, activations go to
-        the boundary layout (None)."""
-        if kernel.phase == Phase.weight_grad:
-            s = self.strategy(kernel, name)
-            return s.output if s.output in ("S", "R") else "R"
-        return None
+    def output_layouts(self, e: Tensor, name: str, boundary: str) -> tuple[str, str]:
+        """(held, wanted) layouts of a graph output. Activations and gradients leave in the
+        boundary layout; a weight gradient stays split like its weight (S), and is all-reduced
+        when its kernel split tokens (every member holds a partial sum)."""
+        kernel = self.graph.kernel(e.producer)
+        s = self.strategy(kernel, name)
+        if not is_weight_gradient(kernel, e):
+            return s.output, boundary
+        if s.splits_weight:
+            return "S", "S"
+        held = "P" if s.output in ("T", "P") else "R"
+        return held, "R"
 
     def evaluate(self, choice: dict[str, str], boundary: str) -> float | None:
         """Objective of a full assignment (group -> strategy); None if infeasible. The oracle."""
@@ -141,16 +151,15 @@ class ShardingProblem:
         return total
 
     def edge_cost_s(self, e: Tensor, r: str | None, q: str | None, boundary: str) -> float | None:
-        if e.producer is None:
-            src = boundary
-        else:
-            src = self.strategy(self.graph.kernel(e.producer), r).output
-        if e.consumer is None:
-            target = self.output_target(self.graph.kernel(e.producer), r)
-            dst = boundary if target is None else target
-        else:
-            dst = self.in_layout(self.graph.kernel(e.consumer), q, e)
+        src, dst = self.edge_layouts(e, r, q, boundary)
         return self.conversion_s(src, dst, e.bytes)
+
+    def edge_layouts(self, e: Tensor, r: str | None, q: str | None, boundary: str) -> tuple[str, str]:
+        """Layout an edge's tensor is produced in and the layout its consumer needs."""
+        if e.consumer is None:
+            return self.output_layouts(e, r, boundary)
+        src = boundary if e.producer is None else self.strategy(self.graph.kernel(e.producer), r).output
+        return src, self.in_layout(self.graph.kernel(e.consumer), q, e)
 
 
 def build_milp(problem: ShardingProblem):
@@ -308,12 +317,9 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
     net: dict[str, float] = {}
     comm_rows = []
     for i, e in enumerate(g.tensors):
-        src = plan.boundary_layout if e.producer is None else problem.strategy(g.kernel(e.producer), plan.strategy[e.producer]).output
-        if e.consumer is None:
-            target = problem.output_target(g.kernel(e.producer), plan.strategy[e.producer])
-            dst = plan.boundary_layout if target is None else target
-        else:
-            dst = problem.in_layout(g.kernel(e.consumer), plan.strategy[e.consumer], e)
+        r = plan.strategy.get(e.producer) if e.producer else None
+        q = plan.strategy.get(e.consumer) if e.consumer else None
+        src, dst = problem.edge_layouts(e, r, q, plan.boundary_layout)
         conv = conversion(src, dst, e.bytes, t)
         if conv is None or conv.collective is None or t == 1:
             tensors.append(replace(e, bytes=e.bytes * local_fraction(dst, t)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import Kernel, KernelKind, Phase, Tensor
@@ -64,4 +65,21 @@ class GraphBuilder:
             self.tensors.append(Tensor(name, producer, c, float(nbytes), op, tuple(shape)))
 
     def build(self, name: str, meta: dict | None = None, source: str | None = None) -> DataflowGraph:
-        return DataflowGraph(self.kernels, self.tensors, name=name, meta=meta, source=source)
+        return DataflowGraph(
+            [_with_weight_name(k) for k in self.kernels], self.tensors, name=name, meta=meta, source=source
+        )
+
+
+PHASE_PREFIXES = ("fwd.", "bwd.", "wgrad.")
+
+
+def _with_weight_name(k: Kernel) -> Kernel:
+    """Kernels reading a weight name it by their name without the phase prefix, so that
+    ``fwd.qkv``, ``bwd.qkv`` and ``wgrad.qkv`` share weight ``qkv`` (sharded once, held in SRAM
+    once)."""
+    if k.weight is not None or k.weight_bytes <= 0:
+        return k
+    for prefix in PHASE_PREFIXES:
+        if k.name.startswith(prefix):
+            return replace(k, weight=k.name[len(prefix):])
+    return replace(k, weight=k.name)
