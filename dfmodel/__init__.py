@@ -20,7 +20,7 @@ _EXPORTS = {
     "DataflowGraph": "dfmodel.graph.graph",
     "Kernel": "dfmodel.graph.kernel",
     "Tensor": "dfmodel.graph.kernel",
-    "optimize": "dfmodel.optimize",
+    "optimize": "dfmodel.optimizer",
     "Result": "dfmodel.result",
     "DFModelError": "dfmodel.errors",
     "InputError": "dfmodel.errors",

@@ -187,7 +187,7 @@ def solve(
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the result as JSON to PATH, or '-' for stdout alone."),
 ) -> None:
     """Find the fastest mapping of a workload on a system and report it."""
-    from dfmodel.optimize import optimize
+    from dfmodel.optimizer import optimize
     from dfmodel.report import render_result
 
     result = optimize(

@@ -206,6 +206,22 @@ class LLMModel:
         return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * params_per_chip / shard_dp)
 
     # -- memory ---------------------------------------------------------------------------------
+    def memory_floor_bytes(self, m: Mapping) -> float:
+        """Least memory per chip any choice of recompute / SP / optimizer sharding / layer split
+        can reach for these degrees and micro-batching (valid: prunes before any inner solve)."""
+        return mem.memory_lower_bound_bytes(
+            num_layers=self.num_layers,
+            params_per_layer=self.graphs(1).layer.params(),
+            seq_len=self.model.seq_len,
+            micro_batch=m.micro_batch,
+            hidden=self.model.hidden,
+            tp=m.tp,
+            pp=m.pp,
+            dp=m.dp,
+            num_micro_batches=m.num_micro_batches,
+            bytes_per_element=self.precision.bytes,
+        )
+
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int]) -> "mem.MemoryBreakdown":
         """Worst stage's memory per chip (weights, grads, optimizer, activations in flight)."""
         act_layer = mem.activation_bytes_per_layer(
@@ -228,7 +244,7 @@ class LLMModel:
                 dp=m.dp,
                 distributed_optimizer=m.distributed_optimizer,
                 activation_bytes_per_layer=act_layer,
-                layers=layers,
+                layers_on_chip=layers,
                 in_flight_micro_batches=in_flight,
                 capacity_bytes=self.system.chip.memory.capacity_bytes,
             )
@@ -286,7 +302,7 @@ class LLMModel:
         busy = m.num_micro_batches * (stage_fwd[b] + stage_bwd[b])
         shares = self._stage_shares(stages[b], m, layer, emb if b == 0 else None, head if b == m.pp - 1 else None)
         breakdown = {k: busy * shares[k] for k in COMPONENTS}
-        pp_comm = min(max(pt.total_s - busy, 0.0), getattr(pt, "p2p_s", 0.0))
+        pp_comm = min(max(pt.total_s - busy, 0.0), pt.p2p_exposed_s)
         breakdown.update(
             pp_comm=pp_comm,
             bubble=max(pt.total_s - busy - pp_comm, 0.0),

@@ -95,20 +95,34 @@ def search(model, candidates, *, exhaustive: bool = False):
     t0 = time.perf_counter()
     stats = SearchStats()
     heap = []
+    capacity = model.system.chip.memory.capacity_bytes
+    smallest_floor = None
     for i, m in enumerate(candidates):
         stats.candidates += 1
+        floor = model.memory_floor_bytes(m)
+        if floor > capacity and not exhaustive:
+            stats.pruned_memory += 1
+            smallest_floor = floor if smallest_floor is None else min(smallest_floor, floor)
+            continue
         heap.append((model.lower_bound_s(m), i, m))
-    if not heap:
+    if not heap and stats.candidates == 0:
         raise InfeasibleError("no valid mapping: the fixed knobs, chip count and batch admit none")
     heapq.heapify(heap)
     best = None
     worst_memory = None
+    inner_failure = None
     while heap:
         bound, _, m = heapq.heappop(heap)
         if best is not None and bound >= best.iteration_time_s and not exhaustive:
             stats.pruned_bound += 1 + len(heap)
             break
-        ev = model.evaluate(m)
+        try:
+            ev = model.evaluate(m)
+        except InfeasibleError as exc:  # an inner pass found nothing that fits (e.g. SRAM, DRAM)
+            stats.evaluated += 1
+            stats.pruned_memory += 1
+            inner_failure = str(exc)
+            continue
         stats.evaluated += 1
         if not ev.fits:
             stats.pruned_memory += 1
@@ -119,6 +133,14 @@ def search(model, candidates, *, exhaustive: bool = False):
         if best is None or (ev.iteration_time_s, ev.mapping) < (best.iteration_time_s, best.mapping):
             best = ev
     stats.wall_s = time.perf_counter() - t0
+    if best is None and worst_memory is None:
+        if smallest_floor is not None:
+            raise InfeasibleError(
+                f"no mapping fits in memory: even the leanest needs at least {smallest_floor / 2**30:.1f} GiB "
+                f"per chip but a chip has {capacity / 2**30:.1f} GiB, short by "
+                f"{(smallest_floor - capacity) / 2**30:.1f} GiB"
+            )
+        raise InfeasibleError(f"no mapping fits: {inner_failure}")
     if best is None:
         mem = worst_memory.memory
         raise InfeasibleError(

@@ -28,7 +28,7 @@ def partition(
     max_partitions: int | None = None,
     solver: str = "auto",
     time_limit_s: float | None = None,
-    network_s: Mapping[str, float] | None = None,
+    network_time_s: Mapping[str, float] | None = None,
     mip_gap: float = 1e-6,
     tile_fractions: Iterable[float] | None = None,
     tile_overhead_s: float | None = None,
@@ -38,7 +38,7 @@ def partition(
 ) -> PartitionResult:
     """Sequence of partitions of ``graph``'s kernels minimising the chip's time per micro-batch.
 
-    ``graph`` holds the kernels one chip runs (per-chip sizes after sharding); ``network_s``
+    ``graph`` holds the kernels one chip runs (per-chip sizes after sharding); ``network_time_s``
     the per-kernel network seconds from the inter-chip pass (zero when run alone).
 
     ``method``:
@@ -74,7 +74,7 @@ def partition(
     if max_partitions is not None and max_partitions < 1:
         raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
     t0 = time.perf_counter()
-    cm = CostModel(graph, system, network_s, tile_fractions_=tile_fractions, tile_overhead_s=tile_overhead_s)
+    cm = CostModel(graph, system, network_time_s, tile_fractions_=tile_fractions, tile_overhead_s=tile_overhead_s)
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     if cm.n == 0:
         return PartitionResult(0.0, [], True, 0.0, "closed_form", "closed_form", "optimal", 0.0, max_partitions)

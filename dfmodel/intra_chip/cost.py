@@ -8,8 +8,8 @@ module, so they agree to rounding. For a partition ``S`` (DESIGN.md section 4):
   ``sum_k compute_time_s(k)`` (the continuous optimum of the tile-sharing min-max; needs
   ``|S| <= compute_tiles``). The integer allocation is reported as a diagnostic only;
 - memory bytes: tensors entering ``S`` (a producer outside ``S`` or a graph input, read once per
-  tensor name), tensors leaving ``S`` (a consumer outside ``S`` or a graph output, written once per
-  name), weights (once per ``Kernel.weight`` name: fused fwd/bwd/wgrad kernels read W once) and
+  tensor), tensors leaving ``S`` (a consumer outside ``S`` or a graph output, written once
+  per tensor), weights (once per ``Kernel.weight`` name: fused fwd/bwd/wgrad kernels read W once) and
   ``extra_memory_bytes``; time = ``memory_time_s``;
 - network: the given per-kernel network seconds, summed;
 - time = ``max(compute, memory, network)`` if the chip overlaps, else their sum, plus overheads:
@@ -170,22 +170,20 @@ class CostModel:
         self.network_s = np.array([float(network_s.get(k, 0.0)) for k in self.names], dtype=float)
         self.extra_bytes = np.array([k.extra_memory_bytes for k in kernels], dtype=float)
 
-        # tensors, grouped by name (a tensor read by several kernels is one edge per consumer)
-        groups: dict[str, dict] = {}
+        # tensors grouped by (name, producer): the edges of one tensor read by several kernels.
+        # The producer is part of the identity because a graph may reuse a name on both sides
+        # of a communication kernel.
+        groups: dict[tuple[str, str | None], dict] = {}
         for t in graph.tensors:
-            g = groups.setdefault(t.name, {"bytes": 0.0, "producer": None, "consumers": [], "out": False})
+            g = groups.setdefault((t.name, t.producer), {"bytes": 0.0, "consumers": [], "out": False})
             g["bytes"] = max(g["bytes"], float(t.bytes))
-            if t.producer is not None:
-                if g["producer"] not in (None, t.producer):
-                    raise ValueError(f"tensor {t.name!r} has two producers: {g['producer']!r}, {t.producer!r}")
-                g["producer"] = t.producer
             if t.consumer is None:
                 g["out"] = True
             elif self.index[t.consumer] not in g["consumers"]:
                 g["consumers"].append(self.index[t.consumer])
         self.tensors: list[TensorUse] = []
-        for name, g in groups.items():
-            p = -1 if g["producer"] is None else self.index[g["producer"]]
+        for (name, producer), g in groups.items():
+            p = -1 if producer is None else self.index[producer]
             scaled = p < 0 or kernels[p].phase != Phase.weight_grad
             self.tensors.append(TensorUse(name, g["bytes"], p, tuple(sorted(g["consumers"])), g["out"], scaled))
 
@@ -230,31 +228,35 @@ class CostModel:
     # -- vectorised partition terms ---------------------------------------------------------------
     def _terms(self, S: np.ndarray) -> dict[str, np.ndarray]:
         """Raw per-set quantities (no feasibility): compute/memory/network, SRAM parts."""
-        S = np.asarray(S, dtype=bool)
+        S = np.asfortranarray(S, dtype=bool)  # column access below is then contiguous
         m = S.shape[0]
         Sf = S.astype(float)
         mem = Sf @ self.extra_bytes
         sram_scaled = np.zeros(m)  # bytes at tile fraction 1 that shrink with the tile
         sram_fixed = np.zeros(m)  # bytes that do not (weights, weight-gradient accumulators)
+        none = np.zeros(m, dtype=bool)
         for t in self.tensors:
-            prod_in = S[:, t.producer] if t.producer >= 0 else np.zeros(m, dtype=bool)
-            if t.consumers:
-                cons = S[:, list(t.consumers)]
-                any_c, all_c = cons.any(axis=1), cons.all(axis=1)
-            else:
-                any_c, all_c = np.zeros(m, dtype=bool), np.ones(m, dtype=bool)
+            prod_in = S[:, t.producer] if t.producer >= 0 else none
+            any_c, all_c = none, ~none
+            for c in t.consumers:
+                any_c = any_c | S[:, c]
+                all_c = all_c & S[:, c]
             enters = any_c & ~prod_in
             leaves = prod_in & (t.is_output | ~all_c)
             internal = prod_in & any_c
-            mem += t.bytes * (enters.astype(float) + leaves)
+            crossing = enters | leaves  # exclusive: enter needs the producer outside, leave inside
+            mem[crossing] += t.bytes
             if t.row_scaled:
-                sram_scaled += t.bytes * (internal.astype(float) + 2.0 * enters + 2.0 * leaves)
+                sram_scaled[internal] += t.bytes
+                sram_scaled[crossing] += 2.0 * t.bytes
             else:
-                sram_fixed += t.bytes * (prod_in | any_c)
+                sram_fixed[prod_in | any_c] += t.bytes
         for w in self.weights:
-            used = S[:, list(w.kernels)].any(axis=1)
-            mem += w.bytes * used
-            sram_fixed += w.bytes * used
+            used = none
+            for k in w.kernels:
+                used = used | S[:, k]
+            mem[used] += w.bytes
+            sram_fixed[used] += w.bytes
         return {
             "count": S.sum(axis=1),
             "compute_s": Sf @ self.compute_s,
@@ -282,6 +284,18 @@ class CostModel:
             for v in t.consumers:
                 live |= J[:, u] & ~I[:, v] & ~(S[:, u] & S[:, v])
             out += t.bytes * live
+        return out
+
+    def dram_fits(self, live_bytes: np.ndarray) -> np.ndarray:
+        """Whether tensors live in DRAM during a partition fit beside all the weights."""
+        return live_bytes + self.all_weight_bytes <= self.dram_bytes
+
+    def resident_weight_bytes(self, S: np.ndarray) -> np.ndarray:
+        """Weights (deduplicated) of each set: a lower bound on its SRAM, monotone in the set."""
+        S = np.asfortranarray(S, dtype=bool)
+        out = np.zeros(S.shape[0])
+        for w in self.weights:
+            out[S[:, list(w.kernels)].any(axis=1)] += w.bytes
         return out
 
     def evaluate(self, S: np.ndarray, I: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -317,7 +331,7 @@ class CostModel:
             I = np.asarray(I, dtype=bool)
             live = self.live_bytes(I, I | S)
             ev["live_bytes"] = live
-            feasible &= live + self.all_weight_bytes <= self.dram_bytes
+            feasible &= self.dram_fits(live)
         ev.update(feasible=feasible, tile=tile, sram_bytes=sram, time_s=np.where(feasible, time, np.nan))
         return ev
 

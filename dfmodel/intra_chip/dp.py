@@ -106,13 +106,17 @@ def transitions(
 ) -> Edges:
     """Every feasible partition ``J - I`` between two ideals, costed by :class:`CostModel`.
 
-    ``singletons`` keeps only one-kernel partitions (kernel-by-kernel execution).
+    ``singletons`` keeps only one-kernel partitions (kernel-by-kernel execution). Pairs that
+    cannot fit (more kernels than tiles; more resident weights than SRAM, using the
+    subadditive bound ``W(J) - W(I) <= W(J - I)``) are dropped before costing, and each distinct
+    set ``J - I`` is costed once (many pairs share it).
     """
     packed = _pack(lat.bits)
     sizes = lat.bits.sum(axis=1)
     max_size = cm.tiles if cm.dataflow else cm.n
     if singletons:
         max_size = 1
+    weights = cm.resident_weight_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size)
     src_l, dst_l = [], []
     total = 0
     for i in range(lat.size):
@@ -120,8 +124,8 @@ def transitions(
         hi = np.searchsorted(sizes, sizes[i] + max_size, side="right")
         if lo >= hi:
             continue
-        cand = packed[lo:hi]
-        ok = np.all((packed[i] & ~cand) == 0, axis=1)
+        ok = np.all((packed[i] & ~packed[lo:hi]) == 0, axis=1)
+        ok &= weights[lo:hi] - weights[i] <= cm.sram_bytes * (1 + 1e-12)
         js = np.flatnonzero(ok) + lo
         if js.size:
             src_l.append(np.full(js.size, i, dtype=np.int64))
@@ -132,15 +136,30 @@ def transitions(
     if not src_l:
         return Edges(np.zeros(0, int), np.zeros(0, int), np.zeros(0))
     src, dst = np.concatenate(src_l), np.concatenate(dst_l)
-    keep, costs = [], []
-    for a in range(0, src.size, _CHUNK):
-        s, d = src[a : a + _CHUNK], dst[a : a + _CHUNK]
-        I = lat.bits[s]
-        ev = cm.evaluate(lat.bits[d] & ~I, I)
-        keep.append(ev["feasible"])
-        costs.append(ev["time_s"])
-    keep_a = np.concatenate(keep)
-    return Edges(src[keep_a], dst[keep_a], np.concatenate(costs)[keep_a])
+    words = packed[dst] & ~packed[src]
+    keys = np.ascontiguousarray(words).view(np.dtype((np.void, words.dtype.itemsize * words.shape[1]))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    sets = _unpack(words[first], cm.n)
+    feasible = np.zeros(sets.shape[0], dtype=bool)
+    cost = np.zeros(sets.shape[0])
+    for a in range(0, sets.shape[0], _CHUNK):
+        ev = cm.evaluate(sets[a : a + _CHUNK])
+        feasible[a : a + _CHUNK] = ev["feasible"]
+        cost[a : a + _CHUNK] = ev["time_s"]
+    inverse = inverse.ravel()
+    keep = feasible[inverse]
+    if cm.dram_check:  # lifetimes depend on the pair, not only on the set
+        for a in range(0, src.size, _CHUNK):
+            sl = slice(a, a + _CHUNK)
+            I, J = lat.bits[src[sl]], lat.bits[dst[sl]]
+            keep[sl] &= cm.dram_fits(cm.live_bytes(I, J))
+    return Edges(src[keep], dst[keep], cost[inverse][keep])
+
+
+def _unpack(words: np.ndarray, n: int) -> np.ndarray:
+    """Inverse of :func:`_pack`: boolean rows of length ``n``."""
+    as_bytes = np.ascontiguousarray(words.astype("<u8")).view(np.uint8).reshape(words.shape[0], -1)
+    return np.unpackbits(as_bytes, axis=1, bitorder="little")[:, :n].astype(bool)
 
 
 def shortest_plan(

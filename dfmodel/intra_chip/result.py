@@ -27,6 +27,9 @@ class PartitionReport:
     integer_tile_compute_s: float | None = None
     dram_live_bytes: float = 0.0
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
     @classmethod
     def from_row(cls, row: dict) -> "PartitionReport":
         keys = cls.__dataclass_fields__

@@ -1,0 +1,422 @@
+"""Memory per chip for LLM training: activations, model state (weights, gradients, optimizer).
+
+Every formula lives here once; all quantities are bytes per chip.
+
+Sources:
+
+- Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+  arXiv:2205.05198 (2022): sec. 4.1 (activation memory per layer, term by term), Table 2
+  (tensor / sequence parallelism, selective / full recomputation), sec. 4.2.3 (pipeline: micro-
+  batches in flight), sec. 4.3 (input embedding and output layer).
+- Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+  SC 2020, sec. 3.1 (mixed-precision Adam: 2 + 2 + 12 bytes/param) and sec. 5.1 (P_os, optimizer
+  state partitioned over data parallelism = Megatron's distributed optimizer).
+
+Symbols: ``s`` sequence length, ``b`` micro-batch size, ``h`` hidden size, ``a`` attention
+heads, ``t`` tensor-parallel degree, ``f`` FFN hidden size, ``e`` bytes per activation element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from dfmodel.inter_chip.pipeline import warmup_forwards
+
+Recompute = Literal["none", "selective", "full"]
+
+#: Dropout masks are stored as one byte per element (Korthikanti et al. 2022, sec. 4.1).
+DROPOUT_MASK_BYTES = 1
+
+
+def _positive(**kw: float) -> None:
+    for k, x in kw.items():
+        if not x > 0:
+            raise ValueError(f"{k} must be > 0, got {x}")
+
+
+# --------------------------------------------------------------------------------------------
+# Activations
+# --------------------------------------------------------------------------------------------
+
+
+def activation_bytes_per_layer(
+    *,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    num_heads: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: Recompute,
+    ffn_hidden: int | None = None,
+    num_kv_heads: int | None = None,
+    bytes_per_element: float = 2,
+    dropout: bool = True,
+    gated_mlp: bool = False,
+) -> float:
+    """Activation bytes one transformer layer keeps per chip for one micro-batch (until its backward).
+
+    Korthikanti et al. 2022, sec. 4.1 and Table 2, generalised term by term. With ``e`` bytes
+    per element, ``h_kv = num_kv_heads * h / a`` (GQA/MQA), ``f = ffn_hidden`` (default ``4h``),
+    dropout masks of 1 byte, the tensors saved for the backward pass are:
+
+    ============================================  =================  ==========================
+    tensor kept for backward                      bytes              divided by
+    ============================================  =================  ==========================
+    LayerNorm-1 input                             ``e s b h``        ``t`` only with SP
+    QKV GEMM input (LayerNorm-1 output)           ``e s b h``        ``t`` only with SP
+    Q                                             ``e s b h``        ``t``
+    K and V                                       ``2 e s b h_kv``   ``t`` (each chip >= 1 head)
+    softmax output (for its backward)             ``e a s^2 b``      ``t``; dropped by selective
+    softmax dropout mask                          ``a s^2 b``        ``t``; dropped by selective
+    dropout output (input of attention x V)       ``e a s^2 b``      ``t``; dropped by selective
+    attention output (projection GEMM input)      ``e s b h``        ``t``
+    attention dropout mask                        ``s b h``          ``t`` only with SP
+    LayerNorm-2 input                             ``e s b h``        ``t`` only with SP
+    FC1 input (LayerNorm-2 output)                ``e s b h``        ``t`` only with SP
+    activation input (FC1 output; x2 if gated)    ``e s b f``        ``t``
+    FC2 input (activation output)                 ``e s b f``        ``t``
+    MLP dropout mask                              ``s b h``          ``t`` only with SP
+    ============================================  =================  ==========================
+
+    Without dropout the three dropout rows vanish and the softmax output itself is the input of
+    attention x V (kept once). For GPT (``f = 4h``, ``h_kv = h``, ``e = 2``, dropout) this
+    is Table 2: ``sbh(10 + 24/t + 5as/(ht))`` without SP, ``sbh/t(34 + 5as/h)`` with SP;
+    selective recomputation drops the ``s^2`` rows (``sbh(10 + 24/t)``, ``34 sbh/t``); FlashAttention
+    never stores them either, so model it as ``"selective"``. Full recomputation keeps only the
+    layer input, ``e s b h`` (``/t`` with SP); the one layer being recomputed during backward is
+    a transient that Table 2 omits (see ``working_activation_bytes`` of :func:`memory_per_chip`).
+
+    >>> s, b, h, a = 2048, 1, 12288, 96
+    >>> activation_bytes_per_layer(seq_len=s, micro_batch=b, hidden=h, num_heads=a, tp=8,
+    ...     sequence_parallel=True, recompute="selective") == s * b * h * 34 / 8
+    True
+    """
+    _positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, num_heads=num_heads, tp=tp,
+              bytes_per_element=bytes_per_element)
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+    s, b, h, a, t, e = seq_len, micro_batch, hidden, num_heads, tp, bytes_per_element
+    f = 4 * h if ffn_hidden is None else ffn_hidden
+    kv = a if num_kv_heads is None else num_kv_heads
+    _positive(ffn_hidden=f, num_kv_heads=kv)
+    sp = t if sequence_parallel else 1  # divisor of the tensors TP replicates unless SP shards them
+    sbh = s * b * h
+    if recompute == "full":
+        return e * sbh / sp  # layer input only
+    mask = DROPOUT_MASK_BYTES if dropout else 0
+    # Replicated across the TP group unless sequence parallelism splits them along s.
+    replicated = (
+        e * sbh  # LayerNorm-1 input
+        + e * sbh  # QKV GEMM input
+        + mask * sbh  # attention dropout mask
+        + e * sbh  # LayerNorm-2 input
+        + e * sbh  # FC1 input
+        + mask * sbh  # MLP dropout mask
+    ) / sp
+    head_dim = h / a
+    kv_heads_per_chip = max(kv / t, 1.0)  # with fewer KV heads than t, each chip keeps one
+    sharded = (
+        e * sbh / t  # Q
+        + 2 * e * s * b * head_dim * kv_heads_per_chip  # K and V
+        + e * sbh / t  # attention output (projection GEMM input)
+        + (2 if gated_mlp else 1) * e * s * b * f / t  # activation-function input (FC1 output)
+        + e * s * b * f / t  # FC2 input
+    )
+    if recompute == "selective":
+        quadratic = 0.0
+    else:
+        per_score = e + (mask + e if dropout else 0)  # softmax out (+ mask + dropout out)
+        quadratic = per_score * a * s * s * b / t
+    return replicated + sharded + quadratic
+
+
+def embedding_activation_bytes(
+    *, seq_len: int, micro_batch: int, hidden: int, tp: int, sequence_parallel: bool, dropout: bool = True
+) -> float:
+    """Activation bytes of the input embedding per micro-batch: its dropout mask, ``sbh`` bytes.
+
+    Korthikanti et al. 2022, sec. 4.3 (``sbhp/t`` for ``p`` micro-batches in flight with SP).
+    Held by the first pipeline stage, once per in-flight micro-batch.
+
+    >>> embedding_activation_bytes(seq_len=2048, micro_batch=1, hidden=1024, tp=4, sequence_parallel=True)
+    524288.0
+    """
+    _positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, tp=tp)
+    if not dropout:
+        return 0.0
+    return DROPOUT_MASK_BYTES * seq_len * micro_batch * hidden / (tp if sequence_parallel else 1)
+
+
+def head_activation_bytes(
+    *,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    vocab: int,
+    tp: int,
+    sequence_parallel: bool,
+    bytes_per_element: float = 2,
+    logits_bytes_per_element: float = 4,
+) -> float:
+    """Activation bytes of the output layer per micro-batch (final LayerNorm, LM head, loss).
+
+    Korthikanti et al. 2022, sec. 4.3: final LayerNorm input ``e sbh`` and LM-head GEMM input
+    ``e sbh`` (both ``/t`` with SP), and the fp32 logits kept by the cross entropy, ``4 sbv/t``
+    (vocabulary-parallel head). GPT with SP: ``4sbh/t (1 + v/h)``. Held by the last stage.
+
+    >>> s, b, h, v, t = 2048, 1, 1024, 51200, 4
+    >>> head_activation_bytes(seq_len=s, micro_batch=b, hidden=h, vocab=v, tp=t,
+    ...                       sequence_parallel=True) == 4 * s * b * h / t * (1 + v / h)
+    True
+    """
+    _positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, vocab=vocab, tp=tp)
+    sbh = seq_len * micro_batch * hidden
+    sp = tp if sequence_parallel else 1
+    return (
+        2 * bytes_per_element * sbh / sp  # final LayerNorm input + LM-head GEMM input
+        + logits_bytes_per_element * seq_len * micro_batch * vocab / tp  # fp32 logits
+    )
+
+
+def in_flight_micro_batches(pp: int, stage: int, num_micro_batches: int, interleave: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` (0-based) holds at its peak under 1F1B.
+
+    Counted in units of "one micro-batch through all of this stage's layers".
+
+    - 1F1B (PipeDream-Flush; Narayanan et al. SC21 sec. 2.2.1): ``min(pp - stage, m)``. The
+      stage runs ``pp - stage - 1`` warm-up forwards and one more before its first backward.
+    - Interleaved 1F1B with ``v`` chunks (Narayanan et al. SC21 sec. 2.2.2; Megatron-LM's
+      warm-up ``2(pp - stage - 1) + (v - 1) pp`` chunk-forwards): ``min(warm-up + 1, m v) / v``.
+      For the first stage this is ``pp + (pp - 1)/v = pp (1 + (pp - 1)/(pp v))``, the factor of
+      Korthikanti et al. 2022 sec. 4.2.3. Interleaving never lowers any stage's count.
+
+    The simulator of :mod:`dfmodel.inter_chip.pipeline` reproduces these peaks (tested).
+
+    >>> in_flight_micro_batches(4, 0, 16), in_flight_micro_batches(4, 3, 16)
+    (4.0, 1.0)
+    >>> in_flight_micro_batches(4, 0, 16, interleave=2)  # 4 * (1 + 3/8)
+    5.5
+    """
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage must be in [0, {pp}), got {stage}")
+    v = interleave
+    held = min(warmup_forwards(pp, stage, num_micro_batches, v) + 1, num_micro_batches * v)
+    return held / v
+
+
+# --------------------------------------------------------------------------------------------
+# Model state and the per-chip breakdown
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Bytes of parameters, gradients and optimizer state on one chip."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+
+def model_state_bytes(
+    params_per_chip: float,
+    *,
+    dp: int,
+    distributed_optimizer: bool,
+    bytes_per_param_weights: float = 2,
+    bytes_per_param_grads: float = 2,
+    bytes_per_param_optimizer: float = 12,
+) -> ModelState:
+    """Weights, gradients and optimizer state of ``params_per_chip`` parameters.
+
+    Mixed-precision Adam (Rajbhandari et al., ZeRO, SC 2020, sec. 3.1): 16-bit weights (2) and
+    gradients (2) plus fp32 master weights, momentum and variance (12): 16 bytes/param. The
+    distributed optimizer (Megatron-LM; ZeRO stage 1, P_os, sec. 5.1) shards the optimizer
+    bytes over the ``dp`` data-parallel replicas: ``2 + 2 + 12/dp``. Megatron-LM with bf16
+    keeps fp32 gradient buffers: pass ``bytes_per_param_grads=4`` (18 bytes/param unsharded).
+
+    >>> model_state_bytes(1e9, dp=8, distributed_optimizer=False).total_bytes / 1e9
+    16.0
+    >>> model_state_bytes(1e9, dp=8, distributed_optimizer=True).total_bytes / 1e9
+    5.5
+    """
+    if params_per_chip < 0:
+        raise ValueError(f"params_per_chip must be >= 0, got {params_per_chip}")
+    _positive(dp=dp)
+    shard = dp if distributed_optimizer else 1
+    return ModelState(
+        weights_bytes=params_per_chip * bytes_per_param_weights,
+        gradients_bytes=params_per_chip * bytes_per_param_grads,
+        optimizer_bytes=params_per_chip * bytes_per_param_optimizer / shard,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Memory one chip needs, by kind, against its capacity (bytes).
+
+    >>> m = MemoryBreakdown(2e9, 2e9, 12e9, 70e9, capacity_bytes=80e9)
+    >>> m.fits, m.shortfall_bytes / 1e9
+    (False, 6.0)
+    """
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    capacity_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def shortfall_bytes(self) -> float:
+        """How much more memory the chip would need (0 when it fits)."""
+        return max(0.0, self.total_bytes - self.capacity_bytes)
+
+    def to_dict(self) -> dict[str, float]:
+        """Keys as in the Result JSON: weights, gradients, optimizer, activations, total, capacity."""
+        return {
+            "weights": self.weights_bytes,
+            "gradients": self.gradients_bytes,
+            "optimizer": self.optimizer_bytes,
+            "activations": self.activations_bytes,
+            "total": self.total_bytes,
+            "capacity": self.capacity_bytes,
+        }
+
+    def summary(self) -> str:
+        """One line for an infeasibility message: what is needed, by kind, against capacity.
+
+        >>> MemoryBreakdown(2**30, 2**30, 0, 3 * 2**30, 4 * 2**30).summary()
+        'needs 5.00 GiB per chip (weights 1.00, gradients 1.00, optimizer 0.00, activations 3.00 GiB), has 4.00 GiB: 1.00 GiB short'
+        """
+        g = 2.0**30
+        s = (
+            f"needs {self.total_bytes / g:.2f} GiB per chip (weights {self.weights_bytes / g:.2f}, "
+            f"gradients {self.gradients_bytes / g:.2f}, optimizer {self.optimizer_bytes / g:.2f}, "
+            f"activations {self.activations_bytes / g:.2f} GiB), has {self.capacity_bytes / g:.2f} GiB"
+        )
+        return s + (f": {self.shortfall_bytes / g:.2f} GiB short" if not self.fits else "")
+
+
+def memory_per_chip(
+    *,
+    params_per_chip: float,
+    dp: int,
+    distributed_optimizer: bool,
+    activation_bytes_per_layer: float,
+    layers_on_chip: float,
+    in_flight_micro_batches: float,
+    capacity_bytes: float,
+    extra_params: float = 0.0,
+    extra_activation_bytes_per_micro_batch: float = 0.0,
+    working_activation_bytes: float = 0.0,
+    bytes_per_param_weights: float = 2,
+    bytes_per_param_grads: float = 2,
+    bytes_per_param_optimizer: float = 12,
+) -> MemoryBreakdown:
+    """Assemble one chip's memory: model state plus activations of the micro-batches in flight.
+
+    ``activations = (activation_bytes_per_layer * layers_on_chip
+    + extra_activation_bytes_per_micro_batch) * in_flight_micro_batches + working_activation_bytes``
+
+    (Korthikanti et al. 2022, sec. 4.2.3 and 4.3). ``params_per_chip`` are this chip's layer
+    parameters (already divided by TP); ``extra_params`` the embedding / LM-head parameters it
+    holds (first / last stage); ``extra_activation_bytes_per_micro_batch`` the embedding
+    (:func:`embedding_activation_bytes`) or head (:func:`head_activation_bytes`) activations.
+    ``working_activation_bytes`` is an optional transient, e.g. the one layer being recomputed
+    under full recomputation (Table 2 omits it; the lead decides whether to count it).
+
+    >>> m = memory_per_chip(params_per_chip=1e9, dp=1, distributed_optimizer=False,
+    ...                     activation_bytes_per_layer=1e8, layers_on_chip=10,
+    ...                     in_flight_micro_batches=4, capacity_bytes=80e9)
+    >>> m.total_bytes / 1e9, m.fits
+    (20.0, True)
+    """
+    if min(activation_bytes_per_layer, layers_on_chip, in_flight_micro_batches, extra_params,
+           extra_activation_bytes_per_micro_batch, working_activation_bytes) < 0:
+        raise ValueError("memory_per_chip: sizes and counts must be >= 0")
+    state = model_state_bytes(
+        params_per_chip + extra_params,
+        dp=dp,
+        distributed_optimizer=distributed_optimizer,
+        bytes_per_param_weights=bytes_per_param_weights,
+        bytes_per_param_grads=bytes_per_param_grads,
+        bytes_per_param_optimizer=bytes_per_param_optimizer,
+    )
+    activations = (
+        activation_bytes_per_layer * layers_on_chip + extra_activation_bytes_per_micro_batch
+    ) * in_flight_micro_batches + working_activation_bytes
+    return MemoryBreakdown(
+        weights_bytes=state.weights_bytes,
+        gradients_bytes=state.gradients_bytes,
+        optimizer_bytes=state.optimizer_bytes,
+        activations_bytes=activations,
+        capacity_bytes=float(capacity_bytes),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Lower bound for pruning the search
+# --------------------------------------------------------------------------------------------
+
+
+def memory_lower_bound_bytes(
+    *,
+    num_layers: int,
+    params_per_layer: float,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    tp: int,
+    pp: int,
+    dp: int,
+    num_micro_batches: int,
+    bytes_per_element: float = 2,
+    bytes_per_param_weights: float = 2,
+    bytes_per_param_grads: float = 2,
+    bytes_per_param_optimizer: float = 12,
+) -> float:
+    """A lower bound on the peak memory per chip of any mapping with these (tp, pp, dp, b, m).
+
+    Valid for every recompute / sequence-parallel / optimizer-sharding choice, every layer split
+    over stages and every interleaving: it takes the least memory of each choice (full
+    recomputation with SP, ``e s b h / t`` per layer and micro-batch; distributed optimizer),
+    per-chip parameters ``params_per_layer / tp`` per layer (replicated parameters such as
+    LayerNorms only add), no embedding or head, and plain 1F1B in-flight counts
+    ``f_i = min(pp - i, m)`` (interleaving only raises them). With ``w`` model-state and ``a``
+    activation bytes per layer, stage ``i`` holding ``l_i`` layers needs ``l_i (w + a f_i)``; the
+    smallest possible maximum over stages, over real ``l_i >= 0`` summing to ``L``, equalises
+    them: ``L / sum_i 1 / (w + a f_i)``. If this exceeds the capacity, the configuration can
+    never fit.
+
+    >>> # one stage holds both layers: 2 * (10 params * 16 B + 2 B of layer input)
+    >>> memory_lower_bound_bytes(num_layers=2, params_per_layer=10, seq_len=1, micro_batch=1,
+    ...     hidden=1, tp=1, pp=1, dp=1, num_micro_batches=1)
+    324.0
+    """
+    _positive(num_layers=num_layers, seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, tp=tp,
+              pp=pp, dp=dp, num_micro_batches=num_micro_batches)
+    w = model_state_bytes(
+        params_per_layer / tp,
+        dp=dp,
+        distributed_optimizer=True,
+        bytes_per_param_weights=bytes_per_param_weights,
+        bytes_per_param_grads=bytes_per_param_grads,
+        bytes_per_param_optimizer=bytes_per_param_optimizer,
+    ).total_bytes
+    a = bytes_per_element * seq_len * micro_batch * hidden / tp  # full recompute + SP
+    inv = sum(1.0 / (w + a * min(pp - i, num_micro_batches)) for i in range(pp))
+    return num_layers / inv
