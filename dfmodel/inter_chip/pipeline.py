@@ -7,8 +7,9 @@ Conventions used by every function of this module:
   chunk ``c`` of stage ``i`` (Megatron's round-robin assignment of layer chunks).
 - Stage times are given **per physical stage for one micro-batch through all of the stage's
   layers** (all ``v`` chunks together): ``stage_fwd_s[i]``, ``stage_bwd_s[i]`` (backward =
-  data gradients + weight gradients, and recompute if any). A list of length ``pp * v`` is also
-  accepted and then gives each virtual stage's own time (index ``c * pp + i``).
+  data gradients + weight gradients, and recompute if any), split evenly over the ``v`` chunks.
+  An entry may instead be a sequence of ``v`` chunk times (e.g. the embedding on chunk 0 of
+  stage 0, the LM head on the last chunk of the last stage).
 - ``p2p_s`` is the time of one point-to-point activation (forward) or activation-gradient
   (backward) transfer between two *different* stages; it is a latency on the dependency edge
   (asynchronous send/receive, it does not occupy either stage's compute).
@@ -23,6 +24,7 @@ Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from numbers import Real
 from typing import Literal, Sequence
 
 
@@ -126,7 +128,7 @@ def _chunk_times(times: StageTimes, v: int, what: str) -> list[list[float]]:
     a sequence of ``v`` floats gives each chunk's own time."""
     out: list[list[float]] = []
     for i, t in enumerate(times):
-        if isinstance(t, (int, float)):
+        if isinstance(t, Real):
             row = [float(t) / v] * v
         else:
             row = [float(x) for x in t]
@@ -267,7 +269,7 @@ def balance_layers(
         raise ValueError(
             f"cannot give each of {pp} stages {min_layers_per_stage} of {num_layers} layers"
         )
-    uniform = isinstance(layer_time_s, (int, float))
+    uniform = isinstance(layer_time_s, Real)
     if uniform:
         times = [float(layer_time_s)] * num_layers
     else:
@@ -455,13 +457,15 @@ def pipeline_time(
       that the latency leaks into the steady state, and the value is a lower bound (``exact``
       False). The makespan is a longest path, so it is convex in ``p2p_s``, and this is its first
       linear piece. Use :func:`pipeline_time_simulated` for the exact value;
-    - unequal stages whose backward/forward ratio is the same on every stage (layers with the
-      same recompute policy, extras in proportion): an **upper** bound, tight when the slowest
-      stage is the last;
-    - unequal stages in general: an estimate, not a bound. The fixed 1F1B order can make
-      a fast stage wait (pp=3, m=2, t_f=(0,2,0), t_b=(2,0,0): simulated 8, formula 6).
-      Monotonicity gives a guaranteed bound: the equal-stage value at
-      ``(max_i t_f,i, max_i t_b,i)`` is an upper bound.
+    - unequal stages, ``v = 1``, same backward/forward ratio on every stage (layers with the
+      same recompute policy, extras in proportion): an **upper** bound for every ``p2p_s``,
+      tight when the slowest stage is the last. Checked, not proven: exhaustively for small
+      integer times and on 30 000 random cases;
+    - unequal stages otherwise (different ratios, or ``v > 1``): an estimate, not a bound.
+      The fixed 1F1B order can make a fast stage wait (pp=3, m=2, t_f=(0,2,0), t_b=(2,0,0):
+      simulated 8, formula 6). Interleaved, same ratio: within -12 % / +7 % of the simulation
+      in random tests. Monotonicity gives a guaranteed upper bound: the equal-stage value at
+      ``(max_i t_f,i, max_i t_b,i)``, in its exact regime.
 
     ``exact`` is True only in the two exact cases.
 
