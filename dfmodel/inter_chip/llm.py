@@ -11,7 +11,7 @@ the knobs they depend on, so the search pays for each distinct layer solve once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from dfmodel.graph.build import build_graphs
 from dfmodel.graph.graph import DataflowGraph
@@ -110,6 +110,13 @@ def _is_attention_core(kernel) -> bool:
     )
 
 
+@lru_cache(maxsize=65536)
+def _balance(num_layers: int, pp: int, interleave: int, layer_s: float, first_s: float, last_s: float) -> tuple[int, ...]:
+    """Memoised :func:`pipeline.balance_layers`: candidates differing only in placement of
+    PP/DP share their layer split."""
+    return tuple(pipe.balance_layers(num_layers, pp, interleave, layer_s, first_s, last_s))
+
+
 class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
@@ -161,6 +168,7 @@ class LLMModel:
     def num_layers(self) -> int:
         return self.model.num_layers
 
+    @lru_cache(maxsize=None)  # noqa: B019 -- one model per search; keys are small ints/strings
     def compute_floor_s(self, micro_batch: int, recompute: str) -> float:
         """Per-chip-group compute time of one micro-batch through the whole model on ONE chip:
         every kernel's FLOP at the chip's achieved peak (no padding), plus recompute."""
@@ -191,11 +199,29 @@ class LLMModel:
         return (layer + extra) * self.num_layers + floor(gs.embedding) + floor(gs.head)
 
     def lower_bound_s(self, m: Mapping) -> float:
-        """Valid lower bound on ``evaluate(m).iteration_time_s``: the pipeline can be no faster
-        than the average stage's compute for every micro-batch, each chip doing 1/tp of it; the
-        optimizer step is added exactly (it is cheap and independent of the inner solves)."""
-        per_mb = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.pp)
-        return m.num_micro_batches * per_mb + self.optimizer_s(m, self.params_per_chip_floor(m))
+        """Valid lower bound on ``evaluate(m).iteration_time_s``.
+
+        Each chip does at least 1/tp of the compute floor of its stage, and a stage at least
+        the average; the 1F1B makespan ``m T* + (sum T - T*)/v`` grows with the bottleneck
+        ``T* >= avg``, so it is at least ``(m + (pp - 1)/v) avg``. The optimizer step is added
+        with the fewest parameters a chip can hold."""
+        avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.pp)
+        pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
+        return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+
+    def refined_bound_s(self, m: Mapping) -> float | None:
+        """A tighter valid bound once the candidate's blocks are solved (None before): the same
+        pipeline argument with the exact per-micro-batch stage times summed over all stages."""
+        key = (m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel)
+        blocks = [self._blocks.get((w, *key), False) for w in ("layer", "embedding", "head")]
+        if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
+            return None
+        layer, emb, head = blocks
+        total = self.num_layers * (layer.fwd.time_s + layer.backward_s(m.recompute))
+        total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
+        avg_stage_s = total / m.pp
+        pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
+        return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
     def params_per_chip_floor(self, m: Mapping) -> float:
         """Fewest parameters any chip can hold: all of them split evenly over TP x PP."""
@@ -262,7 +288,7 @@ class LLMModel:
         emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
         head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
 
-        layers = pipe.balance_layers(self.num_layers, m.pp, m.interleave, t_f + t_b, emb_f + emb_b, head_f + head_b)
+        layers = _balance(self.num_layers, m.pp, m.interleave, t_f + t_b, emb_f + emb_b, head_f + head_b)
         stages = self._stage_layers(layers, m)
         stage_fwd = [n * t_f for n in stages]
         stage_bwd = [n * t_b for n in stages]
@@ -326,7 +352,7 @@ class LLMModel:
             input_bound=input_s > 0,
         )
 
-    def _stage_layers(self, layers: list[int], m: Mapping) -> list[int]:
+    def _stage_layers(self, layers: tuple[int, ...], m: Mapping) -> list[int]:
         """Layers per physical stage (interleaved chunks summed)."""
         if len(layers) == m.pp:
             return list(layers)

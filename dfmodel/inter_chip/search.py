@@ -104,7 +104,7 @@ def search(model, candidates, *, exhaustive: bool = False):
             stats.pruned_memory += 1
             smallest_floor = floor if smallest_floor is None else min(smallest_floor, floor)
             continue
-        heap.append((model.lower_bound_s(m), i, m))
+        heap.append((model.lower_bound_s(m), i, False, m))
     if not heap and stats.candidates == 0:
         raise InfeasibleError("no valid mapping: the fixed knobs, chip count and batch admit none")
     heapq.heapify(heap)
@@ -112,10 +112,17 @@ def search(model, candidates, *, exhaustive: bool = False):
     worst_memory = None
     inner_failure = None
     while heap:
-        bound, _, m = heapq.heappop(heap)
+        bound, i, refined, m = heapq.heappop(heap)
         if best is not None and bound >= best.iteration_time_s and not exhaustive:
             stats.pruned_bound += 1 + len(heap)
             break
+        if not refined and not exhaustive:
+            # lazy bound tightening: once this candidate's inner blocks are solved (for another
+            # candidate), its exact stage times give a tighter bound; re-queue it with that
+            finer = model.refined_bound_s(m)
+            if finer is not None and finer > bound:
+                heapq.heappush(heap, (finer, i, True, m))
+                continue
         try:
             ev = model.evaluate(m)
         except InfeasibleError as exc:  # an inner pass found nothing that fits (e.g. SRAM, DRAM)
