@@ -302,6 +302,9 @@ class LLMModel:
             act_bytes = m.micro_batch * self.model.seq_len * self.model.hidden * self.precision.bytes / m.tp
             p2p_s = self.costs.time_s("p2p", act_bytes, pp_group)
         pt = pipe.pipeline_time(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
+        if not pt.exact and m.interleave > 1:
+            # the closed form is only a lower bound when p2p exceeds a chunk op: simulate
+            pt = pipe.pipeline_time_simulated(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
 
         params_stage = [n * layer.params_per_chip for n in stages]
         params_stage[0] += emb.params_per_chip if emb else 0.0
@@ -317,8 +320,8 @@ class LLMModel:
                 )
             else:
                 sync = self.costs.time_s("all_reduce", grad_bytes, dp_group)
-            bottleneck = max(range(m.pp), key=lambda i: stage_fwd[i] + stage_bwd[i])
-            dp_exposed = pipe.dp_sync_time(grad_bytes, sync, stage_bwd[bottleneck], self.system.dp_overlap)
+            # stage 0 runs the last backward of the iteration: its gradients sync last
+            dp_exposed = pipe.dp_sync_time(grad_bytes, sync, stage_bwd[0], self.system.dp_overlap)
         opt_s = self.optimizer_s(m, worst_params)
         step_s = pt.total_s + dp_exposed + opt_s
         input_s = self.input_exposed_s(m, step_s)
