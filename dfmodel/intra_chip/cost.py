@@ -298,6 +298,79 @@ class CostModel:
             out[S[:, list(w.kernels)].any(axis=1)] += w.bytes
         return out
 
+    def min_sram_bytes(self, S: np.ndarray) -> np.ndarray:
+        """SRAM each set needs at any tile: the part that does not shrink with the tile
+        (resident weights, weight-gradient accumulators). Monotone: a superset needs more."""
+        return self._terms(S)["sram_fixed"]
+
+    def must_split(self, S: np.ndarray) -> np.ndarray:
+        """Sets that no partition can contain (so any superset is no partition either)."""
+        S = np.asarray(S, dtype=bool)
+        if not self.dataflow:
+            return S.sum(axis=1) > 1
+        return (S.sum(axis=1) > self.tiles) | (self.min_sram_bytes(S) > self.sram_bytes)
+
+    # -- merging adjacent partitions --------------------------------------------------------------
+    @property
+    def merging_never_hurts(self) -> bool:
+        """Whether two consecutive partitions whose union fits may always be merged at no loss.
+
+        The union's compute and network are the sums, its DRAM traffic at most the sum (tensors
+        between the two stay on chip, shared weights are read once), and one kernel overhead
+        ``ko`` is saved; its tile may be smaller, costing at most ``tau / f_min - 2 tau`` more
+        tile overhead. So merging never hurts when ``ko >= tau / f_min - 2 tau`` and DRAM
+        lifetimes cannot bind (a merged partition can hold both parts' live tensors at once).
+        Then some optimal plan has no two adjacent partitions whose union fits.
+        """
+        if not self.dataflow or self.dram_check:
+            return False
+        tau = self.tile_overhead_s
+        return self.kernel_overhead_s >= tau / self.fractions[-1] - 2 * tau
+
+    def additive_sram_bytes(self) -> np.ndarray:
+        """Per-kernel SRAM charges whose sum over a set bounds the set's SRAM at the smallest tile
+        from above: each kernel is charged every tensor and weight it touches, in full."""
+        fmin = self.fractions[-1]
+        u = np.zeros(self.n)
+        for t in self.tensors:
+            if t.row_scaled:
+                share = (2 if len(t.consumers) == 1 and not t.is_output else 3) * fmin * t.bytes
+            else:
+                share = t.bytes
+            for k in ([t.producer] if t.producer >= 0 else []) + list(t.consumers):
+                u[k] += share
+        for w in self.weights:
+            for k in w.kernels:
+                u[k] += w.bytes
+        return u
+
+    def max_useful_partitions(self) -> int | None:
+        """Partitions an optimal plan needs at most, when :attr:`merging_never_hurts`.
+
+        Every two consecutive partitions of a plan that cannot be merged either need more SRAM
+        than the chip has at the smallest tile (so their additive charges exceed it) or more
+        tiles: ``U(p) + U(p+1) > SRAM`` or ``|p| + |p+1| > tiles``. Summing over the ``m - 1``
+        consecutive pairs: ``m - 1 < 2 (U(all) / SRAM + n / tiles)``.
+        """
+        if not self.merging_never_hurts:
+            return None
+        ratio = 2.0 * (float(self.additive_sram_bytes().sum()) / self.sram_bytes + self.n / self.tiles)
+        return max(1, min(self.n, int(math.floor(ratio)) + 1))
+
+    def merge_adjacent(self, plan: list[list[str]]) -> list[list[str]]:
+        """Merge consecutive partitions while the union fits and the objective does not grow."""
+        plan = [list(p) for p in plan]
+        changed = True
+        while changed and len(plan) > 1:
+            changed = False
+            for i in range(len(plan) - 1):
+                merged = plan[:i] + [plan[i] + plan[i + 1]] + plan[i + 2 :]
+                if self.plan_time_s(merged) <= self.plan_time_s(plan):
+                    plan, changed = merged, True
+                    break
+        order = {k: i for i, k in enumerate(self.names)}
+        return [sorted(p, key=order.__getitem__) for p in plan]
+
     def evaluate(self, S: np.ndarray, I: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Cost of each candidate partition (rows of ``S``), run after ideal ``I`` (rows).
 

@@ -89,12 +89,23 @@ class _Builder:
         self.row_hi.extend(np.broadcast_to(np.asarray(hi, float), (P,))[first:])
         self.nrows += P - first
 
+    def row(self, cols: np.ndarray, coefs, lo: float, hi: float) -> None:
+        """One row over the given columns."""
+        cols = np.asarray(cols).ravel()
+        self.rows.append(np.full(cols.size, self.nrows))
+        self.cols.append(cols)
+        self.vals.append(np.broadcast_to(np.asarray(coefs, float), cols.shape).copy())
+        self.row_lo.append(lo)
+        self.row_hi.append(hi)
+        self.nrows += 1
+
     def model(self, name: str) -> MILPModel:
         rows = np.concatenate(self.rows) if self.rows else np.zeros(0, int)
         cols = np.concatenate(self.cols) if self.cols else np.zeros(0, int)
         vals = np.concatenate(self.vals) if self.vals else np.zeros(0)
         A = sp.csr_matrix((vals, (rows, cols)), shape=(self.nrows, self.ncols))
         A.sum_duplicates()
+        A.eliminate_zeros()  # cancelled terms (e.g. +z -z): explicit zeros upset some presolvers
         return MILPModel(
             c=np.concatenate(self.cost),
             A=A,
@@ -136,18 +147,25 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
     """
     n = cm.n
     P = n if (max_partitions is None or not cm.dataflow) else max(1, min(max_partitions, n))
+    m_max = cm.max_useful_partitions()
+    if m_max is not None:  # some optimal plan has no more partitions (see CostModel)
+        P = min(P, m_max)
     b = _Builder(P)
     zero = np.full(P, -1)
 
-    # prefix variables; z[k,p] = 1 is forced where a later partition is impossible: with used
-    # partitions first, k can sit at most after the n - 1 - (#descendants) other kernels
-    desc = _descendant_counts(cm)
+    # prefix variables. z[k,p] = 1 is forced where a later partition is impossible: with used
+    # partitions first, k sits at most after the n - 1 - (#descendants) other kernels, and at
+    # least `height` separated partitions must follow it; z[k,p] = 0 where `depth` separated
+    # partitions must precede it
+    ndesc = [d.bit_count() for d in _descendants(cm)]
+    sep = separations(cm)
     z = b.var((n, P), integer=True)
-    lbz = np.zeros((n, P))
+    lbz, ubz = np.zeros((n, P)), np.ones((n, P))
     lbz[:, P - 1] = 1.0
     for k in range(n):
-        lbz[k, max(0, n - 1 - desc[k]) :] = 1.0
-    b.lb[-1] = lbz.ravel()
+        lbz[k, max(0, min(n - 1 - ndesc[k], P - 1 - sep.height[k])) :] = 1.0
+        ubz[k, : min(sep.depth[k], P)] = 0.0
+    b.lb[-1], b.ub[-1] = lbz.ravel(), ubz.ravel()
 
     def A(k):  # assignment A[k,p] = z[k,p] - z[k,p-1] as expression terms
         return [(z[k], 1.0), (_shift(z[k]), -1.0)]
@@ -161,7 +179,10 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
             b.rows_p([(z[k], 1.0), (_shift(z[k]), -1.0)], 0.0, np.inf, skip_first=True)  # z[k,p] >= z[k,p-1]
     edges = sorted({(t.producer, v) for t in cm.tensors if t.producer >= 0 for v in t.consumers})
     for u, v in edges:
-        b.rows_p([(z[u], 1.0), (z[v], -1.0)], 0.0, np.inf)  # z[v,p] <= z[u,p]
+        if not sep.strict[u, v]:
+            b.rows_p([(z[u], 1.0), (z[v], -1.0)], 0.0, np.inf)  # z[v,p] <= z[u,p]
+    for u, v in sep.minimal:  # v strictly after u: z[v,p] <= z[u,p-1]
+        b.rows_p([(_shift(z[u]), 1.0), (z[v], -1.0)], 0.0, np.inf)
 
     # used partitions first
     ko = cm.kernel_overhead_s * US if cm.dataflow else 0.0
@@ -171,8 +192,15 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
         b.rows_p([(used, 1.0), (_shift(z[s]), 1.0)], 1.0, np.inf, skip_first=True)
     all_A = [term for k in range(n) for term in A(k)]
     b.rows_p(all_A + [(used, -1.0)], 0.0, np.inf)  # sum_k A[k,p] >= used[p]
+    if m_max is not None and P > 1:
+        # restrict to plans where no two consecutive partitions could be merged (one of them is
+        # optimal): their additive SRAM charges or kernel counts exceed the chip's
+        u = cm.additive_sram_bytes() / cm.sram_bytes + 1.0 / cm.tiles
+        pair = [(c, u[k] * w) for k in range(n) for c, w in A(k)]
+        pair += [(_shift(c), u[k] * w) for k in range(n) for c, w in A(k)]  # A[k,p-1]
+        b.rows_p(pair + [(used, -1.0)], 0.0, np.inf, skip_first=True)
 
-    stats = {"P": P}
+    stats = {"P": P, "max_useful_partitions": m_max, "separated_pairs": int(sep.strict.sum()), "separation_rows": len(sep.minimal)}
     if not cm.dataflow:
         # one kernel per partition; each kernel costs its stand-alone time wherever it runs
         b.rows_p(all_A, -np.inf, 1.0)
@@ -201,12 +229,13 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
                 for v in V:
                     b.rows_p([(e, 1.0)] + neg(A(v)), 0.0, np.inf)
                 enter = [(e, 1.0)]
+                b.row(e, 1.0, float(sep.chain(V)), np.inf)  # read once per separated reader
             leave, internal = [], []
         elif not V:  # graph output only
             enter, leave, internal = [], A(u), []
         elif len(V) == 1:
             v = V[0]
-            bt = b.var((P,))
+            bt = b.var((P,), ub=0.0 if sep.strict[u, v] else 1.0)
             B_of[(ti, v)] = bt
             b.rows_p([(bt, 1.0)] + neg(A(u)), -np.inf, 0.0)
             b.rows_p([(bt, 1.0)] + neg(A(v)), -np.inf, 0.0)
@@ -218,6 +247,9 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
             for v in V:
                 b.rows_p([(e, 1.0)] + neg(A(v)) + A(u), 0.0, np.inf)
             enter = [(e, 1.0)]
+            far = [v for v in V if sep.strict[u, v]]
+            if far:  # read from DRAM by every separated consumer's partition
+                b.row(e, 1.0, float(sep.chain(far)), np.inf)
             if t.is_output:
                 leave = A(u)
             else:
@@ -225,7 +257,9 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
                 for v in V:
                     b.rows_p([(lv, 1.0)] + neg(A(u)) + A(v), 0.0, np.inf)
                 leave = [(lv, 1.0)]
-            it = b.var((P,))
+                if far:  # written to DRAM once
+                    b.row(lv, 1.0, 1.0, np.inf)
+            it = b.var((P,), ub=0.0 if len(far) == len(V) else 1.0)
             for v in V:
                 b.rows_p([(it, 1.0)] + neg(A(u)) + neg(A(v)), -1.0, np.inf)
             internal = [(it, 1.0)]
@@ -250,6 +284,7 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
             for k in w.kernels:
                 b.rows_p([(wv, 1.0)] + neg(A(k)), 0.0, np.inf)
             wt = [(wv, 1.0)]
+            b.row(wv, 1.0, float(sep.chain(w.kernels)), np.inf)  # read once per separated reader
         mem_terms += [(c, tpb * w.bytes * np.asarray(x, float)) for c, x in wt]
         F_terms += [(c, w.bytes / MIB * np.asarray(x, float)) for c, x in wt]
         F_max += w.bytes / MIB
@@ -327,15 +362,74 @@ def _lifetimes(b: _Builder, cm: CostModel, z: np.ndarray, B_of, P: int) -> None:
     b.rows_p(live_terms, -np.inf, cap)
 
 
-def _descendant_counts(cm: CostModel) -> list[int]:
-    n = cm.n
-    desc = [0] * n  # bitmask of descendants
-    for k in range(n - 1, -1, -1):
+def _descendants(cm: CostModel) -> list[int]:
+    """Bitmask of every kernel's descendants."""
+    desc = [0] * cm.n
+    for k in range(cm.n - 1, -1, -1):
         m = 0
         for s in cm.successors[k]:
             m |= (1 << s) | desc[s]
         desc[k] = m
-    return [d.bit_count() for d in desc]
+    return desc
+
+
+@dataclass
+class Separations:
+    """Pairs of kernels that can never share a partition, from capacity alone.
+
+    If u reaches v, a partition holding both holds every kernel on a path between them
+    (partitions are convex), so if that interval cannot fit (:meth:`CostModel.must_split`:
+    more kernels than tiles, or more weights and weight-gradient accumulators than SRAM at any
+    tile) then v runs in a strictly later partition than u. These valid inequalities cut off the
+    relaxation's favourite trick of spreading every kernel thinly over all partitions.
+    """
+
+    strict: np.ndarray  # strict[u, v]: v runs in a later partition than u
+    minimal: list[tuple[int, int]]  # strict pairs not implied by others and precedence
+    depth: np.ndarray  # longest chain of strict pairs ending at k (partitions before k)
+    height: np.ndarray  # longest chain starting at k (partitions after k)
+
+    def chain(self, ks) -> int:
+        """Longest chain of mutually strict kernels among ``ks`` (>= 1 if non-empty)."""
+        ks = sorted(ks)
+        best = {}
+        for i, k in enumerate(ks):
+            best[k] = 1 + max((best[j] for j in ks[:i] if self.strict[j, k]), default=0)
+        return max(best.values(), default=0)
+
+
+def separations(cm: CostModel) -> Separations:
+    n = cm.n
+    desc = _descendants(cm)
+    strict = np.zeros((n, n), dtype=bool)
+    pairs = [(u, v) for u in range(n) for v in range(n) if (desc[u] >> v) & 1]
+    if pairs and cm.dataflow:
+        anc = [0] * n
+        for u in range(n):
+            for v in range(n):
+                if (desc[u] >> v) & 1:
+                    anc[v] |= 1 << u
+        rows = np.zeros((len(pairs), n), dtype=bool)
+        for r, (u, v) in enumerate(pairs):
+            hull = ((desc[u] | (1 << u)) & (anc[v] | (1 << v)))
+            rows[r] = [(hull >> k) & 1 for k in range(n)]
+        split = cm.must_split(rows)
+        for (u, v), sp_ in zip(pairs, split):
+            strict[u, v] = sp_
+    minimal = []
+    for u, v in zip(*np.nonzero(strict)):
+        implied = any(strict[s, v] for s in cm.successors[u] if s == v or (desc[s] >> v) & 1) or any(
+            strict[u, q] for q in range(n) if v in cm.successors[q] and (q == u or (desc[u] >> q) & 1)
+        )
+        if not implied:
+            minimal.append((int(u), int(v)))
+    depth = np.zeros(n, dtype=int)
+    for k in range(n):  # topological order
+        depth[k] = max((depth[u] + 1 for u in range(k) if strict[u, k]), default=0)
+    height = np.zeros(n, dtype=int)
+    for k in range(n - 1, -1, -1):
+        height[k] = max((height[v] + 1 for v in range(k + 1, n) if strict[k, v]), default=0)
+    return Separations(strict, minimal, depth, height)
 
 
 def warm_start(form: Formulation, cm: CostModel, plan: list[list[str]]) -> np.ndarray | None:
@@ -400,6 +494,8 @@ def solve_milp(
     """
     form = build(cm, max_partitions)
     if start is not None:
+        if form.stats.get("max_useful_partitions") is not None:
+            start = cm.merge_adjacent(start)  # the model only admits plans that cannot merge
         form.model.warm_start = warm_start(form, cm, start)
     res = solve(form.model, solver, time_limit_s=time_limit_s, mip_gap=mip_gap)
     stats = dict(form.stats, **res.extra)

@@ -79,9 +79,18 @@ def solve(model: MILPModel, *, time_limit_s: float | None, mip_gap: float, threa
     if model.warm_start is not None and np.all(np.isfinite(model.warm_start)):
         h.setSolution(model.num_vars, np.arange(model.num_vars, dtype=np.int32), model.warm_start)
     h.run()
+    S = highspy.HighsModelStatus
+    if h.getModelStatus() in (S.kInfeasible, S.kUnboundedOrInfeasible) and model.integrality.any():
+        # highspy 1.15.1's MIP presolve has declared feasible models infeasible (seen on this
+        # project's partitioning models, which a warm start or presolve=off then solved):
+        # confirm any infeasibility without presolve before reporting it
+        left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - t0))
+        h.setOptionValue("presolve", "off")
+        if left is not None:
+            h.setOptionValue("time_limit", float(left))
+        h.run()
     wall = time.perf_counter() - t0
     st = h.getModelStatus()
-    S = highspy.HighsModelStatus
     info = h.getInfo()
     has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
     x = np.asarray(h.getSolution().col_value, dtype=float) if has_sol else None

@@ -49,6 +49,8 @@ class MILPModel:
         self.c = np.asarray(self.c, dtype=float)
         n = self.c.shape[0]
         self.A = sp.csr_matrix(self.A, dtype=float)
+        self.A.sum_duplicates()
+        self.A.eliminate_zeros()  # explicit zeros are noise, and HiGHS's presolve mishandled them
         if self.A.shape[1] != n:
             raise ValueError(f"A has {self.A.shape[1]} columns, c has {n}")
         self.row_lo = np.asarray(self.row_lo, dtype=float)
@@ -149,6 +151,7 @@ def eliminate_fixed(model: MILPModel) -> tuple[MILPModel, np.ndarray, np.ndarray
     A = sp.csc_matrix(model.A)
     shift = A[:, np.flatnonzero(fixed)] @ model.lb[fixed]
     A_keep = sp.csr_matrix(A[:, np.flatnonzero(keep)])
+    A_keep.eliminate_zeros()
     nonempty = np.diff(A_keep.indptr) > 0
     lo = (model.row_lo - shift)[nonempty]
     hi = (model.row_hi - shift)[nonempty]
