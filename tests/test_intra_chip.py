@@ -1,0 +1,204 @@
+"""Intra-chip partitioning: MILP == exact DP == brute force, closed form, infeasibility, known cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dfmodel.errors import InfeasibleError, SolverError
+from dfmodel.graph.graph import DataflowGraph
+from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
+from dfmodel.intra_chip import CostModel, partition
+from dfmodel.intra_chip import dp as dpmod
+from dfmodel.intra_chip.milp import build, solve_milp
+from dfmodel.solvers import gurobi_licence
+from dfmodel.system.processor import compute_time_s, memory_time_s
+from test_intra_chip_support import MIB, chip, chips, dags
+
+REL = 1e-6  # the MILP works in microseconds with a 1e-6 relative gap
+SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PARTS = st.sampled_from([None, 1, 2, 3])
+
+
+def _agree(graph, net, c, max_partitions, solver):
+    cm = CostModel(graph, c, net)
+    brute = dpmod.brute_force(cm, max_partitions)
+    exact = dpmod.solve_dp(cm, max_partitions)
+    start = exact[0] if exact and max_partitions is None else None  # also exercise cold starts
+    milp = solve_milp(cm, max_partitions, solver=solver, start=start)
+    if brute is None:
+        assert exact is None
+        assert milp.status == "infeasible" and milp.plan is None and milp.message
+        return
+    assert exact is not None and milp.status == "optimal", milp.message
+    assert exact[1] == pytest.approx(brute[1], rel=1e-12)
+    assert milp.objective_s == pytest.approx(brute[1], rel=REL)
+    # both plans are valid and cost what they claim under the one cost model
+    for plan, value in ((exact[0], exact[1]), (milp.plan, milp.objective_s)):
+        assert cm.check_plan(plan) is None
+        assert cm.plan_time_s(plan) == pytest.approx(value, rel=REL)
+        if max_partitions is not None and cm.dataflow:
+            assert len(plan) <= max_partitions
+
+
+@SETTINGS
+@given(dags(), chips(), PARTS)
+def test_milp_equals_dp_equals_brute_force_highs(g_net, c, max_partitions):
+    graph, net = g_net
+    _agree(graph, net, c, max_partitions, "highs")
+
+
+@pytest.mark.skipif(gurobi_licence()[0] == "none", reason="no usable Gurobi licence")
+@SETTINGS
+@given(dags(), chips(), PARTS)
+def test_milp_equals_dp_equals_brute_force_gurobi(g_net, c, max_partitions):
+    graph, net = g_net
+    _agree(graph, net, c, max_partitions, "gurobi")  # these models fit the size-limited licence
+
+
+def _closed_form(graph, c, net):
+    """Kernel-by-kernel time written out independently of the cost module."""
+    total = 0.0
+    for k in graph.kernels:
+        reads = {(t.name, t.producer): t.bytes for t in graph.tensors if t.consumer == k.name}
+        writes = {t.name: t.bytes for t in graph.tensors if t.producer == k.name}
+        traffic = sum(reads.values()) + sum(writes.values()) + k.weight_bytes + k.extra_memory_bytes
+        parts = (compute_time_s(c, k, "bf16"), memory_time_s(c, traffic), net.get(k.name, 0.0))
+        total += (max(parts) if c.overlap else sum(parts)) + c.efficiency.kernel_overhead_s
+    return total
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(dags(), st.booleans(), st.sampled_from([None, 2]))
+def test_kernel_by_kernel_is_the_closed_form(g_net, overlap, max_partitions):
+    graph, net = g_net
+    c = chip(execution="kernel_by_kernel", overlap=overlap, dram_gib=64)
+    expect = _closed_form(graph, c, net)
+    r = partition(graph, c, network_time_s=net, max_partitions=max_partitions)
+    assert r.method == "closed_form" and r.proven_optimal
+    assert [p.kernels for p in r.partitions] == [[k] for k in graph.topological_names()]
+    assert r.time_s == pytest.approx(expect, rel=1e-12)
+    for method in ("dp", "milp"):  # the searches agree: every order costs the same
+        assert partition(graph, c, network_time_s=net, method=method).time_s == pytest.approx(expect, rel=REL)
+
+
+# -- known cases ---------------------------------------------------------------------------------
+def _two_matmuls():
+    def mm(name):
+        return Kernel(name, KernelKind.matmul, {"m": 4096, "n": 4096, "k": 4096}, flop=2 * 4096**3,
+                      output_bytes=32 * MIB, weight_bytes=32 * MIB)
+    return DataflowGraph([mm("mm1"), mm("mm2")], [
+        Tensor("x", None, "mm1", 32 * MIB), Tensor("h", "mm1", "mm2", 32 * MIB), Tensor("y", "mm2", None, 32 * MIB),
+    ], meta={"tile_rows": 4096})
+
+
+@pytest.mark.parametrize("method", ["auto", "dp", "milp"])
+def test_two_matmuls_that_fit_fuse(method):
+    r = partition(_two_matmuls(), chip(sram_mib=256, bw=100e9), method=method)
+    assert r.plan == [["mm1", "mm2"]] and r.proven_optimal
+    p = r.partitions[0]
+    assert p.memory_bytes == pytest.approx(2 * 32 * MIB + 2 * 32 * MIB)  # x, y and both weights; h stays
+    assert p.tile_fraction == 1.0 and p.sram_bytes <= 256 * MIB
+    assert sum(p.tiles_per_kernel.values()) == 64 and p.integer_tile_compute_s >= p.compute_s
+
+
+@pytest.mark.parametrize("method", ["auto", "dp", "milp"])
+def test_two_matmuls_split_when_sram_is_small(method):
+    # each matmul's weight alone (32 MiB) fits 40 MiB, both together do not
+    r = partition(_two_matmuls(), chip(sram_mib=40, bw=100e9), method=method)
+    assert r.plan == [["mm1"], ["mm2"]] and r.proven_optimal
+    assert all(p.sram_bytes <= 40 * MIB for p in r.partitions)
+
+
+def test_smaller_tiles_are_used_only_when_needed():
+    # fused SRAM = 2 x 32 MiB weights + tile x (h FIFO 32 + x, y double buffers 2 x 2 x 32) MiB:
+    # the largest tile that fits 105 MiB is 1/4; memory-bound, so fusing beats splitting
+    r = partition(_two_matmuls(), chip(sram_mib=105, bw=10e9), tile_overhead_s=1e-6)
+    assert r.plan == [["mm1", "mm2"]]
+    assert r.partitions[0].tile_fraction == 0.25
+    assert r.partitions[0].sram_bytes == pytest.approx(64 * MIB + 0.25 * (32 + 4 * 32) * MIB)
+    big = partition(_two_matmuls(), chip(sram_mib=1024, bw=10e9), tile_overhead_s=1e-6)
+    assert big.partitions[0].tile_fraction == 1.0
+    assert r.time_s - big.time_s == pytest.approx(1e-6 * (4 - 1))  # three more tiles streamed
+
+
+# -- infeasibility -------------------------------------------------------------------------------
+def test_weights_beyond_sram_are_infeasible_with_reason():
+    c = chip(sram_mib=16)
+    with pytest.raises(InfeasibleError, match=r"kernel 'mm1'.*32\.0 MiB.*16\.0 MiB"):
+        partition(_two_matmuls(), c)
+    cm = CostModel(_two_matmuls(), c)
+    assert dpmod.solve_dp(cm) is None
+    out = solve_milp(cm, solver="highs")
+    assert out.status == "infeasible" and out.plan is None
+    assert "kernel 'mm1'" in out.message and "MiB" in out.message
+
+
+def test_activations_beyond_sram_at_every_tile_are_infeasible():
+    c = chip(sram_mib=40)  # weights fit (32 MiB) but the 32 MiB tensors' buffers do not at tile 1
+    g = _two_matmuls()
+    for method in ("dp", "milp"):
+        with pytest.raises(InfeasibleError, match=r"kernel 'mm\d' needs .* MiB of SRAM"):
+            partition(g, c, method=method, tile_fractions=[1.0])
+    out = solve_milp(CostModel(g, c, tile_fractions_=[1.0]), solver="highs")
+    assert out.status == "infeasible" and "SRAM" in out.message
+
+
+def test_too_few_partitions_is_infeasible():
+    with pytest.raises(InfeasibleError, match="at most 1 partitions"):
+        partition(_two_matmuls(), chip(sram_mib=40, bw=100e9), max_partitions=1, method="milp")
+
+
+def test_dram_capacity_reorders_or_fails():
+    # two independent producers whose outputs wait for one consumer: both must be parked
+    k = [Kernel(n, KernelKind.elementwise, {"m": 1, "n": 1}, flop=1e9, output_bytes=60 * MIB) for n in "abc"]
+    t = [Tensor("ta", "a", "c", 60 * MIB), Tensor("tb", "b", "c", 60 * MIB), Tensor("tc", "c", None, 1 * MIB)]
+    g = DataflowGraph(k, t)
+    c = chip(execution="kernel_by_kernel", dram_gib=100 / 1024)
+    with pytest.raises(InfeasibleError):
+        partition(g, c)
+    r = partition(g, chip(execution="kernel_by_kernel", dram_gib=1))
+    assert r.peak_dram_live_bytes == pytest.approx(120 * MIB)
+
+
+# -- interface -----------------------------------------------------------------------------------
+def test_result_fields_and_serialisation():
+    r = partition(_two_matmuls(), chip(sram_mib=256), network_time_s={"mm2": 1e-3})
+    d = r.to_dict()
+    assert d["partitions"][0]["network_s"] == pytest.approx(1e-3)
+    assert r.time_s >= 1e-3 and r.gap == 0.0 and r.solver == "dp" and r.status == "optimal"
+    assert math.isclose(r.time_s, sum(p.time_s for p in r.partitions))
+
+
+def test_guards_send_large_graphs_to_the_milp():
+    g = _two_matmuls()
+    c = chip(sram_mib=256)
+    r = partition(g, c, max_ideals=1)
+    assert r.method == "milp" and r.proven_optimal and r.plan == [["mm1", "mm2"]]
+    with pytest.raises(SolverError, match="too large for the exact DP"):
+        partition(g, c, method="dp", max_ideals=1)
+
+
+def test_max_partitions_is_respected_and_costs_more():
+    chain = [Kernel(f"k{i}", KernelKind.matmul, {"m": 2048, "n": 2048, "k": 2048}, flop=2 * 2048**3,
+                    output_bytes=8 * MIB, weight_bytes=20 * MIB) for i in range(6)]
+    ts = [Tensor("x", None, "k0", 8 * MIB)] + [Tensor(f"t{i}", f"k{i}", f"k{i + 1}", 8 * MIB) for i in range(5)]
+    ts.append(Tensor("y", "k5", None, 8 * MIB))
+    g = DataflowGraph(chain, ts, meta={"tile_rows": 2048})
+    c = chip(sram_mib=48, bw=50e9)  # two weights per partition at most
+    free = partition(g, c)
+    assert free.num_partitions == 3
+    for P in (3, 4):
+        assert partition(g, c, max_partitions=P, method="milp").time_s == pytest.approx(free.time_s, rel=REL)
+    with pytest.raises(InfeasibleError):
+        partition(g, c, max_partitions=2)
+
+
+def test_milp_coefficients_are_scaled():
+    form = build(CostModel(_two_matmuls(), chip(sram_mib=100)), None)
+    for arr in (form.model.A.data, form.model.c[form.model.c != 0]):
+        assert abs(arr).max() < 1e7 and abs(arr).min() > 1e-6
