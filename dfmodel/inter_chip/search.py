@@ -141,13 +141,14 @@ def search(model, candidates, *, exhaustive: bool = False):
             best = ev
     stats.wall_s = time.perf_counter() - t0
     if best is None and worst_memory is None:
+        if inner_failure is not None:
+            raise InfeasibleError(f"no mapping fits: {inner_failure}")
         if smallest_floor is not None:
             raise InfeasibleError(
                 f"no mapping fits in memory: even the leanest needs at least {smallest_floor / 2**30:.1f} GiB "
                 f"per chip but a chip has {capacity / 2**30:.1f} GiB, short by "
                 f"{(smallest_floor - capacity) / 2**30:.1f} GiB"
             )
-        raise InfeasibleError(f"no mapping fits: {inner_failure}")
     if best is None:
         mem = worst_memory.memory
         raise InfeasibleError(
