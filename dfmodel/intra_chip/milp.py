@@ -23,6 +23,19 @@ Variables (P partitions, n kernels in topological order):
 Objective: ``sum_p time[p] + kernel_overhead * sum_p used[p] + tile_overhead * sum y/f``.
 All linear. Units: microseconds and MiB (DESIGN.md section 3).
 
+The sum-of-max objective has a weak LP bound (the relaxation spreads every kernel thinly over
+all partitions, so no tensor ever crosses a boundary and every weight is read once). Two
+families of valid inequalities make HiGHS prove the GPT-3 layer in seconds:
+
+- capacity separations (:func:`separations`): if the kernels on the paths from u to v cannot
+  share a partition, then ``z[v,p] <= z[u,p-1]``; their tensors cross (``B = 0``), shared
+  weights and tensors are read once per separated reader, and ``z`` is fixed where chains of
+  separations force it;
+- no mergeable neighbours (:meth:`CostModel.max_useful_partitions`): when merging two
+  consecutive partitions that fit never costs more, some optimal plan has none, so
+  ``U(p-1) + U(p) >= used[p]`` (additive SRAM charges over the capacity, plus kernel counts over
+  the tiles), which also caps the partitions worth modelling.
+
 >>> from dfmodel.intra_chip.cost import CostModel     # doctest: +SKIP
 >>> out = solve_milp(CostModel(graph, chip), max_partitions=4)   # doctest: +SKIP
 """
