@@ -365,7 +365,7 @@ class CostModel:
             changed = False
             for i in range(len(plan) - 1):
                 merged = plan[:i] + [plan[i] + plan[i + 1]] + plan[i + 2 :]
-                if self.plan_time_s(merged) <= self.plan_time_s(plan):
+                if self.plan_time_s(merged) <= self.plan_time_s(plan) * (1 + 1e-12):  # ties merge
                     plan, changed = merged, True
                     break
         order = {k: i for i, k in enumerate(self.names)}
