@@ -414,34 +414,28 @@ class Separations:
 def separations(cm: CostModel) -> Separations:
     n = cm.n
     desc = _descendants(cm)
+    reach = np.array([[(desc[u] >> v) & 1 for v in range(n)] for u in range(n)], dtype=bool).reshape(n, n)
     strict = np.zeros((n, n), dtype=bool)
-    pairs = [(u, v) for u in range(n) for v in range(n) if (desc[u] >> v) & 1]
-    if pairs and cm.dataflow:
-        anc = [0] * n
-        for u in range(n):
-            for v in range(n):
-                if (desc[u] >> v) & 1:
-                    anc[v] |= 1 << u
-        rows = np.zeros((len(pairs), n), dtype=bool)
-        for r, (u, v) in enumerate(pairs):
-            hull = ((desc[u] | (1 << u)) & (anc[v] | (1 << v)))
-            rows[r] = [(hull >> k) & 1 for k in range(n)]
-        split = cm.must_split(rows)
-        for (u, v), sp_ in zip(pairs, split):
-            strict[u, v] = sp_
-    minimal = []
-    for u, v in zip(*np.nonzero(strict)):
-        implied = any(strict[s, v] for s in cm.successors[u] if s == v or (desc[s] >> v) & 1) or any(
-            strict[u, q] for q in range(n) if v in cm.successors[q] and (q == u or (desc[u] >> q) & 1)
-        )
-        if not implied:
-            minimal.append((int(u), int(v)))
+    us, vs = np.nonzero(reach)
+    if us.size and cm.dataflow:
+        eye = np.eye(n, dtype=bool)
+        hulls = (reach | eye)[us] & (reach | eye).T[vs]  # kernels on some path from u to v
+        strict[us, vs] = cm.must_split(hulls)
+    adj = np.zeros((n, n), dtype=np.int64)
+    for u in range(n):
+        adj[u, cm.successors[u]] = 1
+    si = strict.astype(np.int64)
+    # (u, v) is implied by (s, v) for a successor s of u, or by (u, q) for a producer q of v
+    implied = ((adj @ si) > 0) | ((si @ adj) > 0)
+    minimal = [(int(u), int(v)) for u, v in zip(*np.nonzero(strict & ~implied))]
     depth = np.zeros(n, dtype=int)
     for k in range(n):  # topological order
-        depth[k] = max((depth[u] + 1 for u in range(k) if strict[u, k]), default=0)
+        before = np.flatnonzero(strict[:k, k])
+        depth[k] = depth[before].max() + 1 if before.size else 0
     height = np.zeros(n, dtype=int)
     for k in range(n - 1, -1, -1):
-        height[k] = max((height[v] + 1 for v in range(k + 1, n) if strict[k, v]), default=0)
+        after = np.flatnonzero(strict[k, k + 1 :]) + k + 1
+        height[k] = height[after].max() + 1 if after.size else 0
     return Separations(strict, minimal, depth, height)
 
 
