@@ -205,6 +205,33 @@ def solve(
         out.print(f"wrote {json_out}")
 
 
+@app.command()
+@guarded
+def validate(
+    cases: Path = typer.Argument(..., help="Cases YAML, e.g. ../shared/calibration/megatron_a100.yaml."),
+    system: str = typer.Option("dgx_a100", "--system", "-s", help="System YAML or preset name."),
+    free: bool = typer.Option(False, "--free", help="Also optimise with nothing fixed and compare."),
+) -> None:
+    """Predicted vs measured iteration time for published runs, with their mappings fixed."""
+    from dfmodel.validate import summary, validate_cases
+
+    rows = validate_cases(cases, system, free=free)
+    table = Table("case", "chips", "mapping", "predicted", "measured", "error", title=f"fidelity on {system}")
+    if free:
+        table.add_column("free optimum")
+        table.add_column("free mapping")
+    for r in rows:
+        cells = [r.id, str(r.num_chips), r.mapping or r.message, fmt_time(r.predicted_s) if r.predicted_s else "-",
+                 fmt_time(r.measured_s), f"{r.error:+.1%}" if r.error is not None else "-"]
+        if free:
+            cells += [fmt_time(r.free_predicted_s) if r.free_predicted_s else "-", r.free_mapping or "-"]
+        table.add_row(*cells)
+    out.print(table)
+    s = summary(rows)
+    out.print(f"{s['evaluated']}/{s['cases']} cases: mean absolute error {s['mean_abs_error']:.1%}, "
+              f"max absolute error {s['max_abs_error']:.1%}")
+
+
 def main() -> None:  # console-script entry point
     try:
         app()

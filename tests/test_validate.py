@@ -1,0 +1,70 @@
+"""Fidelity check plumbing: case loading, fixed mappings honoured, error maths, CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dfmodel.errors import InputError
+from dfmodel.validate import evaluate_case, load_cases, summary, validate_cases
+
+CASES = Path(__file__).resolve().parents[1].parent / "shared" / "calibration" / "megatron_a100.yaml"
+
+SMALL_CASE = {
+    "id": "small",
+    "model": {"hidden": 1024, "num_heads": 16, "num_layers": 8, "seq_len": 512, "vocab_size": 8192},
+    "training": {"global_batch": 16, "micro_batch": 2, "precision": "bf16/fp16 mixed"},
+    "system": {"chip": "A100-SXM4-80GB", "num_chips": 16, "chips_per_node": 8},
+    "parallelism": {"tp": 2, "pp": 2, "dp": 4, "activation_recompute": "selective", "sequence_parallel": True},
+    "measured": {"iteration_time_s": 1.0},
+}
+
+
+def write(tmp_path, cases) -> Path:
+    p = tmp_path / "cases.yaml"
+    p.write_text(yaml.safe_dump(cases))
+    return p
+
+
+def test_published_mapping_is_honoured(tmp_path):
+    row = validate_cases(write(tmp_path, [SMALL_CASE]))[0]
+    assert row.mapping.startswith("TP2 PP2 DP4 mb2") and "selective SP" in row.mapping
+    assert row.error == pytest.approx(row.predicted_s / 1.0 - 1)
+
+
+def test_free_search_is_never_slower_than_published(tmp_path):
+    case = load_cases(write(tmp_path, [SMALL_CASE]))[0]
+    row = evaluate_case(case, free=True)
+    assert row.free_predicted_s <= row.predicted_s * (1 + 1e-12)
+
+
+def test_summary():
+    from dfmodel.validate import Row
+
+    rows = [Row("a", 8, "", 1, 1.1, 1.0, 0.1), Row("b", 8, "", 1, 0.8, 1.0, -0.2), Row("c", 8, "", 1, None, 1.0, None)]
+    s = summary(rows)
+    assert s["evaluated"] == 2 and s["mean_abs_error"] == pytest.approx(0.15) and s["max_abs_error"] == pytest.approx(0.2)
+
+
+def test_bad_case_names_file_and_field(tmp_path):
+    bad = dict(SMALL_CASE, parallelism={"tp": 0, "pp": 1, "dp": 1})
+    with pytest.raises(InputError, match=r"cases.yaml: 0\.parallelism\.tp"):
+        load_cases(write(tmp_path, [bad]))
+
+
+def test_shipped_calibration_cases_load():
+    if not CASES.exists():
+        pytest.skip("../shared/calibration not beside the checkout")
+    cases = load_cases(CASES)
+    assert len(cases) == 18 and all(c.measured.iteration_time_s > 0 for c in cases)
+
+
+def test_cli_validate(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dfmodel.cli", "validate", str(write(tmp_path, [SMALL_CASE]))],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "small" in proc.stdout and "mean absolute error" in proc.stdout
