@@ -98,7 +98,7 @@ class Chip(Strict):
 
     name: str
     peak_flops: FlopsPerSec | dict[Precision, FlopsPerSec]
-    vector_flops: FlopsPerSec | None = None
+    vector_flops: FlopsPerSec | dict[Precision, FlopsPerSec] | None = None
     sram_bytes: Bytes
     compute_tiles: PositiveInt = 1
     memory: Memory
@@ -110,17 +110,23 @@ class Chip(Strict):
 
     def peak(self, precision: Precision | str) -> float:
         """Matrix peak FLOP/s at ``precision``; a precision the chip does not list is an error."""
-        if not isinstance(self.peak_flops, dict):
-            return float(self.peak_flops)
-        p = Precision(precision)
-        if p not in self.peak_flops:
-            allowed = ", ".join(k.value for k in self.peak_flops)
-            raise ValueError(f"chip {self.name} has no peak_flops for {p.value} (has {allowed})")
-        return float(self.peak_flops[p])
+        return self._rate(self.peak_flops, "peak_flops", precision)
 
     def vector_peak(self, precision: Precision | str) -> float:
-        """Non-matrix FLOP/s; defaults to the matrix peak for chips that do not separate them."""
-        return float(self.vector_flops) if self.vector_flops is not None else self.peak(precision)
+        """Non-matrix FLOP/s at ``precision`` (one number = every precision); defaults to the
+        matrix peak for chips that do not separate them."""
+        if self.vector_flops is None:
+            return self.peak(precision)
+        return self._rate(self.vector_flops, "vector_flops", precision)
+
+    def _rate(self, rates, field: str, precision: Precision | str) -> float:
+        if not isinstance(rates, dict):
+            return float(rates)
+        p = Precision(precision)
+        if p not in rates:
+            allowed = ", ".join(k.value for k in rates)
+            raise ValueError(f"chip {self.name} has no {field} for {p.value} (has {allowed})")
+        return float(rates[p])
 
 
 class NetworkDim(Strict):
