@@ -13,7 +13,10 @@ def render_result(r: Result, console: Console) -> None:
     p = r.parallelism
     head = Table(title=f"{r.workload} on {r.system} ({r.num_chips} chips)", show_header=False)
     head.add_row("iteration time", fmt_time(r.iteration_time_s))
-    head.add_row("throughput", f"{r.samples_per_s:.4g} samples/s, {fmt(r.tokens_per_s)}tokens/s")
+    tput = f"{r.samples_per_s:.4g} samples/s"
+    if r.tokens_per_s != r.samples_per_s:  # LLMs; other families count samples only
+        tput += f", {fmt(r.tokens_per_s, 'tokens/s')}"
+    head.add_row("throughput", tput)
     head.add_row("MFU / HFU", f"{r.model_flops_utilization:.1%} / {r.hardware_flops_utilization:.1%}")
     dims = "; ".join(f"{k}: {' x '.join(v) or '-'}" for k, v in p.dims.items())
     head.add_row(

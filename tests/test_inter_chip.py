@@ -130,3 +130,15 @@ def test_cli_exit_codes(tmp_path):
     bad.write_text("kind: llm\nname: x\nmodel: {hidden: -4}\n")
     proc = run_cli("solve", "--workload", str(bad), "--system", str(sf))
     assert proc.returncode == 2 and "model.hidden" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_slow_storage_makes_the_step_input_bound():
+    w = {**SMALL_LLM, "training": {**SMALL_LLM["training"], "input_bytes_per_sample": "1 GB"}}
+    fast = optimize(SMALL_LLM, small_system(4, 2))
+    s = small_system(4, 2)
+    s["storage"] = {"chips_per_node": 4, "read_bandwidth_Bps": "1 GB/s", "preprocess_samples_per_s": 1000}
+    r = optimize(w, s)
+    assert r.input_bound and r.breakdown_s["input"] > 0
+    # 16 samples over 2 nodes at 1 GB/s: loading takes 8 s, and the step hides part of it
+    assert r.iteration_time_s == pytest.approx(8.0, rel=1e-9)
+    assert fast.iteration_time_s < 8.0

@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dfmodel.inter_chip.input_pipeline import input_exposed_s
 from dfmodel.errors import InfeasibleError, InputError
 from dfmodel.graph.build import build_graphs
 from dfmodel.graph.builders.formulas import INDEX_BYTES
@@ -455,16 +456,7 @@ class DLRMModel:
         return total, t
 
     def input_exposed_s(self, step_s: float) -> float:
-        """Input loading overlaps the step; what exceeds it is exposed (same rule as the LLM
-        path, :meth:`dfmodel.inter_chip.llm.LLMModel.input_exposed_s`)."""
-        storage = self.system.storage
-        per_sample = self.workload.training.input_bytes_per_sample or 0.0
-        if storage is None or per_sample <= 0:
-            return 0.0
-        nodes = max(1, self.N // storage.chips_per_node)
-        spn = self.B / nodes
-        load = max(spn * per_sample / storage.read_bandwidth_Bps, spn / storage.preprocess_samples_per_s)
-        return max(0.0, load - step_s)
+        return input_exposed_s(self.system, self.B, self.workload.training.input_bytes_per_sample or 0.0, step_s)
 
     # -- search interface -------------------------------------------------------------------
     def memory_floor_bytes(self, m: DLRMMapping) -> float:

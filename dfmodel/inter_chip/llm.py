@@ -19,6 +19,7 @@ from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import pipeline as pipe
 from dfmodel.inter_chip.config import Mapping
+from dfmodel.inter_chip.input_pipeline import input_exposed_s
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
 from dfmodel.netmodels import CostTable
@@ -324,7 +325,7 @@ class LLMModel:
             dp_exposed = pipe.dp_sync_time(grad_bytes, sync, stage_bwd[0], self.system.dp_overlap)
         opt_s = self.optimizer_s(m, worst_params)
         step_s = pt.total_s + dp_exposed + opt_s
-        input_s = self.input_exposed_s(m, step_s)
+        input_s = input_exposed_s(self.system, self.training.global_batch, self.training.input_bytes_per_sample, step_s)
         total = step_s + input_s
 
         b = max(range(m.pp), key=lambda i: stage_fwd[i] + stage_bwd[i])
@@ -369,17 +370,6 @@ class LLMModel:
                     parts[k] += v
         total = sum(parts.values()) or 1.0
         return {k: v / total for k, v in parts.items()}
-
-    def input_exposed_s(self, m: Mapping, step_s: float) -> float:
-        """Input loading overlaps the step; only what exceeds it is exposed."""
-        storage = self.system.storage
-        per_sample = getattr(self.training, "input_bytes_per_sample", 0.0) or 0.0
-        if storage is None or per_sample <= 0:
-            return 0.0
-        nodes = max(1, self.system.num_chips // storage.chips_per_node)
-        samples_per_node = self.training.global_batch / nodes
-        load_s = max(samples_per_node * per_sample / storage.read_bandwidth_Bps, samples_per_node / storage.preprocess_samples_per_s)
-        return max(0.0, load_s - step_s)
 
 
 __all__ = ["LLMModel", "Evaluation", "compute_time_s"]
