@@ -1,4 +1,5 @@
-"""Intra-chip partitioning: MILP == exact DP == brute force, closed form, infeasibility, known cases."""
+"""Intra-chip partitioning: MILP == exact DP == brute force (with and without weight streaming),
+closed form, infeasibility, known cases."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from hypothesis import strategies as st
 
 from dfmodel.errors import InfeasibleError, SolverError
 from dfmodel.graph.graph import DataflowGraph
-from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
+from dfmodel.graph.kernel import Kernel, KernelKind, Phase, Tensor
 from dfmodel.intra_chip import CostModel, partition
 from dfmodel.intra_chip import dp as dpmod
 from dfmodel.intra_chip.milp import build, solve_milp
 from dfmodel.solvers import gurobi_licence
 from dfmodel.system.processor import compute_time_s, memory_time_s
-from test_intra_chip_support import MIB, chip, chips, dags
+from test_intra_chip_support import MIB, chip, chips, dags, random_graph, streaming
 
 REL = 1e-6  # the MILP works in microseconds with a 1e-6 relative gap
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
@@ -24,8 +25,8 @@ SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
 PARTS = st.sampled_from([None, 1, 2, 3])
 
 
-def _agree(graph, net, c, max_partitions, solver):
-    cm = CostModel(graph, c, net)
+def _agree(graph, net, c, max_partitions, solver, stream=None):
+    cm = CostModel(graph, c, net, **(stream or {}))
     brute = dpmod.brute_force(cm, max_partitions)
     exact = dpmod.solve_dp(cm, max_partitions)
     start = exact[0] if exact and max_partitions is None else None  # also exercise cold starts
@@ -43,21 +44,41 @@ def _agree(graph, net, c, max_partitions, solver):
         assert cm.plan_time_s(plan) == pytest.approx(value, rel=REL)
         if max_partitions is not None and cm.dataflow:
             assert len(plan) <= max_partitions
+    return cm, exact
 
 
 @SETTINGS
-@given(dags(), chips(), PARTS)
-def test_milp_equals_dp_equals_brute_force_highs(g_net, c, max_partitions):
+@given(dags(), chips(), PARTS, streaming())
+def test_milp_equals_dp_equals_brute_force_highs(g_net, c, max_partitions, stream):
     graph, net = g_net
-    _agree(graph, net, c, max_partitions, "highs")
+    _agree(graph, net, c, max_partitions, "highs", stream)
 
 
 @pytest.mark.skipif(gurobi_licence()[0] == "none", reason="no usable Gurobi licence")
 @SETTINGS
-@given(dags(), chips(), PARTS)
-def test_milp_equals_dp_equals_brute_force_gurobi(g_net, c, max_partitions):
+@given(dags(), chips(), PARTS, streaming())
+def test_milp_equals_dp_equals_brute_force_gurobi(g_net, c, max_partitions, stream):
     graph, net = g_net
-    _agree(graph, net, c, max_partitions, "gurobi")  # these models fit the size-limited licence
+    _agree(graph, net, c, max_partitions, "gurobi", stream)  # these models fit the size-limited licence
+
+
+def test_oracles_agree_where_weights_must_stream():
+    """Random graphs on chips too small for their weights: the oracles agree, streaming is
+    chosen, and it is needed (the resident-only model finds no plan or a slower one)."""
+    streamed = needed = slower = 0
+    for seed in range(40):
+        graph, net = random_graph(seed)
+        c = chip(sram_mib=(8, 16, 32)[seed % 3], tiles=(3, 64)[seed % 2], bw=(1e12, 100e9)[seed % 2])
+        out = _agree(graph, net, c, None, "highs")
+        if out is None:
+            continue
+        cm, (plan, value) = out
+        rows = cm.report_sets(plan)
+        streamed += any(r["weights_streamed"] and r["tile_fraction"] < 1 for r in rows)
+        resident = dpmod.solve_dp(CostModel(graph, c, net, weight_streaming=False))
+        needed += resident is None
+        slower += resident is not None and resident[1] > value * (1 + 1e-9)
+    assert streamed >= 10 and needed >= 5 and slower >= 5, (streamed, needed, slower)
 
 
 def _closed_form(graph, c, net):
@@ -128,14 +149,22 @@ def test_smaller_tiles_are_used_only_when_needed():
 
 # -- infeasibility -------------------------------------------------------------------------------
 def test_weights_beyond_sram_are_infeasible_with_reason():
-    c = chip(sram_mib=16)
-    with pytest.raises(InfeasibleError, match=r"kernel 'mm1'.*32\.0 MiB.*16\.0 MiB"):
-        partition(_two_matmuls(), c)
-    cm = CostModel(_two_matmuls(), c)
+    c = chip(sram_mib=16)  # 32 MiB weights: infeasible without streaming
+    with pytest.raises(InfeasibleError, match=r"kernel 'mm1'.*resident weights 32\.0 MiB.*16\.0 MiB"):
+        partition(_two_matmuls(), c, weight_streaming=False)
+    cm = CostModel(_two_matmuls(), c, weight_streaming=False)
     assert dpmod.solve_dp(cm) is None
     out = solve_milp(cm, solver="highs")
     assert out.status == "infeasible" and out.plan is None
     assert "kernel 'mm1'" in out.message and "MiB" in out.message
+    assert partition(_two_matmuls(), c).partitions[0].weights_streamed  # streaming fits
+    # streaming needs its double buffer: 1/16 of 32 MiB does not fit 1 MiB
+    with pytest.raises(InfeasibleError, match=r"kernel 'mm1'.*streaming buffer.*1\.0 MiB"):
+        partition(_two_matmuls(), chip(sram_mib=1))
+    cm = CostModel(_two_matmuls(), chip(sram_mib=1))
+    assert dpmod.solve_dp(cm) is None and dpmod.brute_force(cm) is None
+    out = solve_milp(cm, solver="highs")
+    assert out.status == "infeasible" and "streamed weight buffers" in out.message
 
 
 def test_activations_beyond_sram_at_every_tile_are_infeasible():
@@ -148,9 +177,76 @@ def test_activations_beyond_sram_at_every_tile_are_infeasible():
     assert out.status == "infeasible" and "SRAM" in out.message
 
 
+# -- weight streaming ----------------------------------------------------------------------------
+def _one_kernel(phase):
+    """One kernel (4096 rows) reading x (32 MiB) and writing y (32 MiB; for a weight-gradient
+    kernel the 64 MiB gradient): a matmul with a 64 MiB weight, or a weight-gradient kernel."""
+    if phase == Phase.weight_grad:
+        k = Kernel("wg", KernelKind.matmul, {"m": 4096, "n": 8192, "k": 4096}, flop=2 * 4096 * 4096 * 8192,
+                   output_bytes=64 * MIB, phase=phase)
+        ts = [Tensor("x", None, "wg", 32 * MIB), Tensor("dy", None, "wg", 32 * MIB), Tensor("g", "wg", None, 64 * MIB)]
+    else:
+        k = Kernel("mm", KernelKind.matmul, {"m": 4096, "n": 8192, "k": 4096}, flop=2 * 4096 * 4096 * 8192,
+                   output_bytes=32 * MIB, weight_bytes=64 * MIB)
+        ts = [Tensor("x", None, "mm", 32 * MIB), Tensor("y", "mm", None, 32 * MIB)]
+    return DataflowGraph([k], ts, meta={"tile_rows": 4096})
+
+
+@pytest.mark.parametrize("method", ["auto", "dp", "milp", "brute_force"])
+def test_weight_beyond_sram_streams_and_rereads_it_per_row_tile(method):
+    # SRAM 16 MiB < the 64 MiB weight. Streamed: f (2 x 32 + 2 x 32) + 64/16 MiB fits at f = 1/16
+    # (12 MiB); every one of the 16 row tiles re-reads the weight: 64 / f MiB of weight traffic
+    g, c = _one_kernel(Phase.forward), chip(sram_mib=16, bw=100e9)
+    f = 1 / 16
+    weight_traffic = 64 * MIB / f
+    expect = memory_time_s(c, 64 * MIB + weight_traffic) + c.efficiency.kernel_overhead_s + 1e-6 / f
+    if method == "brute_force":
+        plan, value = dpmod.brute_force(CostModel(g, c, tile_overhead_s=1e-6))
+        assert plan == [["mm"]] and value == pytest.approx(expect, rel=1e-12)
+        return
+    r = partition(g, c, method=method, tile_overhead_s=1e-6)
+    p = r.partitions[0]
+    assert r.proven_optimal and p.weights_streamed and p.tile_fraction == f
+    assert p.memory_bytes == pytest.approx(64 * MIB + weight_traffic)  # x, y, and W / f
+    assert p.stream_extra_bytes == pytest.approx(weight_traffic - 64 * MIB)
+    assert p.sram_bytes == pytest.approx(f * 128 * MIB + 64 * MIB / 16)
+    assert r.time_s == pytest.approx(expect, rel=REL) and p.memory_s > p.compute_s
+    with pytest.raises(InfeasibleError, match="resident weights 64.0 MiB"):
+        partition(g, c, method=method, weight_streaming=False)
+
+
+def test_streamed_gradient_accumulator_is_read_and_written_per_row_tile():
+    # the 64 MiB gradient sums over all rows: resident it needs 64 MiB of SRAM; streamed it stays
+    # in DRAM and each row tile after the first reads and writes it back: 2 (1/f - 1) x 64 MiB more
+    g, c = _one_kernel(Phase.weight_grad), chip(sram_mib=16, bw=100e9)
+    f = 1 / 16
+    for method in ("dp", "milp"):
+        p = partition(g, c, method=method).partitions[0]
+        assert p.weights_streamed and p.tile_fraction == f
+        assert p.memory_bytes == pytest.approx((32 + 32 + 64) * MIB + 2 * (1 / f - 1) * 64 * MIB)
+        assert p.sram_bytes == pytest.approx(f * 128 * MIB + 64 * MIB / 16)
+    big = partition(g, chip(sram_mib=256, bw=100e9)).partitions[0]  # fits resident: no re-reads
+    assert big.tile_fraction == 1.0 and not big.weights_streamed and big.memory_bytes == pytest.approx(128 * MIB)
+
+
+def test_streaming_trades_sram_for_traffic():
+    # fused two matmuls on 105 MiB: resident needs tile 1/4 (64 MiB weights + tile x 160 MiB);
+    # streaming fits at tile 1/2 but re-reads 64 MiB of weights once more. Memory-bound, so the
+    # resident plan wins; with 100x the bandwidth and costly tiles streaming wins
+    g = _two_matmuls()
+    slow = partition(g, chip(sram_mib=105, bw=10e9), tile_overhead_s=1e-6).partitions[0]
+    assert not slow.weights_streamed and slow.tile_fraction == 0.25
+    fast = partition(g, chip(sram_mib=105, bw=1e12, peak=1e15), tile_overhead_s=1e-3)
+    p = fast.partitions[0]
+    assert fast.plan == [["mm1", "mm2"]] and p.weights_streamed and p.tile_fraction == 0.5
+    assert p.memory_bytes == pytest.approx((32 + 32 + 2 * 32 / 0.5) * MIB)
+    assert partition(g, chip(sram_mib=105, bw=1e12, peak=1e15), tile_overhead_s=1e-3, method="milp").time_s \
+        == pytest.approx(fast.time_s, rel=REL)
+
+
 def test_too_few_partitions_is_infeasible():
     with pytest.raises(InfeasibleError, match="at most 1 partitions"):
-        partition(_two_matmuls(), chip(sram_mib=40, bw=100e9), max_partitions=1, method="milp")
+        partition(_two_matmuls(), chip(sram_mib=40, bw=100e9), max_partitions=1, method="milp", weight_streaming=False)
 
 
 def test_dram_capacity_reorders_or_fails():
@@ -189,16 +285,21 @@ def test_max_partitions_is_respected_and_costs_more():
     ts = [Tensor("x", None, "k0", 8 * MIB)] + [Tensor(f"t{i}", f"k{i}", f"k{i + 1}", 8 * MIB) for i in range(5)]
     ts.append(Tensor("y", "k5", None, 8 * MIB))
     g = DataflowGraph(chain, ts, meta={"tile_rows": 2048})
-    c = chip(sram_mib=48, bw=50e9)  # two weights per partition at most
+    c = chip(sram_mib=48, bw=50e9)  # two resident weights per partition at most
     free = partition(g, c)
-    assert free.num_partitions == 3
+    assert free.num_partitions == 3  # streamed at tile 1 (no re-reads) or resident at tile 1/8
     for P in (3, 4):
         assert partition(g, c, max_partitions=P, method="milp").time_s == pytest.approx(free.time_s, rel=REL)
+    two = partition(g, c, max_partitions=2)  # >= three weights in a partition: streamed at tile < 1
+    assert two.num_partitions == 2 and any(p.weights_streamed and p.tile_fraction < 1 for p in two.partitions)
+    assert two.time_s > free.time_s
+    assert partition(g, c, max_partitions=2, method="milp").time_s == pytest.approx(two.time_s, rel=REL)
     with pytest.raises(InfeasibleError):
-        partition(g, c, max_partitions=2)
+        partition(g, c, max_partitions=2, weight_streaming=False)
 
 
 def test_milp_coefficients_are_scaled():
     form = build(CostModel(_two_matmuls(), chip(sram_mib=100)), None)
+    assert any(s for _, s in form.options) and form.y is not None  # streamed options are modelled
     for arr in (form.model.A.data, form.model.c[form.model.c != 0]):
         assert abs(arr).max() < 1e7 and abs(arr).min() > 1e-6

@@ -119,14 +119,22 @@ try:
 
     @st.composite
     def chips(draw, execution=None):
-        """Hypothesis strategy for small chips whose SRAM, tiles and DRAM are often tight."""
+        """Hypothesis strategy for small chips whose SRAM, tiles and DRAM are often tight (SRAM
+        down to 4 MiB, below most weights: those partitions must stream their weights)."""
         return chip(
             execution=execution or draw(st.sampled_from(["dataflow", "dataflow", "dataflow", "kernel_by_kernel"])),
-            sram_mib=draw(st.sampled_from([16, 32, 48, 64, 128, 512])),
+            sram_mib=draw(st.sampled_from([4, 8, 16, 32, 48, 64, 128, 512])),
             tiles=draw(st.sampled_from([2, 3, 64])),
             overlap=draw(st.booleans()),
             dram_gib=draw(st.sampled_from([0.05, 0.1, 64.0])),
             overhead_s=draw(st.sampled_from([2e-6, 20e-6])),
         )
+    def streaming():
+        """Hypothesis strategy for the :class:`CostModel` weight-streaming options: mostly on,
+        with the default or a larger double buffer (a quarter or all of each weight)."""
+        return st.fixed_dictionaries({
+            "weight_streaming": st.sampled_from([True, True, True, False]),
+            "stream_buffer_fraction": st.sampled_from([None, 0.25, 1.0]),
+        })
 except ImportError:  # hypothesis is a test extra
     pass

@@ -35,6 +35,8 @@ def partition(
     max_ideals: int = _dp.DEFAULT_MAX_IDEALS,
     max_pairs: int = _dp.DEFAULT_MAX_PAIRS,
     warm_start: bool = True,
+    weight_streaming: bool = True,
+    stream_buffer_fraction: float | None = None,
 ) -> PartitionResult:
     """Sequence of partitions of ``graph``'s kernels minimising the chip's time per micro-batch.
 
@@ -50,6 +52,11 @@ def partition(
       - ``milp``: the MILP on ``solver`` (``auto``/``highs``/``gurobi``), warm-started by the DP
         plan when it is cheap (``warm_start=False`` for a cold start);
       - ``closed_form``: kernel-by-kernel chips only.
+
+    Dataflow partitions choose, with their row tile, whether their weights stay resident in
+    SRAM or are streamed from DRAM (re-read per row tile; see :mod:`dfmodel.intra_chip.cost`);
+    ``weight_streaming=False`` allows resident weights only, ``stream_buffer_fraction`` sets the
+    SRAM a streamed weight keeps (default :data:`~dfmodel.intra_chip.cost.STREAM_BUFFER_FRACTION`).
 
     ``max_partitions`` limits the partitions of a dataflow chip (kernel-by-kernel chips always
     use one per kernel). ``time_limit_s`` bounds the MILP (default 60 s); the result says
@@ -74,7 +81,8 @@ def partition(
     if max_partitions is not None and max_partitions < 1:
         raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
     t0 = time.perf_counter()
-    cm = CostModel(graph, system, network_time_s, tile_fractions_=tile_fractions, tile_overhead_s=tile_overhead_s)
+    cm = CostModel(graph, system, network_time_s, tile_fractions_=tile_fractions, tile_overhead_s=tile_overhead_s,
+                   weight_streaming=weight_streaming, stream_buffer_fraction=stream_buffer_fraction)
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     if cm.n == 0:
         return PartitionResult(0.0, [], True, 0.0, "closed_form", "closed_form", "optimal", 0.0, max_partitions)
@@ -116,18 +124,19 @@ def partition(
 
 
 def _precheck(cm: CostModel) -> None:
-    """Cheap certain infeasibility: weights beyond DRAM, a kernel's weights beyond SRAM."""
+    """Cheap certain infeasibility: weights beyond DRAM, a kernel's weights (or, when streaming,
+    their double buffer) beyond SRAM."""
     mib = 2**20
     if cm.all_weight_bytes > cm.dram_bytes:
         raise InfeasibleError(cm.infeasibility_reason())
     if cm.dataflow:
+        c = cm.phi if cm.streaming else 1.0
         for w in cm.weights:
-            if w.bytes > cm.sram_bytes:
+            if c * w.bytes > cm.sram_bytes:
                 k = cm.names[w.kernels[0]]
-                raise InfeasibleError(
-                    f"kernel {k!r}: resident weights {w.bytes / mib:.1f} MiB exceed the chip's SRAM "
-                    f"{cm.sram_bytes / mib:.1f} MiB at every tile"
-                )
+                what = (f"the streaming buffer ({c:g} of weights {w.bytes / mib:.1f} MiB) exceeds" if cm.streaming
+                        else f"resident weights {w.bytes / mib:.1f} MiB exceed")
+                raise InfeasibleError(f"kernel {k!r}: {what} the chip's SRAM {cm.sram_bytes / mib:.1f} MiB at every tile")
 
 
 def _best_start(cm: CostModel, max_partitions, max_ideals, max_pairs, *, exact: bool) -> list[list[str]] | None:

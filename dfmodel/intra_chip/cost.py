@@ -18,7 +18,10 @@ module, so they agree to rounding. For a partition ``S`` (DESIGN.md section 4):
 - SRAM (dataflow only) at row-tile fraction ``f``: ``f * bytes`` per internal tensor (FIFO),
   ``2 f * bytes`` per boundary tensor (double buffer), whole resident weights, and whole
   weight-gradient accumulators (outputs of ``weight_grad`` kernels sum over all rows, so they do
-  not shrink with the tile). Each partition takes the largest ``f`` that fits;
+  not shrink with the tile);
+- weight streaming (dataflow only; see :ref:`below <streaming>`): each partition chooses an
+  *option* ``(f, mode)``, mode ``resident`` (as above) or ``streamed``, and takes the fastest
+  option that fits SRAM (ties: larger ``f``, then resident);
 - DRAM lifetimes: intermediate tensors live in DRAM from the partition of their producer to
   that of their last consumer (unless both are in one partition); live bytes plus all weights
   must fit ``memory.capacity_bytes`` during every partition. Graph inputs and outputs belong
@@ -26,6 +29,34 @@ module, so they agree to rounding. For a partition ``S`` (DESIGN.md section 4):
 
 Kernel-by-kernel partitions are always single kernels, so the cost of a set there is the sum of
 its kernels' stand-alone costs (the closed form).
+
+.. _streaming:
+
+**Weight streaming** (SambaNova streams weight tiles from DDR; Cerebras' weight-streaming mode
+keeps activations on the wafer and streams weights layer by layer). Write ``F`` for the
+partition's fixed SRAM (its weights and the weight-gradient accumulators it touches, each
+counted once), ``X`` for its row-scaled SRAM at ``f = 1`` and ``Q`` for the bytes that streaming
+re-reads per extra row tile: its weights plus twice the accumulators its kernels *produce*.
+
+- ``resident``: SRAM ``f X + F``; weights read from DRAM once per micro-batch, accumulators
+  summed on chip and written once (the rules above);
+- ``streamed``: a weight is cut into :data:`STREAM_CHUNKS` chunks along its reduction dimension
+  and SRAM double-buffers them (the chunk in use and the one loading), so SRAM is
+  ``f X + phi F`` with ``phi = 2 / STREAM_CHUNKS`` (:data:`STREAM_BUFFER_FRACTION`, 1/16: a
+  655 MB weight shard keeps 41 MB on chip). Every row tile is multiplied by every chunk, so
+  each of the ``1/f`` row tiles re-reads the weights: weight traffic ``W / f``. An accumulator
+  is kept in DRAM and streamed through the same double buffer: each row tile after the first
+  reads the partial sum and writes it back, ``2 (1/f - 1) G`` bytes beyond the resident case
+  (which writes ``G`` once when it leaves). Together: memory bytes ``+ (1/f - 1) Q``. A
+  weight-shaped tensor a partition only *reads* (an accumulator made elsewhere) is not indexed
+  by rows, so it is read once, chunk by chunk. At ``f = 1`` streaming costs no traffic and saves
+  SRAM (it is activation-stationary execution); with small tiles resident weights save traffic.
+  The DRAM-lifetime check does not count a streamed accumulator's DRAM copy within its own
+  partition: gradients are charged to DRAM by the inter-chip memory check.
+
+Streaming is on by default for dataflow chips (``weight_streaming=False`` restores the
+resident-only model). It never changes kernel-by-kernel chips, which read weights from DRAM in
+every kernel anyway.
 
 >>> from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
 >>> from dfmodel.graph.graph import DataflowGraph
@@ -65,6 +96,11 @@ DEFAULT_TILE_OVERHEAD_S = 1e-6
 MIN_TILE_ROWS = 128
 #: Tile fractions when the graph does not say how many rows it streams.
 DEFAULT_TILE_FRACTIONS = (1.0, 0.5, 0.25, 0.125, 0.0625)
+#: A streamed weight (or weight-gradient accumulator) is cut into this many chunks along its
+#: reduction dimension; SRAM double-buffers one chunk, see the module docstring.
+STREAM_CHUNKS = 32
+#: SRAM a streamed weight or accumulator keeps on chip, as a fraction of its bytes (two chunks).
+STREAM_BUFFER_FRACTION = 2.0 / STREAM_CHUNKS
 #: Graph ``meta`` keys that give the rows a layer streams (first found wins; multiplied by
 #: ``micro_batch``/``batch`` when present and the key counts per-sample rows).
 _ROW_KEYS = ("tile_rows", "tokens", "seq_len", "seq", "sequence_length")
@@ -127,7 +163,8 @@ class CostModel:
     """Per-kernel and per-tensor data of one graph on one chip, and the partition cost.
 
     ``network_s`` maps kernel names to network seconds from the inter-chip pass (missing = 0).
-    Kernels are indexed in ``graph.topological_names()`` order; partition sets are boolean
+    ``weight_streaming`` lets dataflow partitions stream their weights (module docstring);
+    ``stream_buffer_fraction`` overrides :data:`STREAM_BUFFER_FRACTION`. Kernels are indexed in ``graph.topological_names()`` order; partition sets are boolean
     matrices ``S[m, n]`` (one row per candidate partition) so thousands are costed at once.
     """
 
@@ -139,6 +176,8 @@ class CostModel:
         *,
         tile_fractions_: Iterable[float] | None = None,
         tile_overhead_s: float | None = None,
+        weight_streaming: bool = True,
+        stream_buffer_fraction: float | None = None,
     ):
         if isinstance(chip, System):
             chip = chip.chip
@@ -161,6 +200,16 @@ class CostModel:
         self.fractions = tuple(sorted({float(f) for f in (tile_fractions_ or tile_fractions(graph))}, reverse=True))
         if not self.fractions or not all(0 < f <= 1 for f in self.fractions):
             raise ValueError(f"tile fractions must lie in (0, 1], got {self.fractions}")
+        self.streaming = bool(weight_streaming) and self.dataflow
+        self.phi = STREAM_BUFFER_FRACTION if stream_buffer_fraction is None else float(stream_buffer_fraction)
+        if not 0 < self.phi <= 1:
+            raise ValueError(f"stream_buffer_fraction must lie in (0, 1], got {self.phi}")
+        #: the options a dataflow partition chooses from: (tile fraction, streamed), preferred first
+        self.options: tuple[tuple[float, bool], ...] = tuple(
+            (f, s) for f in self.fractions for s in ((False, True) if self.streaming else (False,))
+        )
+        self._option_tile = np.array([self.fractions.index(f) for f, _ in self.options], dtype=int)
+        self._option_streamed = np.array([s for _, s in self.options], dtype=bool)
         #: seconds per byte of DRAM traffic (memory_time_s is linear in bytes)
         self.s_per_byte = memory_time_s(chip, 1.0)
 
@@ -197,6 +246,12 @@ class CostModel:
                 wb[key] = max(wb.get(key, 0.0), float(k.weight_bytes))
         self.weights = [WeightUse(key, wb[key], tuple(ks)) for key, ks in wk.items()]
         self.all_weight_bytes = float(sum(w.bytes for w in self.weights))
+        #: bytes of weight-gradient accumulators each kernel produces (streamed: re-read and
+        #: re-written per extra row tile)
+        self.accumulator_bytes = np.zeros(n)
+        for t in self.tensors:
+            if not t.row_scaled:
+                self.accumulator_bytes[t.producer] += t.bytes
 
         preds = [0] * n
         for t in self.tensors:
@@ -232,8 +287,10 @@ class CostModel:
         m = S.shape[0]
         Sf = S.astype(float)
         mem = Sf @ self.extra_bytes
+        stream = 2.0 * (Sf @ self.accumulator_bytes)  # Q: re-read per extra streamed row tile
         sram_scaled = np.zeros(m)  # bytes at tile fraction 1 that shrink with the tile
         sram_fixed = np.zeros(m)  # bytes that do not (weights, weight-gradient accumulators)
+        touched = np.zeros(m)  # row-scaled bytes touched: sram_scaled >= touched, monotone
         none = np.zeros(m, dtype=bool)
         for t in self.tensors:
             prod_in = S[:, t.producer] if t.producer >= 0 else none
@@ -249,6 +306,7 @@ class CostModel:
             if t.row_scaled:
                 sram_scaled[internal] += t.bytes
                 sram_scaled[crossing] += 2.0 * t.bytes
+                touched[prod_in | any_c] += t.bytes
             else:
                 sram_fixed[prod_in | any_c] += t.bytes
         for w in self.weights:
@@ -257,6 +315,7 @@ class CostModel:
                 used = used | S[:, k]
             mem[used] += w.bytes
             sram_fixed[used] += w.bytes
+            stream[used] += w.bytes
         return {
             "count": S.sum(axis=1),
             "compute_s": Sf @ self.compute_s,
@@ -265,6 +324,8 @@ class CostModel:
             "memory_s": mem * self.s_per_byte,
             "sram_scaled": sram_scaled,
             "sram_fixed": sram_fixed,
+            "sram_touched": touched,
+            "stream_bytes": stream,
         }
 
     def live_bytes(self, I: np.ndarray, J: np.ndarray) -> np.ndarray:
@@ -299,9 +360,15 @@ class CostModel:
         return out
 
     def min_sram_bytes(self, S: np.ndarray) -> np.ndarray:
-        """SRAM each set needs at any tile: the part that does not shrink with the tile
-        (resident weights, weight-gradient accumulators). Monotone: a superset needs more."""
-        return self._terms(S)["sram_fixed"]
+        """A lower bound on the SRAM each set needs at any option: ``f_min T + c F`` with ``T``
+        the row-scaled bytes it touches (each internal or crossing tensor takes at least
+        ``f * bytes``), ``F`` its weights and accumulators and ``c`` = ``phi`` when streaming is
+        allowed, else 1. Monotone (a superset needs more) and subadditive over a chain of
+        ideals: ``lb(J) - lb(I) <= lb(J - I)`` for ``I`` inside ``J`` (both ``T`` and ``F`` sum
+        over the items a set touches)."""
+        ev = self._terms(S)
+        c = self.phi if self.streaming else 1.0
+        return self.fractions[-1] * ev["sram_touched"] + c * ev["sram_fixed"]
 
     def must_split(self, S: np.ndarray) -> np.ndarray:
         """Sets that no partition can contain (so any superset is no partition either)."""
@@ -315,10 +382,12 @@ class CostModel:
     def merging_never_hurts(self) -> bool:
         """Whether two consecutive partitions whose union fits may always be merged at no loss.
 
-        The union's compute and network are the sums, its DRAM traffic at most the sum (tensors
-        between the two stay on chip, shared weights are read once), and one kernel overhead
-        ``ko`` is saved; its tile may be smaller, costing at most ``tau / f_min - 2 tau`` more
-        tile overhead. So merging never hurts when ``ko >= tau / f_min - 2 tau`` and DRAM
+        "Fits" means fits with resident weights at the smallest tile (what
+        :meth:`additive_sram_bytes` bounds). The union's compute and network are the sums, its
+        DRAM traffic with resident weights at most the sum (tensors between the two stay on chip,
+        shared weights are read once, and the parts' own streamed re-reads only add to their
+        cost), and one kernel overhead ``ko`` is saved; its tile may be smaller, costing at most
+        ``tau / f_min - 2 tau`` more tile overhead. So merging never hurts when ``ko >= tau / f_min - 2 tau`` and DRAM
         lifetimes cannot bind (a merged partition can hold both parts' live tensors at once).
         Then some optimal plan has no two adjacent partitions whose union fits.
         """
@@ -329,7 +398,8 @@ class CostModel:
 
     def additive_sram_bytes(self) -> np.ndarray:
         """Per-kernel SRAM charges whose sum over a set bounds the set's SRAM at the smallest tile
-        from above: each kernel is charged every tensor and weight it touches, in full."""
+        with resident weights from above: each kernel is charged every tensor and weight it
+        touches, in full."""
         fmin = self.fractions[-1]
         u = np.zeros(self.n)
         for t in self.tensors:
@@ -374,28 +444,35 @@ class CostModel:
     def evaluate(self, S: np.ndarray, I: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Cost of each candidate partition (rows of ``S``), run after ideal ``I`` (rows).
 
-        Returns the terms of :meth:`_terms` plus ``feasible``, ``tile`` (index into
-        ``fractions`` of the largest tile that fits, -1 if none), ``sram_bytes`` at that tile,
-        ``time_s`` (NaN where infeasible) and, when ``I`` is given and DRAM could bind,
-        ``live_bytes``. Kernel-by-kernel chips cost a set as the sum of its kernels alone.
+        Returns the terms of :meth:`_terms` plus ``feasible``, the chosen option -- the fastest
+        of :attr:`options` that fits SRAM: ``tile`` (index into ``fractions``, -1 if none) and
+        ``streamed`` -- ``sram_bytes`` at it, ``time_s`` (NaN where infeasible) and, when ``I``
+        is given and DRAM could bind, ``live_bytes``; ``memory_bytes``/``memory_s`` include the
+        streamed re-reads (``stream_extra_bytes``). Kernel-by-kernel chips cost a set as the sum
+        of its kernels alone.
         """
         S = np.asarray(S, dtype=bool)
         m = S.shape[0]
         ev = self._terms(S)
         feasible = ev["count"] >= 1
+        streamed = np.zeros(m, dtype=bool)
+        extra = np.zeros(m)
         if self.dataflow:
             feasible &= ev["count"] <= self.tiles
-            tile = np.full(m, -1)
-            sram = np.full(m, np.nan)
-            for j in range(len(self.fractions) - 1, -1, -1):  # largest fitting tile wins
-                need = self.fractions[j] * ev["sram_scaled"] + ev["sram_fixed"]
-                ok = need <= self.sram_bytes
-                tile = np.where(ok, j, tile)
-                sram = np.where(ok, need, sram)
-            feasible &= tile >= 0
+            times, fits, needs = self.option_table(ev)
+            masked = np.where(fits, times, np.inf)
+            o = np.argmin(masked, axis=1)  # first minimum: larger tile, then resident
+            rows = np.arange(m)
+            ok = fits[rows, o]
+            feasible &= ok
+            tile = np.where(ok, self._option_tile[o], -1)
+            streamed = ok & self._option_streamed[o]
+            sram = np.where(ok, needs[rows, o], np.nan)
+            time = times[rows, o]
             frac = np.asarray(self.fractions)[np.maximum(tile, 0)]
-            time = combine_times(ev["compute_s"], ev["memory_s"], ev["network_s"], self.overlap)
-            time = time + self.kernel_overhead_s + self.tile_overhead_s / frac
+            extra = np.where(streamed, (1.0 / frac - 1.0) * ev["stream_bytes"], 0.0)
+            ev["memory_bytes"] = ev["memory_bytes"] + extra
+            ev["memory_s"] = ev["memory_bytes"] * self.s_per_byte
         else:
             tile = np.zeros(m, dtype=int)
             sram = np.zeros(m)
@@ -405,8 +482,32 @@ class CostModel:
             live = self.live_bytes(I, I | S)
             ev["live_bytes"] = live
             feasible &= self.dram_fits(live)
-        ev.update(feasible=feasible, tile=tile, sram_bytes=sram, time_s=np.where(feasible, time, np.nan))
+        ev.update(feasible=feasible, tile=tile, streamed=streamed, stream_extra_bytes=extra, sram_bytes=sram,
+                  time_s=np.where(feasible, time, np.nan))
         return ev
+
+    def option_table(self, ev: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(time_s, fits, sram_bytes)``, each ``(sets, len(options))``: every option of every
+        set of ``ev`` (from :meth:`_terms`; dataflow). Time includes the partition overheads.
+
+        Option ``(f, resident)``: SRAM ``f X + F``, time ``combine(c, m, n) + ko + tau / f``;
+        ``(f, streamed)``: SRAM ``f X + phi F``, memory ``m + (1/f - 1) Q``.
+        """
+        m = ev["count"].shape[0]
+        O = len(self.options)
+        times, fits, needs = np.empty((m, O)), np.empty((m, O), dtype=bool), np.empty((m, O))
+        base = combine_times(ev["compute_s"], ev["memory_s"], ev["network_s"], self.overlap)
+        for i, (f, s) in enumerate(self.options):
+            need = f * ev["sram_scaled"] + (self.phi if s else 1.0) * ev["sram_fixed"]
+            if s:
+                mem_s = (ev["memory_bytes"] + (1.0 / f - 1.0) * ev["stream_bytes"]) * self.s_per_byte
+                t = combine_times(ev["compute_s"], mem_s, ev["network_s"], self.overlap)
+            else:
+                t = base
+            times[:, i] = t + self.kernel_overhead_s + self.tile_overhead_s / f
+            fits[:, i] = need <= self.sram_bytes
+            needs[:, i] = need
+        return times, fits, needs
 
     # -- sets, plans and reports ----------------------------------------------------------------
     def mask(self, kernels: Iterable[str] | Iterable[int]) -> np.ndarray:
@@ -468,11 +569,14 @@ class CostModel:
                 row.update(
                     sram_bytes=float(ev["sram_bytes"][r]),
                     tile_fraction=self.fractions[int(ev["tile"][r])] if ev["tile"][r] >= 0 else None,
+                    weights_streamed=bool(ev["streamed"][r]),
+                    stream_extra_bytes=float(ev["stream_extra_bytes"][r]),
                     tiles_per_kernel=dict(zip(row["kernels"], alloc)) if alloc else {},
                     integer_tile_compute_s=integer,
                 )
             else:
-                row.update(sram_bytes=0.0, tile_fraction=None, tiles_per_kernel={}, integer_tile_compute_s=None)
+                row.update(sram_bytes=0.0, tile_fraction=None, tiles_per_kernel={}, integer_tile_compute_s=None,
+                           weights_streamed=False, stream_extra_bytes=0.0)
             out.append(row)
         return out
 
@@ -486,13 +590,15 @@ class CostModel:
         if self.dataflow:
             ev = self._terms(np.eye(self.n, dtype=bool))
             fmin = self.fractions[-1]
-            need = fmin * ev["sram_scaled"] + ev["sram_fixed"]
+            c = self.phi if self.streaming else 1.0
+            need = fmin * ev["sram_scaled"] + c * ev["sram_fixed"]
             worst = int(np.argmax(need - self.sram_bytes)) if self.n else 0
             if self.n and need[worst] > self.sram_bytes:
                 k = self.names[worst]
+                what = (f"streamed weight buffers {c * ev['sram_fixed'][worst] / mib:.1f} MiB" if self.streaming
+                        else f"resident weights {ev['sram_fixed'][worst] / mib:.1f} MiB")
                 return (f"kernel {k!r} needs {need[worst] / mib:.1f} MiB of SRAM even alone at the smallest "
-                        f"tile {fmin:g} (resident weights {ev['sram_fixed'][worst] / mib:.1f} MiB), "
-                        f"over the chip's {self.sram_bytes / mib:.1f} MiB")
+                        f"tile {fmin:g} ({what}), over the chip's {self.sram_bytes / mib:.1f} MiB")
         if max_partitions is not None:
             return (f"no sequence of at most {max_partitions} partitions fits SRAM "
                     f"({self.sram_bytes / 2**20:.1f} MiB) and compute tiles ({self.tiles})")

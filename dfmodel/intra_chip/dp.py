@@ -107,16 +107,17 @@ def transitions(
     """Every feasible partition ``J - I`` between two ideals, costed by :class:`CostModel`.
 
     ``singletons`` keeps only one-kernel partitions (kernel-by-kernel execution). Pairs that
-    cannot fit (more kernels than tiles; more resident weights than SRAM, using the
-    subadditive bound ``W(J) - W(I) <= W(J - I)``) are dropped before costing, and each distinct
-    set ``J - I`` is costed once (many pairs share it).
+    cannot fit (more kernels than tiles; more SRAM than the chip has at every option, using the
+    subadditive lower bound ``lb(J) - lb(I) <= lb(J - I)`` of :meth:`CostModel.min_sram_bytes`)
+    are dropped before costing, and each distinct set ``J - I`` is costed once (many pairs share
+    it). Each set takes its fastest fitting option (tile, resident or streamed weights).
     """
     packed = _pack(lat.bits)
     sizes = lat.bits.sum(axis=1)
     max_size = cm.tiles if cm.dataflow else cm.n
     if singletons:
         max_size = 1
-    weights = cm.resident_weight_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size)
+    weights = cm.min_sram_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size)
     src_l, dst_l = [], []
     total = 0
     for i in range(lat.size):

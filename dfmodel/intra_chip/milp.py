@@ -16,9 +16,19 @@ Variables (P partitions, n kernels in topological order):
 - ``used[p]`` = some kernel is not in partitions ``< p``: ``used[p] >= 1 - z[s,p-1]`` for every
   sink s; symmetry breaking: ``sum_k A[k,p] >= used[p]`` (used partitions come first, no empty
   partition in the middle);
-- tile choice ``y[p,j]`` binary, ``sum_j y[p,j] = used[p]``, SRAM
-  ``f_j * X[p] + F[p] <= SRAM + M_j (1 - y[p,j])`` with ``M_j`` the largest possible excess;
-- ``time[p] >= compute[p], memory[p], network[p]`` (or their sum without overlap).
+- option choice ``y[p,o]`` binary over the options ``o = (f_o, mode_o)`` of
+  :attr:`CostModel.options` (tile fraction, resident or streamed weights), ``sum_o y[p,o] =
+  used[p]``; SRAM ``f_o X[p] + c_o F[p] <= SRAM + M_o (1 - y[p,o])`` with ``c_o = 1``
+  (resident) or ``phi`` (streamed) and ``M_o`` the largest possible excess;
+- streamed re-reads ``E[p] >= 0``: ``E[p] >= (1/f_o - 1) Q[p] - (1/f_o - 1) Q_max (1 - y[p,o])``
+  for every streamed option with ``f_o < 1``, ``Q[p]`` the partition's weight bytes (read once
+  per weight, as in the memory term) plus twice the accumulator bytes its kernels produce;
+- ``time[p] >= compute[p], memory[p] + E[p], network[p]`` (or their sum without overlap).
+
+Options that can never be the fastest fitting one are left out, which does not change the
+optimum: past the first tile at which an option's SRAM always fits, smaller tiles of that mode
+only cost more; ``(1, resident)`` when streaming is allowed (``(1, streamed)`` has the same time
+and needs less SRAM); and every streamed option when no weight or accumulator exists.
 
 Objective: ``sum_p time[p] + kernel_overhead * sum_p used[p] + tile_overhead * sum y/f``.
 All linear. Units: microseconds and MiB (DESIGN.md section 3).
@@ -147,8 +157,8 @@ class Formulation:
     P: int
     z: np.ndarray  # (n, P) column indices
     used: np.ndarray  # (P,)
-    y: np.ndarray | None  # (P, options) or None when the tile is fixed
-    options: tuple[float, ...]  # tile fractions the model chooses from
+    y: np.ndarray | None  # (P, options) or None when the option is fixed
+    options: tuple[tuple[float, bool], ...]  # (tile fraction, streamed) the model chooses from
     stats: dict = field(default_factory=dict)
 
 
@@ -222,14 +232,15 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
             _lifetimes(b, cm, z, lambda t, j: None, P)
         f = b.model("intra_chip_kbk")
         f.offset = offset
-        return Formulation(f, P, z, used, None, (1.0,), stats)
+        return Formulation(f, P, z, used, None, ((1.0, False),), stats)
 
     # -- per-tensor terms: memory expression pieces and SRAM pieces ----------------------------
     tpb = cm.s_per_byte * US  # microseconds per byte of DRAM traffic
     mem_terms: list = []  # microseconds
     X_terms: list = []  # SRAM at tile fraction 1 that scales with the tile (MiB)
     F_terms: list = []  # SRAM that does not (MiB)
-    X_max = F_max = 0.0
+    Q_terms: list = []  # bytes re-read per extra row tile when streamed (MiB)
+    X_max = F_max = Q_max = 0.0
     B_of: dict[tuple[int, int], np.ndarray] = {}  # (tensor idx, consumer) -> B columns
     for ti, t in enumerate(cm.tensors):
         u, V, by = t.producer, t.consumers, t.bytes
@@ -289,6 +300,8 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
                 b.rows_p([(touch, 1.0)] + neg(A(k)), 0.0, np.inf)
             F_terms.append((touch, mib))
             F_max += mib
+            Q_terms += [(c, 2 * mib * np.asarray(w, float)) for c, w in A(u)]  # produced here: read + write
+            Q_max += 2 * mib
     for w in cm.weights:
         if len(w.kernels) == 1:
             wt = A(w.kernels[0])
@@ -300,12 +313,31 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
             b.row(wv, 1.0, float(sep.chain(w.kernels)), np.inf)  # read once per separated reader
         mem_terms += [(c, tpb * w.bytes * np.asarray(x, float)) for c, x in wt]
         F_terms += [(c, w.bytes / MIB * np.asarray(x, float)) for c, x in wt]
+        Q_terms += [(c, w.bytes / MIB * np.asarray(x, float)) for c, x in wt]
         F_max += w.bytes / MIB
+        Q_max += w.bytes / MIB
     for k in range(n):
         if cm.extra_bytes[k]:
             mem_terms += [(c, tpb * cm.extra_bytes[k] * w) for c, w in A(k)]
 
     # -- time per partition ------------------------------------------------------------------------
+    # -- option choice: tile fraction and resident/streamed weights --------------------------------
+    sram = cm.sram_bytes / MIB
+    options: list[tuple[float, bool]] = []
+    modes = (False, True) if (cm.streaming and F_max > 0) else (False,)
+    for s_ in modes:
+        c_s = cm.phi if s_ else 1.0
+        for f in cm.fractions:
+            if not (s_ is False and True in modes and f == 1.0):  # dominated by (1, streamed)
+                options.append((f, s_))
+            if f * X_max + c_s * F_max <= sram:  # this tile always fits: smaller ones never pay off
+                break
+    tpm = tpb * MIB  # microseconds per MiB of DRAM traffic
+    E = None
+    if any(s_ and f < 1.0 for f, s_ in options):
+        E = b.var((P,), lb=0.0, ub=np.inf)
+        mem_terms.append((E, 1.0))
+
     time = b.var((P,), lb=0.0, ub=np.inf, cost=1.0)
     comp = [(c, cm.compute_s[k] * US * w) for k in range(n) for c, w in A(k)]
     net = [(c, cm.network_s[k] * US * w) for k in range(n) for c, w in A(k) if cm.network_s[k]]
@@ -320,29 +352,44 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
     if n > cm.tiles:
         b.rows_p(all_A, -np.inf, float(cm.tiles))
 
-    # -- SRAM and tile choice ----------------------------------------------------------------------
-    sram = cm.sram_bytes / MIB
-    options = []
-    for f in cm.fractions:
-        options.append(f)
-        if f * X_max + F_max <= sram:  # this tile always fits: smaller ones never pay off
-            break
+    # -- SRAM, streamed re-reads and the option choice -------------------------------------------
     tau = cm.tile_overhead_s * US
     y = None
-    always_fits = options[-1] * X_max + F_max <= sram
+
+    def sram_row(f, s_, relax):
+        c_s = cm.phi if s_ else 1.0
+        M = max(0.0, f * X_max + c_s * F_max - sram)
+        if M == 0.0:
+            return
+        terms = [(c, f * np.asarray(w, float)) for c, w in X_terms] + [(c, c_s * np.asarray(w, float)) for c, w in F_terms]
+        if relax is None:
+            b.rows_p(terms, -np.inf, sram)
+        else:
+            b.rows_p(terms + [(relax, M)], -np.inf, sram + M)
+
+    def stream_row(f, s_, relax):
+        if not s_ or f >= 1.0:
+            return
+        k = 1.0 / f - 1.0
+        terms = [(E, 1.0)] + [(c, -k * tpm * np.asarray(w, float)) for c, w in Q_terms]
+        if relax is None:
+            b.rows_p(terms, 0.0, np.inf)
+        else:
+            M = k * tpm * Q_max
+            b.rows_p(terms + [(relax, -M)], -M, np.inf)
+
     if len(options) == 1:
-        b.cost[used_block] = b.cost[used_block] + tau / options[0]  # one tile option: a fixed cost
-        if not always_fits:
-            b.rows_p([(c, options[0] * np.asarray(w, float)) for c, w in X_terms] + F_terms, -np.inf, sram)
+        f, s_ = options[0]
+        b.cost[used_block] = b.cost[used_block] + tau / f  # one option: a fixed cost per partition
+        sram_row(f, s_, None)
+        stream_row(f, s_, None)
     else:
         J = len(options)
-        y = b.var((P, J), integer=True, cost=np.tile([tau / f for f in options], P))
+        y = b.var((P, J), integer=True, cost=np.tile([tau / f for f, _ in options], P))
         b.rows_p([(y[:, j], 1.0) for j in range(J)] + [(used, -1.0)], 0.0, 0.0)
-        for j, f in enumerate(options):
-            M = max(0.0, f * X_max + F_max - sram)
-            if M == 0.0:
-                continue
-            b.rows_p([(c, f * np.asarray(w, float)) for c, w in X_terms] + F_terms + [(y[:, j], M)], -np.inf, sram + M)
+        for j, (f, s_) in enumerate(options):
+            sram_row(f, s_, y[:, j])
+            stream_row(f, s_, y[:, j])
 
     if cm.dram_check:
         _lifetimes(b, cm, z, lambda ti, v: B_of.get((ti, v)), P)
@@ -448,11 +495,16 @@ def warm_start(form: Formulation, cm: CostModel, plan: list[list[str]]) -> np.nd
     for k, name in enumerate(cm.names):
         x[form.z[k]] = (np.arange(form.P) >= part[name]).astype(float)
     if form.y is not None:
+        # each partition takes the fastest of the model's options that fits (the cost model's
+        # choice, or one as fast when the model left that option out as dominated)
         x[form.y.ravel()] = 0.0
-        reports = cm.report_sets(plan)
-        for p, r in enumerate(reports):
-            j = form.options.index(r["tile_fraction"]) if r["tile_fraction"] in form.options else None
-            if j is None:
+        S, _ = cm.plan_matrices(plan)
+        times, fits, _ = cm.option_table(cm._terms(S))
+        cols = [cm.options.index(o) for o in form.options]
+        masked = np.where(fits[:, cols], times[:, cols], np.inf)
+        for p in range(S.shape[0]):
+            j = int(np.argmin(masked[p]))
+            if not np.isfinite(masked[p, j]):
                 return None
             x[form.y[p, j]] = 1.0
     return x

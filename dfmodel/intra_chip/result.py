@@ -10,7 +10,9 @@ class PartitionReport:
     """One partition: its kernels (run together), time breakdown (seconds) and SRAM use (bytes).
 
     ``time_s`` includes the per-partition overheads; ``tile_fraction`` is the row tile streamed
-    (None for kernel-by-kernel chips); ``tiles_per_kernel`` the integer split of the compute
+    (None for kernel-by-kernel chips); ``weights_streamed`` says whether the partition streams
+    its weights from DRAM (re-read per row tile, ``stream_extra_bytes`` of ``memory_bytes``)
+    rather than holding them resident (see :mod:`dfmodel.intra_chip.cost`); ``tiles_per_kernel`` the integer split of the compute
     tiles and ``integer_tile_compute_s`` its compute time (a diagnostic: the objective uses the
     continuous split, see :mod:`dfmodel.intra_chip.cost`).
     """
@@ -26,6 +28,8 @@ class PartitionReport:
     tiles_per_kernel: dict[str, int] = field(default_factory=dict)
     integer_tile_compute_s: float | None = None
     dram_live_bytes: float = 0.0
+    weights_streamed: bool = False
+    stream_extra_bytes: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
