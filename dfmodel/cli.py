@@ -185,6 +185,9 @@ def solve(
     solver: str = typer.Option("auto", help="auto | highs | gurobi."),
     time_limit: Optional[float] = typer.Option(None, help="Seconds per MILP solve."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the result as JSON to PATH, or '-' for stdout alone."),
+    plot_path: Optional[Path] = typer.Option(
+        None, "--plot", help="Save one figure: time breakdown beside the 1F1B pipeline timeline (.png, .svg, .pdf)."
+    ),
 ) -> None:
     """Find the fastest mapping of a workload on a system and report it."""
     from dfmodel.optimizer import optimize
@@ -196,6 +199,10 @@ def solve(
         distributed_optimizer=distributed_optimizer, num_chips=num_chips, solver=solver,
         time_limit_s=time_limit,
     )
+    if plot_path:
+        from dfmodel.plots import plot_result, save
+
+        save(plot_result(result), plot_path)
     if json_out == "-":
         sys.stdout.write(result.to_json() + "\n")
         return
@@ -203,6 +210,8 @@ def solve(
     if json_out:
         Path(json_out).write_text(result.to_json())
         out.print(f"wrote {json_out}")
+    if plot_path:
+        out.print(f"wrote {plot_path}")
 
 
 @app.command()
@@ -230,6 +239,29 @@ def validate(
     s = summary(rows)
     out.print(f"{s['evaluated']}/{s['cases']} cases: mean absolute error {s['mean_abs_error']:.1%}, "
               f"max absolute error {s['max_abs_error']:.1%}")
+
+
+@app.command()
+@guarded
+def plot(
+    results: Path = typer.Argument(..., help="A sweep's JSON-lines results file, or one result (dfmodel solve --json)."),
+    kind: str = typer.Option("breakdown", help="breakdown | pipeline | partitions | heatmap | pareto."),
+    x: Optional[str] = typer.Option(None, help="heatmap: field on x (e.g. system.chip.sram_bytes); pareto: cost_usd or power_w."),
+    y: Optional[str] = typer.Option(None, help="heatmap: field on y; pareto: default throughput.samples_per_s."),
+    value: str = typer.Option("throughput.samples_per_s", help="heatmap: the field shown in the cells."),
+    out_path: Path = typer.Option(..., "--out", "-o", help="Figure file (.png, .svg, .pdf)."),
+) -> None:
+    """Draw results: breakdown bars, a pipeline timeline or partitions (of the fastest result
+    in the file), or a heatmap / Pareto front over a sweep's points."""
+    from dfmodel.errors import InputError
+    from dfmodel.plots import plot_results_file, save
+
+    try:
+        fig = plot_results_file(results, kind, x=x, y=y, value=value)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InputError(str(exc), source=str(results), field=f"--kind {kind}") from None
+    save(fig, out_path)
+    out.print(f"wrote {out_path}")
 
 
 def main() -> None:  # console-script entry point

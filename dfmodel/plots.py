@@ -1,6 +1,33 @@
-"""Matplotlib figures. Each function returns a Figure that a notebook shows and the CLI saves."""
+"""Matplotlib figures. Each function returns a Figure that a notebook shows and the CLI saves.
+
+One result (a :class:`~dfmodel.result.Result` or its ``to_dict()``):
+
+- :func:`plot_breakdown` -- stacked bars of the iteration-time breakdown (several results side
+  by side for comparison);
+- :func:`plot_pipeline` -- the 1F1B (or interleaved 1F1B) timeline, re-simulated with
+  :func:`dfmodel.inter_chip.pipeline.simulate_1f1b` from the result's stage times;
+- :func:`plot_partitions` -- the intra-chip partitions over the kernel graph, with their times;
+- :func:`plot_result` -- breakdown and timeline side by side (what ``dfmodel solve --plot`` saves).
+
+Many results (the records of a sweep's JSON-lines file, the flat rows or DataFrame of
+:func:`dfmodel.sweeps.load_results`, or a list of ``Result``/``to_dict()``):
+
+- :func:`plot_heatmap` -- a value over two swept fields;
+- :func:`plot_pareto` -- throughput against cost or power, the Pareto front marked.
+
+Field names are the flat, dotted names of :func:`dfmodel.sweeps.load_results`: an override key
+as swept (``system.chip.sram_bytes``, ``num_chips``, ``tp``), the inputs ``workload`` and
+``system``, and the result's keys joined with dots (``throughput.samples_per_s``, ``cost_usd``,
+``breakdown_s.compute``, ``parallelism.tp``).
+"""
 
 from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -8,12 +35,643 @@ matplotlib.use("Agg")  # headless by default; notebooks switch backends themselv
 
 import matplotlib.pyplot as plt  # noqa: E402
 import networkx as nx  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from dfmodel.graph.graph import DataflowGraph  # noqa: E402
 from dfmodel.graph.kernel import Phase  # noqa: E402
+from dfmodel.result import BREAKDOWN_KEYS  # noqa: E402
 
 PHASE_COLORS = {Phase.forward: "#8ab4f8", Phase.backward: "#f6ae6b", Phase.weight_grad: "#81c995"}
+
+#: One colour per breakdown component (same order as :data:`dfmodel.result.BREAKDOWN_KEYS`).
+BREAKDOWN_COLORS = {
+    "compute": "#4c72b0",
+    "memory": "#55a868",
+    "tp_comm": "#c44e52",
+    "pp_comm": "#dd8452",
+    "dp_comm": "#8172b3",
+    "bubble": "#bbbbbb",
+    "optimizer": "#937860",
+    "input": "#da8bc3",
+}
+FORWARD_COLOR = "#4c72b0"
+BACKWARD_COLOR = "#dd8452"
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs: results and rows
+# --------------------------------------------------------------------------------------------
+
+
+def result_dict(result: Any) -> dict:
+    """A result as the plain dict of ``Result.to_dict()`` (accepts a Result, that dict, a
+    sweep record ``{"result": {...}}``, or a path to ``dfmodel solve --json`` output)."""
+    if hasattr(result, "to_dict") and hasattr(result, "breakdown_s"):
+        return result.to_dict()
+    if isinstance(result, (str, Path)):
+        return result_dict(json.loads(Path(result).read_text()))
+    if isinstance(result, Mapping):
+        if "breakdown_s" in result:
+            return dict(result)
+        if isinstance(result.get("result"), Mapping):
+            return dict(result["result"])
+        if result.get("result", 1) is None:
+            raise ValueError(f"point {result.get('id')} has no result ({result.get('error')})")
+    raise TypeError(f"expected a Result, its to_dict() or a sweep record, got {type(result).__name__}")
+
+
+def result_label(d: Mapping) -> str:
+    return f"{d.get('workload', '?')} on {d.get('system', '?')} ({d.get('num_chips', '?')} chips)"
+
+
+def _flatten(d: Mapping, prefix: str, out: dict) -> None:
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v and k not in ("overrides",):
+            _flatten(v, key + ".", out)
+        else:
+            out[key] = v
+
+
+def flatten_record(rec: Mapping) -> dict:
+    """One flat row of a sweep record (same keys as :func:`dfmodel.sweeps.record_row`).
+
+    A record is ``{"id", "inputs": {"workload", "system", "overrides", "fixed"}, "result" |
+    "error"}``; a bare ``Result.to_dict()`` is flattened as it is.
+    """
+    if "inputs" not in rec:
+        row: dict = {}
+        _flatten(rec, "", row)
+        return row
+    try:  # the sweep module's own flattening, when it is there
+        from dfmodel.sweeps import record_row
+
+        return record_row(dict(rec))
+    except ImportError:  # pragma: no cover - the fallback mirrors record_row
+        pass
+    inputs = rec.get("inputs", {})
+    err = rec.get("error")
+    row = {"id": rec.get("id"), "index": rec.get("index"),
+           "workload": inputs.get("workload"), "system": inputs.get("system")}
+    row.update(inputs.get("overrides", {}))
+    row.update({f"fixed.{k}": v for k, v in inputs.get("fixed", {}).items()})
+    row["error_type"] = err["type"] if isinstance(err, Mapping) else None
+    row["error"] = f"{err['type']}: {err['message']}" if isinstance(err, Mapping) else err
+    row["wall_s"] = rec.get("wall_s")
+    result = dict(rec.get("result") or {})
+    result.pop("workload", None)
+    result.pop("system", None)
+    _flatten(result, "", row)
+    return row
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a JSON-lines results file (a torn last line is skipped)."""
+    try:
+        from dfmodel.sweeps import read_records
+
+        return read_records(path)
+    except ImportError:  # pragma: no cover
+        pass
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def as_rows(data: Any) -> list[dict]:
+    """Flat rows from a results file path, a DataFrame, sweep records, flat rows or Results."""
+    if isinstance(data, (str, Path)):
+        data = read_jsonl(data)
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas DataFrame
+        return [dict(r) for r in data.to_dict("records")]
+    rows = []
+    for item in data:
+        if hasattr(item, "to_dict") and hasattr(item, "breakdown_s"):
+            item = item.to_dict()
+        rows.append(flatten_record(item) if ("inputs" in item or "breakdown_s" in item) else dict(item))
+    return rows
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def field(row: Mapping, key: str) -> Any:
+    """``row[key]`` of a flat row; None when absent or NaN."""
+    v = row.get(key)
+    if _missing(v) and key.startswith("result."):
+        v = row.get(key.removeprefix("result."))
+    return None if _missing(v) else v
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != 0 and (abs(v) >= 1e4 or abs(v) < 1e-2):
+            return f"{v:.3g}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+# --------------------------------------------------------------------------------------------
+# One result
+# --------------------------------------------------------------------------------------------
+
+
+def _time_scale(seconds: float) -> tuple[float, str]:
+    if seconds >= 1:
+        return 1.0, "s"
+    if seconds >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "us"
+
+
+def plot_breakdown(results: Any, labels: Sequence[str] | None = None, *, normalize: bool = False,
+                   stacked: bool = True, ax=None) -> Figure:
+    """The iteration time split into ``compute, memory, tp_comm, pp_comm, dp_comm, bubble,
+    optimizer, input``.
+
+    ``results``: one result or a list (Result, ``to_dict()`` or sweep record). ``stacked``:
+    one horizontal bar per result, stacked by component; else one bar per component (grouped
+    by result), labelled with its time and share. ``normalize`` shows shares of each iteration
+    instead of seconds. Every result has one bar segment per component (zero-width when the
+    component is zero), so ``len(ax.patches) = results x 8`` either way.
+    """
+    if isinstance(results, (Mapping, str, Path)) or hasattr(results, "breakdown_s"):
+        results = [results]
+    dicts = [result_dict(r) for r in results]
+    if not dicts:
+        raise ValueError("plot_breakdown needs at least one result")
+    labels = list(labels) if labels is not None else [result_label(d) for d in dicts]
+    if len(labels) != len(dicts):
+        raise ValueError(f"{len(labels)} labels for {len(dicts)} results")
+    totals = [sum(d["breakdown_s"].get(k, 0.0) for k in BREAKDOWN_KEYS) for d in dicts]
+    scale, unit = _time_scale(max(totals))
+    xlabel = "share of iteration" if normalize else f"time per iteration ({unit})"
+
+    def width(i: int, key: str) -> float:
+        v = dicts[i]["breakdown_s"].get(key, 0.0)
+        return v / totals[i] if normalize and totals[i] > 0 else v * scale
+
+    n = len(dicts)
+    if ax is None:
+        rows = n if stacked else len(BREAKDOWN_KEYS) * (n if n > 1 else 0.6)
+        fig, ax = plt.subplots(figsize=(9, 1.6 + 0.5 * rows), layout="constrained")
+    else:
+        fig = ax.figure
+    if stacked:
+        ys = list(range(n))[::-1]  # first result on top
+        left = [0.0] * n
+        for key in BREAKDOWN_KEYS:
+            widths = [width(i, key) for i in range(n)]
+            ax.barh(ys, widths, left=left, color=BREAKDOWN_COLORS[key], label=key, height=0.6,
+                    edgecolor="white", linewidth=0.5)
+            left = [a + b for a, b in zip(left, widths)]
+        for y, end, total in zip(ys, left, totals):
+            tscale, tunit = _time_scale(total)
+            ax.text(end, y, f" {total * tscale:.3g} {tunit}", va="center", fontsize=8)
+        ax.set_yticks(ys, labels, fontsize=8)
+        ax.set_xlim(0, max(left) * 1.18 if max(left) > 0 else 1)
+        ax.legend(ncols=4, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    else:
+        h = 0.8 / n
+        ymax = 0.0
+        for i in range(n):
+            ys = [len(BREAKDOWN_KEYS) - 1 - j + 0.4 - h * (i + 0.5) for j in range(len(BREAKDOWN_KEYS))]
+            widths = [width(i, k) for k in BREAKDOWN_KEYS]
+            ax.barh(ys, widths, height=h * 0.9, label=labels[i] if n > 1 else None,
+                    color=[BREAKDOWN_COLORS[k] for k in BREAKDOWN_KEYS], edgecolor="black",
+                    linewidth=0.4, alpha=1.0 if n == 1 else 1.0 - 0.5 * i / max(n - 1, 1))
+            for y, w, k in zip(ys, widths, BREAKDOWN_KEYS):
+                share = dicts[i]["breakdown_s"].get(k, 0.0) / totals[i] if totals[i] > 0 else 0.0
+                ax.text(w, y, f" {w:.3g} ({100 * share:.1f}%)" if not normalize else f" {100 * w:.1f}%",
+                        va="center", fontsize=7)
+            ymax = max(ymax, max(widths))
+        ax.set_yticks(range(len(BREAKDOWN_KEYS))[::-1], list(BREAKDOWN_KEYS), fontsize=8)
+        ax.set_xlim(0, ymax * 1.35 if ymax > 0 else 1)
+        if n > 1:
+            ax.legend(fontsize=7, frameon=False)
+        elif labels[0]:
+            ax.set_title(labels[0], fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+def pipeline_events(result: Any, p2p_s: float = 0.0):
+    """The simulated 1F1B events of a result's pipeline (see :func:`plot_pipeline`)."""
+    from dfmodel.inter_chip.pipeline import simulate_1f1b
+
+    d = result_dict(result)
+    pipe = d.get("pipeline") or {}
+    if not pipe.get("stage_forward_s"):
+        raise ValueError(f"{result_label(d)} has no pipeline (only LLM results have stage times)")
+    return simulate_1f1b(pipe["stage_forward_s"], pipe["stage_backward_s"], int(pipe["num_micro_batches"]),
+                         int(pipe.get("interleave") or 1), p2p_s=p2p_s)
+
+
+def _shade(color: str, i: int, n: int) -> tuple[float, float, float]:
+    """``color`` lightened for chunk ``i`` of ``n`` (chunk 0 darkest)."""
+    r, g, b = to_rgb(color)
+    f = 0.55 * i / max(n - 1, 1)
+    return (r + (1 - r) * f, g + (1 - g) * f, b + (1 - b) * f)
+
+
+def plot_pipeline(result: Any, *, p2p_s: float = 0.0, max_labels: int = 400, ax=None) -> Figure:
+    """The pipeline timeline of one iteration: forward (blue) and backward (orange) of every
+    micro-batch on every stage, as the 1F1B schedule runs them (interleaved chunks lighter).
+
+    Re-simulated by :func:`~dfmodel.inter_chip.pipeline.simulate_1f1b` from the result's
+    ``pipeline`` (stage times per micro-batch, micro-batch count, interleave); ``p2p_s`` adds a
+    latency per stage-to-stage transfer (the result does not store it; 0 by default). The data-
+    parallel sync and the optimizer step after the pipeline are not drawn. One rectangle per
+    event: ``pp x m x 2 x v`` in ``ax.patches``. Micro-batch numbers are written in the
+    rectangles when there are at most ``max_labels`` of them.
+    """
+    from matplotlib.patches import Patch, Rectangle
+
+    d = result_dict(result)
+    events = pipeline_events(d, p2p_s=p2p_s)
+    pipe = d["pipeline"]
+    pp = len(pipe["stage_forward_s"])
+    v = int(pipe.get("interleave") or 1)
+    m = int(pipe["num_micro_batches"])
+    span = max(e.end_s for e in events)
+    scale, unit = _time_scale(span)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(11, 1.4 + 0.45 * pp), layout="constrained")
+    else:
+        fig = ax.figure
+    # number the micro-batches only when every rectangle has room for its number
+    digits = len(str(m - 1))
+    edge = 0.4 if len(events) <= 100 * pp else 0.0  # white separators only while they stay thin
+    label = len(events) <= max_labels and min(e.end_s - e.start_s for e in events) >= span * 0.006 * digits
+    for e in events:
+        base = FORWARD_COLOR if e.kind == "F" else BACKWARD_COLOR
+        x, w = e.start_s * scale, (e.end_s - e.start_s) * scale
+        ax.add_patch(Rectangle((x, e.stage - 0.4), w, 0.8, facecolor=_shade(base, e.chunk, v),
+                               edgecolor="white", linewidth=edge))
+        if label:
+            ax.text(x + w / 2, e.stage, str(e.micro_batch), ha="center", va="center", fontsize=6,
+                    color="white" if e.chunk == 0 else "black")
+    busy = sum(e.end_s - e.start_s for e in events)
+    idle = 1 - busy / (pp * span) if span > 0 else 0.0
+    ax.set_xlim(0, span * scale * 1.01)
+    ax.set_ylim(pp - 0.5, -0.5)  # stage 0 on top
+    ax.set_yticks(range(pp), [f"stage {i}" for i in range(pp)], fontsize=8)
+    ax.set_xlabel(f"time ({unit})")
+    layers = pipe.get("layers_per_stage")
+    sub = f", layers per stage {layers}" if layers and len(set(layers)) > 1 else (
+        f", {layers[0]} layers per stage" if layers else "")
+    ax.set_title(f"1F1B pipeline: pp {pp}, {m} micro-batches, interleave {v}{sub}; "
+                 f"{span * scale:.3g} {unit}, idle {100 * idle:.1f}%"
+                 + (f" (chunks 0-{v - 1} dark to light)" if v > 1 else ""), fontsize=9)
+    handles = [Patch(color=FORWARD_COLOR, label="forward"), Patch(color=BACKWARD_COLOR, label="backward")]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+def plot_result(result: Any, *, p2p_s: float = 0.0) -> Figure:
+    """Breakdown (left) and pipeline timeline (right) of one result, in one figure; results
+    without a pipeline (non-LLM families) get the breakdown alone."""
+    d = result_dict(result)
+    has_pipe = bool((d.get("pipeline") or {}).get("stage_forward_s"))
+    if not has_pipe:
+        fig = plot_breakdown(d, labels=[""], stacked=False)
+        fig.suptitle(result_label(d), fontsize=10)
+        return fig
+    pp = len(d["pipeline"]["stage_forward_s"])
+    fig = plt.figure(figsize=(16, max(3.2, 1.6 + 0.45 * pp)), layout="constrained")
+    left, right = fig.subfigures(1, 2, width_ratios=[1, 2.4])
+    plot_breakdown(d, labels=[""], stacked=False, ax=left.subplots())
+    plot_pipeline(d, p2p_s=p2p_s, ax=right.subplots())
+    par = d.get("parallelism", {})
+    tput = (d.get("throughput") or {}).get("samples_per_s")
+    fig.suptitle(f"{result_label(d)}: TP {par.get('tp')} x PP {par.get('pp')} x DP {par.get('dp')}, "
+                 f"{_fmt(d['iteration_time_s'])} s per iteration"
+                 + (f", {_fmt(tput)} samples/s" if tput else ""), fontsize=10)
+    return fig
+
+
+def _partition_colors(n: int) -> list:
+    cmap = plt.get_cmap("tab20" if n <= 20 else "turbo")
+    if n <= 20:
+        # tab20 pairs dark/light shades: take the darks first so neighbours differ most
+        order = list(range(0, 20, 2)) + list(range(1, 20, 2))
+        return [cmap(order[i] / 19.999) for i in range(n)]
+    return [cmap(i / max(n - 1, 1)) for i in range(n)]
+
+
+def partitions_of(result: Any) -> list[dict]:
+    """The intra-chip partitions (kernel lists and times) of a result or a PartitionResult."""
+    if hasattr(result, "partitions") and not isinstance(result, Mapping):
+        return [p.to_dict() if hasattr(p, "to_dict") else dict(p) for p in result.partitions]
+    if isinstance(result, Sequence) and not isinstance(result, (str, Mapping)):
+        return [p.to_dict() if hasattr(p, "to_dict") else dict(p) for p in result]
+    intra = result_dict(result).get("intra_chip") or {}
+    return list(intra.get("partitions") or [])
+
+
+def _graph_of_result(d: Mapping) -> DataflowGraph | None:
+    """The one-layer (or one-step) kernel graph of a result's workload, if it is a preset."""
+    from dfmodel.errors import DFModelError
+    from dfmodel.graph.build import build_graphs
+    from dfmodel.graph.workload import load_workload
+
+    try:
+        return build_graphs(load_workload(d["workload"])).layer
+    except (DFModelError, KeyError, AttributeError, OSError, ValueError):
+        return None
+
+
+def plot_partitions(graph: Any, partition_result: Any = None) -> Figure:
+    """The intra-chip partitions over the kernel graph (top) and their times (bottom).
+
+    ``plot_partitions(graph, partition_result)`` with a :class:`DataflowGraph` and a
+    :class:`~dfmodel.intra_chip.PartitionResult` (or its partition list); or
+    ``plot_partitions(result)`` with an optimizer result, whose workload's layer graph is
+    rebuilt from the presets.
+
+    Kernels are laid out left to right in execution order, coloured by partition (through
+    :func:`draw_graph`'s ``colors``), each partition shaded over its kernels; below, one bar
+    per partition under its kernels with its time per micro-batch and its compute / memory /
+    network terms. Kernels the graph does not have (the collectives that sharding inserts,
+    ``comm*``) are counted in the bar labels only; when the graph cannot be rebuilt or other
+    names do not match, only the bars are drawn. ``len(bar axes .patches) = partitions``.
+    """
+    if partition_result is None:
+        d = result_dict(graph)
+        parts = partitions_of(d)
+        graph = _graph_of_result(d)
+        title = f"{result_label(d)}: {len(parts)} partitions per layer (forward + backward)"
+    else:
+        parts = partitions_of(partition_result)
+        title = f"{getattr(graph, 'name', 'graph')}: {len(parts)} partitions"
+    if not parts:
+        raise ValueError("no intra-chip partitions to draw")
+    colors = _partition_colors(len(parts))
+    if graph is not None:
+        known = {k.name for k in graph.kernels}
+        extra = {k for p in parts for k in p["kernels"]} - known
+        if any(not k.startswith("comm") for k in extra):
+            graph = None
+    # x slots: one per drawn kernel (graph) or one per partition (no graph)
+    spans, slot = [], 0
+    for p in parts:
+        n = sum(1 for k in p["kernels"] if k in known) if graph is not None else 1
+        n = max(n, 1)
+        spans.append((slot, slot + n))
+        slot += n
+    if graph is not None:
+        fig = plt.figure(figsize=(min(max(11.0, 0.42 * slot), 30), 8.5), layout="constrained")
+        ax_g, ax_b = fig.subplots(2, 1, height_ratios=[3, 2], sharex=True)
+        kernel_color, pos, i = {}, {}, 0
+        for pi, p in enumerate(parts):
+            for k in p["kernels"]:
+                if k in known:
+                    kernel_color[k] = colors[pi]
+                    pos[k] = (float(i), (0.0, 1.0, 0.5)[i % 3])
+                    i += 1
+        drawn = [k for k in graph.kernels if k.name in pos]
+        sub = DataflowGraph(drawn, [t for t in graph.tensors if t.producer in pos and t.consumer in pos
+                                   or (t.producer in pos and t.consumer is None)
+                                   or (t.consumer in pos and t.producer is None)], name=graph.name)
+        draw_graph(sub, colors=kernel_color, ax=ax_g, pos=pos, label_rotation=35)
+        for pi, (a, b) in enumerate(spans):
+            ax_g.axvspan(a - 0.45, b - 0.55, color=colors[pi], alpha=0.12, linewidth=0)
+        ax_g.set_ylim(-0.4, 1.6)
+        ax_g.set_title(title, fontsize=10)
+    else:
+        fig, ax_b = plt.subplots(figsize=(max(8.0, 0.35 * len(parts)), 4), layout="constrained")
+        ax_b.set_title(title, fontsize=10)
+    times = [p["time_s"] for p in parts]
+    scale, unit = _time_scale(max(times))
+    xs = [(a + b - 1) / 2 for a, b in spans]
+    ax_b.bar(xs, [t * scale for t in times], width=[(b - a) - 0.1 for a, b in spans], color=colors,
+             edgecolor="black", linewidth=0.4)
+    for key, marker in (("compute_s", "_"), ("memory_s", "x"), ("network_s", ".")):
+        vals = [p.get(key, 0.0) * scale for p in parts]
+        if any(vals):
+            ax_b.scatter(xs, vals, marker=marker, color="black", s=25, zorder=3, label=key.removesuffix("_s"))
+    labels = [p["kernels"][0] + (f" +{len(p['kernels']) - 1}" if len(p["kernels"]) > 1 else "") for p in parts]
+    ax_b.set_xticks(xs, labels, rotation=60 if len(parts) > 4 else 0, ha="right" if len(parts) > 4 else "center",
+                    fontsize=7)
+    ax_b.tick_params(axis="x", labelbottom=True)
+    ax_b.set_ylabel(f"time per micro-batch ({unit})")
+    ax_b.legend(fontsize=7, frameon=False)
+    ax_b.set_xlim(-0.6, slot + 0.2)
+    ax_b.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Many results (sweeps)
+# --------------------------------------------------------------------------------------------
+
+
+def _sort_key(v: Any):
+    return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, str(v))
+
+
+def plot_heatmap(rows: Any, x: str, y: str, value: str = "throughput.samples_per_s", *,
+                 reduce: str = "max", fmt: str = "{:.3g}", cmap: str = "viridis", ax=None) -> Figure:
+    """``value`` over the grid of ``x`` and ``y`` values (each a field name, e.g. an override
+    key ``system.chip.sram_bytes``), one annotated cell each.
+
+    Several rows in one cell (other fields varied too) are reduced with ``reduce`` (``max``,
+    ``min`` or ``mean``); a cell with no successful row is grey with "-". The figure keeps the
+    grid in ``fig.dfmodel_grid`` (``{"x": [...], "y": [...], "values": [[...]]}``, None for
+    missing cells).
+    """
+    import numpy as np
+
+    rows = as_rows(rows)
+    cells: dict[tuple, list[float]] = {}
+    xs, ys = set(), set()
+    for r in rows:
+        xv, yv = field(r, x), field(r, y)
+        if xv is None or yv is None:
+            continue
+        xs.add(xv)
+        ys.add(yv)
+        val = field(r, value)
+        if val is not None and not field(r, "error"):
+            cells.setdefault((xv, yv), []).append(float(val))
+    if not xs or not ys:
+        raise ValueError(f"no rows with both {x!r} and {y!r}")
+    xs_l, ys_l = sorted(xs, key=_sort_key), sorted(ys, key=_sort_key)
+    agg = {"max": max, "min": min, "mean": lambda v: sum(v) / len(v)}[reduce]
+    grid = np.full((len(ys_l), len(xs_l)), np.nan)
+    for (xv, yv), vals in cells.items():
+        grid[ys_l.index(yv), xs_l.index(xv)] = agg(vals)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(xs_l), 1.4 + 0.55 * len(ys_l)), layout="constrained")
+    else:
+        fig = ax.figure
+    ax.set_facecolor("#dddddd")
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto", origin="lower")
+    finite = grid[np.isfinite(grid)]
+    mid = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+    for i in range(len(ys_l)):
+        for j in range(len(xs_l)):
+            v = grid[i, j]
+            text = "-" if not np.isfinite(v) else fmt.format(v)
+            dark = np.isfinite(v) and v < mid
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xticks(range(len(xs_l)), [_fmt(v) for v in xs_l], fontsize=7, rotation=30 if len(xs_l) > 6 else 0)
+    ax.set_yticks(range(len(ys_l)), [_fmt(v) for v in ys_l], fontsize=7)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    fig.colorbar(im, ax=ax, label=value, shrink=0.9)
+    ax.set_title(f"{value} ({reduce} per cell)" if any(len(v) > 1 for v in cells.values()) else value, fontsize=9)
+    fig.dfmodel_grid = {"x": xs_l, "y": ys_l,
+                        "values": [[None if not np.isfinite(v) else float(v) for v in row] for row in grid]}
+    return fig
+
+
+def pareto_front(points: Iterable[tuple[float, float]], *, minimize_x: bool = True,
+                 maximize_y: bool = True) -> list[int]:
+    """Indices of the non-dominated points, sorted by x.
+
+    A point dominates another when it is at least as good on both axes and better on one
+    (default: lower x, higher y). Equal points are all kept.
+
+    >>> pareto_front([(1, 1), (2, 3), (3, 2), (2, 2)])
+    [0, 1]
+    """
+    pts = [(float(a), float(b)) for a, b in points]
+    sx = 1 if minimize_x else -1
+    sy = 1 if maximize_y else -1
+
+    def dominates(p, q):
+        better_eq = sx * p[0] <= sx * q[0] and sy * p[1] >= sy * q[1]
+        return better_eq and (p[0] != q[0] or p[1] != q[1])
+
+    front = [i for i, q in enumerate(pts) if not any(dominates(p, q) for p in pts)]
+    return sorted(front, key=lambda i: (sx * pts[i][0], -sy * pts[i][1]))
+
+
+def plot_pareto(rows: Any, x: str = "cost_usd", y: str = "throughput.samples_per_s", *,
+                label: str | None = None, hue: str | None = None, minimize_x: bool = True,
+                logx: bool | None = None, logy: bool = False, annotate_front: bool = True, ax=None) -> Figure:
+    """Scatter of ``y`` (higher is better) against ``x`` (``cost_usd`` or ``power_w``, lower is
+    better) over the rows that succeeded; the Pareto front is joined by a step line and its
+    points ringed (and labelled with the ``label`` field, default ``system``).
+
+    ``hue`` colours the points by a field (e.g. ``chip.execution`` in your own rows). The
+    figure keeps the front in ``fig.dfmodel_front`` (list of ``(x, y, label)``).
+    """
+    rows = [r for r in as_rows(rows) if not field(r, "error")]
+    pts, labs, hues = [], [], []
+    for r in rows:
+        xv, yv = field(r, x), field(r, y)
+        if xv is None or yv is None:
+            continue
+        pts.append((float(xv), float(yv)))
+        labs.append(str(field(r, label or "system") or field(r, "id") or ""))
+        hues.append(field(r, hue) if hue else None)
+    if not pts:
+        raise ValueError(f"no successful rows with both {x!r} and {y!r}")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, 5.5), layout="constrained")
+    else:
+        fig = ax.figure
+    groups = sorted(set(hues), key=_sort_key) if hue else [None]
+    palette = plt.get_cmap("tab10")
+    for gi, g in enumerate(groups):
+        idx = [i for i, h in enumerate(hues) if h == g]
+        ax.scatter([pts[i][0] for i in idx], [pts[i][1] for i in idx], s=28, alpha=0.8,
+                   color=palette(gi % 10), label=str(g) if hue else "points")
+    front = pareto_front(pts, minimize_x=minimize_x)
+    fx, fy = [pts[i][0] for i in front], [pts[i][1] for i in front]
+    ax.step(fx, fy, where="post", color="black", linewidth=1, label="Pareto front")
+    ax.scatter(fx, fy, s=90, facecolors="none", edgecolors="black", linewidths=1.2)
+    if annotate_front:
+        for i in front:
+            ax.annotate(labs[i], pts[i], textcoords="offset points", xytext=(4, 4), fontsize=7)
+    spread = max(p[0] for p in pts) / max(min(p[0] for p in pts), 1e-300)
+    if logx if logx is not None else spread > 30:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(f"{y} vs {x}: {len(front)} of {len(pts)} points on the Pareto front", fontsize=9)
+    ax.legend(fontsize=7, frameon=False)
+    ax.grid(alpha=0.3)
+    fig.dfmodel_front = [(pts[i][0], pts[i][1], labs[i]) for i in front]
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Files (the ``dfmodel plot`` command)
+# --------------------------------------------------------------------------------------------
+
+PLOT_KINDS = ("breakdown", "pipeline", "partitions", "heatmap", "pareto")
+
+
+def load_results_file(path: str | Path) -> list[dict]:
+    """Records of a results file: a sweep's JSON lines, or one ``dfmodel solve --json`` result
+    (returned as a one-record list ``[{"id": stem, "inputs": ..., "result": ...}]``)."""
+    from dfmodel.errors import InputError
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read file ({exc.strerror or exc})", source=str(path)) from None
+    try:
+        one = json.loads(text)
+    except ValueError:
+        one = None
+    if isinstance(one, dict) and "breakdown_s" in one:
+        return [{"id": path.stem, "inputs": {"workload": one.get("workload"), "system": one.get("system"),
+                                             "overrides": {}, "fixed": {}}, "result": one, "error": None}]
+    records = read_jsonl(path)
+    if not records:
+        raise InputError("no results in file (expected JSON lines of a sweep or one result JSON)", source=str(path))
+    return records
+
+
+def _record_label(rec: Mapping) -> str:
+    inputs = rec.get("inputs") or {}
+    over = ", ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in (inputs.get("overrides") or {}).items())
+    return f"{inputs.get('workload')} / {inputs.get('system')}" + (f" ({over})" if over else "")
+
+
+def plot_results_file(path: str | Path, kind: str = "breakdown", *, x: str | None = None, y: str | None = None,
+                      value: str = "throughput.samples_per_s") -> Figure:
+    """The figure ``dfmodel plot`` saves (see :data:`PLOT_KINDS`): ``breakdown`` draws one bar
+    per successful point; ``pipeline`` and ``partitions`` the fastest point's; ``heatmap`` needs
+    ``x`` and ``y``; ``pareto`` takes ``x`` (default ``cost_usd``) and ``y`` (default
+    ``throughput.samples_per_s``)."""
+    if kind not in PLOT_KINDS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(PLOT_KINDS)}")
+    records = load_results_file(path)
+    ok = [r for r in records if r.get("result")]
+    if kind == "heatmap":
+        if not x or not y:
+            raise ValueError("a heatmap needs --x and --y (swept fields, e.g. system.chip.sram_bytes)")
+        return plot_heatmap(records, x, y, value)
+    if kind == "pareto":
+        return plot_pareto(records, x or "cost_usd", y or "throughput.samples_per_s")
+    if not ok:
+        raise ValueError("no point of the file has a result")
+    if kind == "breakdown":
+        return plot_breakdown([r["result"] for r in ok], labels=[_record_label(r) for r in ok])
+    best = min(ok, key=lambda r: r["result"]["iteration_time_s"])
+    return plot_pipeline(best["result"]) if kind == "pipeline" else plot_partitions(best["result"])
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel graph
+# --------------------------------------------------------------------------------------------
 
 
 def layered_positions(graph: DataflowGraph) -> dict[str, tuple[float, float]]:
@@ -25,25 +683,48 @@ def layered_positions(graph: DataflowGraph) -> dict[str, tuple[float, float]]:
     return nx.multipartite_layout(g, subset_key="layer")
 
 
-def draw_graph(graph: DataflowGraph, colors: dict[str, str] | None = None) -> Figure:
-    """The kernel graph, coloured by phase (or by ``colors``: kernel name -> colour)."""
-    pos = layered_positions(graph)
-    width = max(8.0, 0.6 * len(set(x for x, _ in pos.values())))
-    fig, ax = plt.subplots(figsize=(width, 6))
+def draw_graph(graph: DataflowGraph, colors: dict[str, Any] | None = None, ax=None, *,
+               pos: dict[str, tuple[float, float]] | None = None, label_rotation: float = 0) -> Figure:
+    """The kernel graph, coloured by phase (or by ``colors``: kernel name -> colour).
+
+    ``pos`` places the kernels (default: :func:`layered_positions`); ``ax`` draws into an
+    existing axes.
+    """
+    pos = pos or layered_positions(graph)
+    if ax is None:
+        width = max(8.0, 0.6 * len(set(x for x, _ in pos.values())))
+        fig, ax = plt.subplots(figsize=(width, 6))
+    else:
+        fig = ax.figure
     node_colors = [
         (colors or {}).get(k.name, PHASE_COLORS[k.phase]) for k in graph.kernels
     ]
+    g = nx.DiGraph(graph.nx)
     nx.draw_networkx(
-        nx.DiGraph(graph.nx),
+        g,
         pos,
         ax=ax,
         nodelist=[k.name for k in graph.kernels],
         node_color=node_colors,
         node_size=300,
+        with_labels=label_rotation == 0,
         font_size=6,
         arrowsize=8,
         edge_color="#999999",
     )
+    if label_rotation:
+        texts = nx.draw_networkx_labels(g, {k: (x, y) for k, (x, y) in pos.items()}, ax=ax, font_size=6,
+                                        verticalalignment="bottom", horizontalalignment="left")
+        for t in texts.values():
+            t.set_rotation(label_rotation)
     ax.set_title(f"{graph.name}: {len(graph.kernels)} kernels")
     ax.axis("off")
     return fig
+
+
+def save(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
+    """Write ``fig`` (format from the suffix) and close it."""
+    path = Path(path)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return path
