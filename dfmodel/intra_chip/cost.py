@@ -286,12 +286,20 @@ class CostModel:
         S = np.asfortranarray(S, dtype=bool)  # column access below is then contiguous
         m = S.shape[0]
         Sf = S.astype(float)
-        mem = Sf @ self.extra_bytes
-        stream = 2.0 * (Sf @ self.accumulator_bytes)  # Q: re-read per extra streamed row tile
+
+        def per_kernel(values):  # Sf @ values; einsum avoids BLAS threads, ~10x faster on these shapes
+            return np.einsum("ij,j->i", Sf, values)
+
+        mem = per_kernel(self.extra_bytes)
+        stream = 2.0 * per_kernel(self.accumulator_bytes)  # Q: re-read per extra streamed row tile
         sram_scaled = np.zeros(m)  # bytes at tile fraction 1 that shrink with the tile
         sram_fixed = np.zeros(m)  # bytes that do not (weights, weight-gradient accumulators)
         touched = np.zeros(m)  # row-scaled bytes touched: sram_scaled >= touched, monotone
         none = np.zeros(m, dtype=bool)
+
+        def add(arr, value, where):  # arr[where] += value (a multiply beats masked/fancy indexing)
+            arr += value * where
+
         for t in self.tensors:
             prod_in = S[:, t.producer] if t.producer >= 0 else none
             any_c, all_c = none, ~none
@@ -302,24 +310,24 @@ class CostModel:
             leaves = prod_in & (t.is_output | ~all_c)
             internal = prod_in & any_c
             crossing = enters | leaves  # exclusive: enter needs the producer outside, leave inside
-            mem[crossing] += t.bytes
+            add(mem, t.bytes, crossing)
             if t.row_scaled:
-                sram_scaled[internal] += t.bytes
-                sram_scaled[crossing] += 2.0 * t.bytes
-                touched[prod_in | any_c] += t.bytes
+                add(sram_scaled, t.bytes, internal)
+                add(sram_scaled, 2.0 * t.bytes, crossing)
+                add(touched, t.bytes, prod_in | any_c)
             else:
-                sram_fixed[prod_in | any_c] += t.bytes
+                add(sram_fixed, t.bytes, prod_in | any_c)
         for w in self.weights:
             used = none
             for k in w.kernels:
                 used = used | S[:, k]
-            mem[used] += w.bytes
-            sram_fixed[used] += w.bytes
-            stream[used] += w.bytes
+            add(mem, w.bytes, used)
+            add(sram_fixed, w.bytes, used)
+            add(stream, w.bytes, used)
         return {
             "count": S.sum(axis=1),
-            "compute_s": Sf @ self.compute_s,
-            "network_s": Sf @ self.network_s,
+            "compute_s": per_kernel(self.compute_s),
+            "network_s": per_kernel(self.network_s),
             "memory_bytes": mem,
             "memory_s": mem * self.s_per_byte,
             "sram_scaled": sram_scaled,

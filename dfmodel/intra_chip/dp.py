@@ -138,9 +138,13 @@ def transitions(
         return Edges(np.zeros(0, int), np.zeros(0, int), np.zeros(0))
     src, dst = np.concatenate(src_l), np.concatenate(dst_l)
     words = packed[dst] & ~packed[src]
-    keys = np.ascontiguousarray(words).view(np.dtype((np.void, words.dtype.itemsize * words.shape[1]))).ravel()
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    sets = _unpack(words[first], cm.n)
+    if words.shape[1] == 1:  # up to 64 kernels: integer keys sort much faster than byte strings
+        uniq, inverse = np.unique(words[:, 0], return_inverse=True)
+        sets = _unpack(uniq[:, None], cm.n)
+    else:
+        keys = np.ascontiguousarray(words).view(np.dtype((np.void, words.dtype.itemsize * words.shape[1]))).ravel()
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        sets = _unpack(words[first], cm.n)
     feasible = np.zeros(sets.shape[0], dtype=bool)
     cost = np.zeros(sets.shape[0])
     for a in range(0, sets.shape[0], _CHUNK):
