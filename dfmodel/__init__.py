@@ -25,6 +25,8 @@ _EXPORTS = {
     "DFModelError": "dfmodel.errors",
     "InputError": "dfmodel.errors",
     "InfeasibleError": "dfmodel.errors",
+    "sweep": "dfmodel.sweeps",
+    "load_results": "dfmodel.sweeps",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -243,6 +243,24 @@ def validate(
 
 @app.command()
 @guarded
+def sweep(
+    spec: Path = typer.Argument(..., help="Sweep YAML: workloads, systems, overrides, zip, fixed (see dfmodel.sweeps)."),
+    out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON-lines results file (default: SPEC.jsonl)."),
+    workers: Optional[int] = typer.Option(None, help="Points run in parallel (default: one per core)."),
+    resume: bool = typer.Option(False, "--resume", help="Run only the points not already in --out."),
+    executor: str = typer.Option("process", help="process (this machine) | ray."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster address (default or unreachable: local Ray)."),
+) -> None:
+    """Run one optimize per point of a design-space grid; each result is appended to --out at once."""
+    from dfmodel.sweeps import summary, sweep as run_sweep
+
+    target = out_path or spec.with_suffix(".jsonl")
+    records = run_sweep(spec, out=target, workers=workers, resume=resume, executor=executor, address=address)
+    out.print(summary(records, target), highlight=False)
+
+
+@app.command()
+@guarded
 def plot(
     results: Path = typer.Argument(..., help="A sweep's JSON-lines results file, or one result (dfmodel solve --json)."),
     kind: str = typer.Option("breakdown", help="breakdown | pipeline | partitions | heatmap | pareto."),
