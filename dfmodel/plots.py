@@ -431,8 +431,9 @@ def plot_partitions(graph: Any, partition_result: Any = None) -> Figure:
     if graph is not None:
         fig = plt.figure(figsize=(min(max(11.0, 0.42 * slot), 30), 8.5), layout="constrained")
         ax_g, ax_b = fig.subplots(2, 1, height_ratios=[3, 2], sharex=True)
-        kernel_color, pos, i = {}, {}, 0
+        kernel_color, pos = {}, {}
         for pi, p in enumerate(parts):
+            i = spans[pi][0]
             for k in p["kernels"]:
                 if k in known:
                     kernel_color[k] = colors[pi]

@@ -108,6 +108,7 @@ def test_partitions_over_a_graph_colour_kernels_by_partition():
     assert len(nodes.get_offsets()) == len(graph.kernels)
     # as many distinct node colours as partitions
     assert len({tuple(c) for c in nodes.get_facecolors()}) == pr.num_partitions
+    assert_nodes_above_their_bars(fig)
 
 
 # ---------------------------------------------------------------------------------- sweeps
@@ -198,6 +199,18 @@ def test_real_result_plots(solved):
     assert len(fig.axes) == 2
     fig = plots.plot_partitions(result)
     assert len(fig.axes[-1].patches) == len(result["intra_chip"]["partitions"])
+    assert any(k.startswith("comm") for p in result["intra_chip"]["partitions"] for k in p["kernels"])
+    assert_nodes_above_their_bars(fig)
+
+
+def assert_nodes_above_their_bars(fig):
+    """Every kernel node sits over its partition's bar and has the bar's colour."""
+    ax_graph, ax_bars = fig.axes
+    nodes = ax_graph.collections[0]
+    bars = ax_bars.patches
+    for (x, _), color in zip(nodes.get_offsets(), nodes.get_facecolors()):
+        (bar,) = [b for b in bars if b.get_x() <= x <= b.get_x() + b.get_width()]
+        assert tuple(bar.get_facecolor()) == pytest.approx(tuple(color))
 
 
 @pytest.mark.parametrize("kind,extra", [("heatmap", ["--x", "chip.a", "--y", "net.b"]), ("pareto", []),
