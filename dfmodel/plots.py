@@ -477,7 +477,18 @@ def plot_partitions(graph: Any, partition_result: Any = None) -> Figure:
 
 
 def _sort_key(v: Any):
-    return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, str(v))
+    """Numbers by value, quantity strings ("2 TB/s", "640 MB") by their value too, then the rest."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (0, float(v), "")
+    if isinstance(v, str):
+        from dfmodel.system.units import parse_quantity
+
+        for kind in ("bytes", "bandwidth", "flops", "time"):
+            try:
+                return (0, parse_quantity(v, kind), v)
+            except (ValueError, TypeError):
+                continue
+    return (1, 0.0, str(v))
 
 
 def plot_heatmap(rows: Any, x: str, y: str, value: str = "throughput.samples_per_s", *,
@@ -664,6 +675,7 @@ def plot_results_file(path: str | Path, kind: str = "breakdown", *, x: str | Non
         return plot_pareto(records, x or "cost_usd", y or "throughput.samples_per_s")
     if not ok:
         raise ValueError("no point of the file has a result")
+    ok.sort(key=lambda r: (r.get("index") is None, r.get("index") or 0))  # grid order, not finishing order
     if kind == "breakdown":
         return plot_breakdown([r["result"] for r in ok], labels=[_record_label(r) for r in ok])
     best = min(ok, key=lambda r: r["result"]["iteration_time_s"])

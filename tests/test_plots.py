@@ -233,3 +233,17 @@ def test_plot_command_bad_input_is_one_line_exit_2(tmp_path):
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     proc = cli("plot", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "x.png"))
     assert proc.returncode == 2 and "cannot read" in proc.stderr
+
+
+def test_heatmap_orders_quantity_strings_by_value(tmp_path):
+    recs = [record(i, {"system.chip.memory.bandwidth_Bps": bw, "num_chips": n}, fake_result(tput=float(i)))
+            for i, (bw, n) in enumerate([(bw, n) for bw in ("10 TB/s", "2 TB/s", "500 GB/s") for n in (16, 8)])]
+    g = plots.plot_heatmap(recs, "system.chip.memory.bandwidth_Bps", "num_chips").dfmodel_grid
+    assert g["x"] == ["500 GB/s", "2 TB/s", "10 TB/s"] and g["y"] == [8, 16]
+    assert g["values"] == [[5.0, 3.0, 1.0], [4.0, 2.0, 0.0]]
+    # the sweep module's DataFrame gives the same grid
+    sweeps = pytest.importorskip("dfmodel.sweeps")
+    pytest.importorskip("pandas")
+    f = tmp_path / "r.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert plots.plot_heatmap(sweeps.load_results(f), "system.chip.memory.bandwidth_Bps", "num_chips").dfmodel_grid == g
