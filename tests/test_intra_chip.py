@@ -303,3 +303,30 @@ def test_milp_coefficients_are_scaled():
     assert any(s for _, s in form.options) and form.y is not None  # streamed options are modelled
     for arr in (form.model.A.data, form.model.c[form.model.c != 0]):
         assert abs(arr).max() < 1e7 and abs(arr).min() > 1e-6
+
+
+def test_gpt3_1t_tp8_layer_fits_sn30_only_by_streaming():
+    # one fc1 / fc2 weight shard at TP 8 is 655 MB, over the chip's 640 MB of SRAM
+    import dfmodel
+    from dfmodel.graph.build import build_graph
+    from dfmodel.inter_chip.sharding import TPGroup, shard
+    from dfmodel.netmodels import CostTable
+    from dfmodel.system.loader import load_system
+
+    system = load_system("sn30")
+    graph = build_graph(dfmodel.load_workload("gpt3_1t"), batch=1)
+    out = shard(graph, system, TPGroup(8, (("x", 8),)), CostTable(system), sequence_parallel=True)
+    g = out.graph
+    assert max(k.weight_bytes for k in g.kernels) > system.chip.sram_bytes
+    for forward in (True, False):
+        names = [k.name for k in g.kernels if (k.phase == Phase.forward) == forward]
+        sub = g.subgraph(names, name="fwd" if forward else "bwd")
+        net = {n: out.network_time_s[n] for n in names if n in out.network_time_s}
+        with pytest.raises(InfeasibleError, match="resident weights"):
+            partition(sub, system, network_time_s=net, weight_streaming=False)
+        r = partition(sub, system, network_time_s=net)
+        assert r.proven_optimal and any(p.weights_streamed for p in r.partitions)
+        assert all(p.sram_bytes <= system.chip.sram_bytes for p in r.partitions)
+        if forward:
+            m = partition(sub, system, network_time_s=net, method="milp", solver="highs")
+            assert m.proven_optimal and m.time_s == pytest.approx(r.time_s, rel=REL)
