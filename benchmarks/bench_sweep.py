@@ -10,6 +10,7 @@ printed apart. Default: one run with 1 worker and one with a worker per core, to
 from __future__ import annotations
 
 import argparse
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -27,21 +28,31 @@ SPEC = {
 }
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the pool's workers, once shut down)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="*", default=None, help="worker counts to time")
     ap.add_argument("--executor", default="process", choices=("process", "ray"))
     args = ap.parse_args()
     counts = args.workers or sorted({1, default_workers()})
-    table = Table("executor", "workers", "points", "solved", "failed", "wall s", "points/min", "solved/min")
+    table = Table("executor", "workers", "points", "solved", "failed", "wall s", "points/min", "solved/min",
+                  "CPU s / point")
     for n in counts:
         with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s()
             recs = sweep(SPEC, out=Path(tmp) / "r.jsonl", workers=n, executor=args.executor, progress=False)
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
         solved = sum(r["error"] is None for r in recs)
+        # CPU seconds do not depend on what else the machine runs: cores / (CPU s per point) is
+        # the rate an otherwise idle machine would reach (Ray workers are not our children: n/a)
         table.add_row(args.executor, str(n), str(len(recs)), str(solved), str(len(recs) - solved), f"{wall:.1f}",
-                      f"{60 * len(recs) / wall:.1f}", f"{60 * solved / wall:.1f}")
+                      f"{60 * len(recs) / wall:.1f}", f"{60 * solved / wall:.1f}",
+                      f"{cpu / len(recs):.2f}" if args.executor == "process" else "n/a")
     Console(width=160).print(table)
 
 

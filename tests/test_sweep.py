@@ -197,3 +197,21 @@ def test_ray_executor_matches_process_results(tmp_path, swept):
     want = {r["id"]: r["result"]["iteration_time_s"] for r in records if r["error"] is None}
     assert [r["result"]["iteration_time_s"] for r in got] == [want[r["id"]] for r in got]
     assert len(read_records(out)) == 2
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="relies on fork copying the patched function into workers")
+def test_a_dead_worker_stops_the_sweep_with_a_resume_hint(tmp_path, monkeypatch):
+    import os
+
+    import dfmodel.sweeps as sweeps
+
+    real = sweeps._solve  # forked workers inherit the patch; the worker running point 1 dies
+    monkeypatch.setattr(sweeps, "_solve", lambda p: os._exit(1) if p.index == 1 else real(p))
+    spec = {"workloads": [TINY_LLM], "systems": [mini_system()], "overrides": {BW: [1e11, 3e11]}, "fixed": FAST}
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(dfmodel.DFModelError, match="--resume"):
+        sweep(spec, out=out, workers=2, progress=False)
+    monkeypatch.setattr(sweeps, "_solve", real)
+    records = sweep(spec, out=out, workers=2, resume=True, progress=False)
+    assert [r["error"] for r in records] == [None, None]
+    assert len(read_records(out)) == 2
