@@ -235,7 +235,7 @@ def validate(
         if free:
             cells += [fmt_time(r.free_predicted_s) if r.free_predicted_s else "-", r.free_mapping or "-"]
         table.add_row(*cells)
-    out.print(table)
+    out.print(table, width=max(out.width, 170))  # rows are wide; never wrap mappings
     s = summary(rows)
     out.print(f"{s['evaluated']}/{s['cases']} cases: mean absolute error {s['mean_abs_error']:.1%}, "
               f"max absolute error {s['max_abs_error']:.1%}")
