@@ -492,7 +492,7 @@ def _sort_key(v: Any):
 
 
 def plot_heatmap(rows: Any, x: str, y: str, value: str = "throughput.samples_per_s", *,
-                 reduce: str = "max", fmt: str = "{:.3g}", cmap: str = "viridis", ax=None) -> Figure:
+                 reduce: str = "max", fmt: str | None = None, cmap: str = "viridis", ax=None) -> Figure:
     """``value`` over the grid of ``x`` and ``y`` values (each a field name, e.g. an override
     key ``system.chip.sram_bytes``), one annotated cell each.
 
@@ -533,7 +533,7 @@ def plot_heatmap(rows: Any, x: str, y: str, value: str = "throughput.samples_per
     for i in range(len(ys_l)):
         for j in range(len(xs_l)):
             v = grid[i, j]
-            text = "-" if not np.isfinite(v) else fmt.format(v)
+            text = "-" if not np.isfinite(v) else (fmt.format(v) if fmt else _cell_text(v))
             dark = np.isfinite(v) and v < mid
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_xticks(range(len(xs_l)), [_fmt(v) for v in xs_l], fontsize=7, rotation=30 if len(xs_l) > 6 else 0)
@@ -545,6 +545,10 @@ def plot_heatmap(rows: Any, x: str, y: str, value: str = "throughput.samples_per
     fig.dfmodel_grid = {"x": xs_l, "y": ys_l,
                         "values": [[None if not np.isfinite(v) else float(v) for v in row] for row in grid]}
     return fig
+
+
+def _cell_text(v: float) -> str:
+    return f"{v:.0f}" if 1e3 <= abs(v) < 1e6 else f"{v:.3g}"
 
 
 def pareto_front(points: Iterable[tuple[float, float]], *, minimize_x: bool = True,
@@ -567,6 +571,22 @@ def pareto_front(points: Iterable[tuple[float, float]], *, minimize_x: bool = Tr
 
     front = [i for i, q in enumerate(pts) if not any(dominates(p, q) for p in pts)]
     return sorted(front, key=lambda i: (sx * pts[i][0], -sy * pts[i][1]))
+
+
+def _label_front(ax, points: list[tuple[float, float]], labels: list[str]) -> None:
+    """Label front points, tied points once ("+n tied"), skipping labels that would overlap."""
+    merged: dict[tuple[float, float], list[str]] = {}
+    for p, lab in zip(points, labels):
+        merged.setdefault(p, []).append(lab)
+    ax.autoscale_view()  # data -> pixel transform with the final limits (layout may still shift it a little)
+    placed: list[tuple[float, float]] = []
+    for p, labs in merged.items():
+        px, py = ax.transData.transform(p)
+        if any(abs(px - qx) < 120 and abs(py - qy) < 11 for qx, qy in placed):
+            continue
+        placed.append((px, py))
+        text = labs[0] + (f" (+{len(labs) - 1} tied)" if len(labs) > 1 else "")
+        ax.annotate(text, p, textcoords="offset points", xytext=(4, 4), fontsize=7)
 
 
 def plot_pareto(rows: Any, x: str = "cost_usd", y: str = "throughput.samples_per_s", *,
@@ -604,14 +624,13 @@ def plot_pareto(rows: Any, x: str = "cost_usd", y: str = "throughput.samples_per
     fx, fy = [pts[i][0] for i in front], [pts[i][1] for i in front]
     ax.step(fx, fy, where="post", color="black", linewidth=1, label="Pareto front")
     ax.scatter(fx, fy, s=90, facecolors="none", edgecolors="black", linewidths=1.2)
-    if annotate_front:
-        for i in front:
-            ax.annotate(labs[i], pts[i], textcoords="offset points", xytext=(4, 4), fontsize=7)
     spread = max(p[0] for p in pts) / max(min(p[0] for p in pts), 1e-300)
     if logx if logx is not None else spread > 30:
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
+    if annotate_front:
+        _label_front(ax, [pts[i] for i in front], [labs[i] for i in front])
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     ax.set_title(f"{y} vs {x}: {len(front)} of {len(pts)} points on the Pareto front", fontsize=9)

@@ -373,21 +373,31 @@ display(Markdown("\\n".join(lines)))
     md("""
 ### Why our ratios differ from the paper's
 
-The direction and size of these ratios are set mostly by the **chips' parameters, prices and
-powers**, which here are the presets' estimates, not the paper's inputs:
+With all 80 systems (run without `QUICK`; the cell above recomputes the numbers), this version
+found dataflow / kernel-by-kernel = **2.48x throughput, 0.16x per dollar, 0.37x per watt**
+against the paper's 1.52x, 1.59x and 1.6x. The pair closest to the paper's comparison, SN30-like
+over GPU, came out at **1.28x, 0.96x and 1.49x**. The ratios are set mostly by the **chips'
+parameters, prices and powers**, which here are the presets' estimates, not the paper's inputs:
 
-- **Equal chip count favours the wafer.** A WSE-2-like chip has ~7.6x the peak of the GPU
-  and 40 GB of SRAM, so its systems lead in throughput -- but at an estimated $2.5 M and 15 kW
-  per chip they cost ~40x more per chip, so per dollar and per watt they trail by far. The
-  paper normalises its systems differently (its cost and power models are not published in a
-  form we could reuse), so its per-dollar and per-watt ratios can be above 1 where ours are not.
-- **The SN30-like chip** has less peak than the H100-like GPU (640 vs 989 TFLOPS) and a
-  lower matmul efficiency; fusion saves DRAM traffic, which pays off most with DDR memory (see
-  the DDR columns and `sram_dram.ipynb`), while with HBM the GPU's raw compute wins.
-- **The TPU-like chip** is cheap and frugal, which lifts the kernel-by-kernel side per dollar
-  and per watt.
-- The ratios are geometric means over the combinations where every accelerator found a
-  mapping; the paper's averaging is not specified.
+- **Equal chip count favours the wafer in throughput and ruins it per dollar and per watt.**
+  A WSE-2-like chip has ~7.6x the GPU's peak and 40 GB of SRAM, so its systems lead in
+  throughput (up to ~1,200 samples/s on the DGX-2-like topology with HBM and NVLink), but at
+  an estimated $2.5 M and 15 kW per chip a 64-chip system costs ~$160 M and ~1 MW, some 80x a
+  GPU system for 1.6-5.8x its throughput. The geometric mean over both dataflow chips inherits that
+  factor; the paper normalises its systems differently (its cost and power models are not
+  published in a form we could reuse).
+- **Fusion pays where DRAM is slow.** With DDR the SN30-like chip runs 1.3-2.2x the GPU (fused
+  partitions keep intermediate tensors in SRAM; the GPU is memory-bound), with HBM the GPU's
+  higher peak (989 vs 640 TFLOPS) and matmul efficiency win. The paper's 1.52x is an average
+  over the same kind of mix, so it depends on how many slow-memory systems are counted.
+- **The TPU-like chip** is cheap and frugal ($8 k, 150 W), which lifts the kernel-by-kernel
+  side per dollar and per watt more than in throughput.
+- **Topology matters through the links, not the chips.** The DGX-like systems add a 50 GB/s
+  NIC per chip, more than a torus gives each link when 64 GB/s of PCIe is split over 4-6 links,
+  so PCIe systems gain most from them.
+- The ratios here are geometric means over the combinations where every accelerator found a
+  mapping, for one workload (GPT-3 13B, batch 128) at 64 chips; the paper's averaging and
+  workload mix differ.
 
 `sram_dram.ipynb` isolates the effect of dataflow execution itself: the same chip with only
 the execution style switched.
