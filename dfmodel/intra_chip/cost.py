@@ -10,7 +10,7 @@ module, so they agree to rounding. For a partition ``S`` (DESIGN.md section 4):
 - memory bytes: tensors entering ``S`` (a producer outside ``S`` or a graph input, read once per
   tensor), tensors leaving ``S`` (a consumer outside ``S`` or a graph output, written once
   per tensor), weights (once per ``Kernel.weight`` name: fused fwd/bwd/wgrad kernels read W once) and
-  ``extra_memory_bytes``; time = ``memory_time_s``;
+  ``extra_memory_bytes``, plus the re-reads of streamed weights (below); time = ``memory_time_s``;
 - network: the given per-kernel network seconds, summed;
 - time = ``max(compute, memory, network)`` if the chip overlaps, else their sum, plus overheads:
   ``kernel_overhead_s`` per kernel (kernel-by-kernel) or per partition (dataflow), and for
