@@ -409,7 +409,8 @@ def plot_partitions(graph: Any, partition_result: Any = None) -> Figure:
         d = result_dict(graph)
         parts = partitions_of(d)
         graph = _graph_of_result(d)
-        title = f"{result_label(d)}: {len(parts)} partitions per layer (forward + backward)"
+        per = (d.get("intra_chip") or {}).get("per") or "layer (forward + backward)"
+        title = f"{result_label(d)}: {len(parts)} partitions per {per}"
     else:
         parts = partitions_of(partition_result)
         title = f"{getattr(graph, 'name', 'graph')}: {len(parts)} partitions"
