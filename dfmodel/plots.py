@@ -493,12 +493,14 @@ def _sort_key(v: Any):
 
 
 def plot_heatmap(rows: Any, x: str, y: str, value: str = "throughput.samples_per_s", *,
-                 reduce: str = "max", fmt: str | None = None, cmap: str = "viridis", ax=None) -> Figure:
+                 reduce: str = "max", fmt: str | None = None, cmap: str = "viridis", vmin: float | None = None,
+                 vmax: float | None = None, ax=None) -> Figure:
     """``value`` over the grid of ``x`` and ``y`` values (each a field name, e.g. an override
     key ``system.chip.sram_bytes``), one annotated cell each.
 
     Several rows in one cell (other fields varied too) are reduced with ``reduce`` (``max``,
-    ``min`` or ``mean``); a cell with no successful row is grey with "-". The figure keeps the
+    ``min`` or ``mean``); a cell with no successful row is grey with "-". ``vmin``/``vmax`` fix
+    the colour scale (to compare several heat maps). The figure keeps the
     grid in ``fig.dfmodel_grid`` (``{"x": [...], "y": [...], "values": [[...]]}``, None for
     missing cells).
     """
@@ -528,9 +530,9 @@ def plot_heatmap(rows: Any, x: str, y: str, value: str = "throughput.samples_per
     else:
         fig = ax.figure
     ax.set_facecolor("#dddddd")
-    im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto", origin="lower")
-    finite = grid[np.isfinite(grid)]
-    mid = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto", origin="lower", vmin=vmin, vmax=vmax)
+    lo, hi = im.get_clim()
+    mid = (lo + hi) / 2
     for i in range(len(ys_l)):
         for j in range(len(xs_l)):
             v = grid[i, j]

@@ -467,10 +467,11 @@ keeps more intermediate tensors on chip, so the same DRAM bandwidth goes further
     code('''
 import matplotlib.pyplot as plt
 
+values = [r["throughput.samples_per_s"] for r in rows if not r["error"]]
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), layout="constrained")
-for ax, execution in zip(axes, ("kernel_by_kernel", "dataflow")):
+for ax, execution in zip(axes, ("kernel_by_kernel", "dataflow")):  # one colour scale for both
     plots.plot_heatmap([r for r in rows if r["chip.execution"] == execution], x="chip.memory.bandwidth_GBps",
-                       y="chip.sram_MB", value="throughput.samples_per_s", ax=ax)
+                       y="chip.sram_MB", value="throughput.samples_per_s", vmin=min(values), vmax=max(values), ax=ax)
     ax.set_title(execution, fontsize=10)
 '''),
     md("""
@@ -497,7 +498,8 @@ plots.plot_heatmap(speedup, x="dram_GBps", y="sram_MB", value="partitions", fmt=
 The gain is largest where DRAM bandwidth is scarce: fusion removes most of the DRAM traffic of
 the intermediate tensors (attention scores, MLP activations), so a memory-bound kernel-by-kernel
 chip becomes compute-bound. With ample bandwidth both styles are compute-bound and the gap closes
-to the per-kernel overheads saved.
+to the per-kernel overheads saved. On the full 5 x 5 grid this version found dataflow ahead by
+1.76x (64 MB) to 3.43x (1280 MB) at 100 GB/s, and by 1.18x to 1.35x at 1600 GB/s.
 
 The partitions of one point, kernels coloured by partition:
 """),
