@@ -163,11 +163,7 @@ kernels into partitions spatially pipelined over their compute tiles.
 | GPU (H100-like) | 989 TFLOPS | 134 TFLOPS | 50 MiB | 132 | kernel by kernel | $28,800 | 610 W | `dgx_h100` |
 | TPU-like | 275 TFLOPS | 17 TFLOPS | 160 MiB | 8 | kernel by kernel | $8,000 | 150 W | `tpu_v4` |
 | SN30-like | 640 TFLOPS | 320 TFLOPS | 640 MB | 1280 | dataflow | $40,000 | 500 W | `sn30` |
-| WSE-2-like | 7.5 PFLOPS | 3.7 PFLOPS | 40 GB | 8500 | dataflow | $2.5 M | 15 kW | `wse2` |
-
-The WSE-2's 850,000 cores are modelled as 8,500 tile groups of 100 cores: the tile count only
-caps how many kernels one partition may hold (the cost model splits compute continuously), so
-the predicted times are the same, and the integer tile-allocation diagnostic stays cheap.
+| WSE-2-like | 7.5 PFLOPS | 3.7 PFLOPS | 40 GB | 850,000 | dataflow | $2.5 M | 15 kW | `wse2` |
 
 **Memory** (per chip): DDR = DDR5, 512 GB, 400 GB/s, $1,500, 40 W; HBM = HBM3, 80 GiB,
 3,350 GB/s, $1,200, 90 W.
@@ -204,7 +200,7 @@ CHIPS = {
                  efficiency=dict(matmul=0.7, vector=0.5, memory=0.8, matmul_tile=[32, 32, 32],
                                  kernel_overhead_s="50 us")),
     "WSE2": dict(name="WSE-2-like", peak_flops="7.5 PFLOPS", vector_flops="3.7 PFLOPS", sram_bytes="40 GB",
-                 compute_tiles=8500, execution="dataflow", price_usd=2_500_000, power_w=15000,
+                 compute_tiles=850_000, execution="dataflow", price_usd=2_500_000, power_w=15000,
                  efficiency=dict(matmul=0.6, vector=0.5, memory=0.8, matmul_tile=[1, 1, 4],
                                  kernel_overhead_s="100 us")),
 }
@@ -259,8 +255,8 @@ print(len(SYSTEMS), "systems")
     md("""
 ## Run the optimizer on every system
 
-One `optimize` per system, in parallel over the machine's cores (about 10 minutes for the 80
-systems on 2 cores, the WSE-2-like ones being the slowest). Each outcome is kept as a record in
+One `optimize` per system, in parallel over the machine's cores (about 6 minutes for the 80
+systems on 2 cores). Each outcome is kept as a record in
 the same shape as a line of a `dfmodel sweep` results file, so the `plots` sweep views apply.
 """),
     code('''
