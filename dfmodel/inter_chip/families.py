@@ -457,8 +457,10 @@ def solve_family(workload, system: System, knobs: Knobs | None = None, *, solver
         from dfmodel.inter_chip.hpl import solve_hpl as solve
     elif kind == "fft":
         from dfmodel.inter_chip.fft import solve_fft as solve
+    elif kind == "graph":
+        from dfmodel.inter_chip.graph_family import solve_graph as solve
     else:
-        raise InputError(f"no inter-chip model for workload kind {kind!r} (families: dlrm, hpl, fft; llm has "
+        raise InputError(f"no inter-chip model for workload kind {kind!r} (families: dlrm, hpl, fft, graph; llm has "
                          "its own path)", source=getattr(workload, "source", None), field="kind")
     return solve(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)
 
