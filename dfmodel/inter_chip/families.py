@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from dfmodel.errors import InfeasibleError, InputError
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import Phase, Tensor
+from dfmodel.inter_chip.memory import MemoryBreakdown
 from dfmodel.inter_chip.config import Knobs
 from dfmodel.intra_chip import partition
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S, combine_times
@@ -58,52 +59,8 @@ GiB = 2**30
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class FamilyMemory:
-    """Memory one chip needs (bytes), in the Result's four kinds, against its capacity.
-
-    ``labels`` renames the kinds in messages (HPL: ``weights`` is the local matrix).
-    Attribute names match :class:`dfmodel.inter_chip.memory.MemoryBreakdown`, which the shared
-    search reads when nothing fits.
-    """
-
-    weights_bytes: float
-    gradients_bytes: float
-    optimizer_bytes: float
-    activations_bytes: float
-    capacity_bytes: float
-    labels: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def total_bytes(self) -> float:
-        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-
-    @property
-    def fits(self) -> bool:
-        return self.total_bytes <= self.capacity_bytes
-
-    @property
-    def shortfall_bytes(self) -> float:
-        return max(0.0, self.total_bytes - self.capacity_bytes)
-
-    def to_dict(self) -> dict[str, float]:
-        return {
-            "weights": self.weights_bytes,
-            "gradients": self.gradients_bytes,
-            "optimizer": self.optimizer_bytes,
-            "activations": self.activations_bytes,
-            "total": self.total_bytes,
-            "capacity": self.capacity_bytes,
-        }
-
-    def summary(self) -> str:
-        parts = []
-        for key in ("weights", "gradients", "optimizer", "activations"):
-            v = getattr(self, f"{key}_bytes")
-            if v > 0:
-                parts.append(f"{self.labels.get(key, key)} {v / GiB:.1f}")
-        return (f"needs {self.total_bytes / GiB:.1f} GiB per chip ({', '.join(parts) or 'nothing'}) but a chip "
-                f"has {self.capacity_bytes / GiB:.1f} GiB, short by {self.shortfall_bytes / GiB:.1f} GiB")
+#: the families' memory report is the LLM path's (one definition of the memory kinds and checks)
+FamilyMemory = MemoryBreakdown
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ heads, ``t`` tensor-parallel degree, ``f`` FFN hidden size, ``e`` bytes per acti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 from dfmodel.inter_chip.pipeline import warmup_forwards
@@ -257,9 +257,11 @@ def model_state_bytes(
     )
 
 
-@dataclass(frozen=True)
+@dataclass
 class MemoryBreakdown:
     """Memory one chip needs, by kind, against its capacity (bytes).
+
+    ``labels`` renames kinds in messages (HPL books its local matrix as ``weights``).
 
     >>> m = MemoryBreakdown(2e9, 2e9, 12e9, 70e9, capacity_bytes=80e9)
     >>> m.fits, m.shortfall_bytes / 1e9
@@ -271,6 +273,7 @@ class MemoryBreakdown:
     optimizer_bytes: float
     activations_bytes: float
     capacity_bytes: float
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> float:
@@ -300,15 +303,17 @@ class MemoryBreakdown:
         """One line for an infeasibility message: what is needed, by kind, against capacity.
 
         >>> MemoryBreakdown(2**30, 2**30, 0, 3 * 2**30, 4 * 2**30).summary()
-        'needs 5.00 GiB per chip (weights 1.00, gradients 1.00, optimizer 0.00, activations 3.00 GiB), has 4.00 GiB: 1.00 GiB short'
+        'needs 5.0 GiB per chip (weights 1.0, gradients 1.0, activations 3.0), a chip has 4.0 GiB, short by 1.0 GiB'
         """
         g = 2.0**30
-        s = (
-            f"needs {self.total_bytes / g:.2f} GiB per chip (weights {self.weights_bytes / g:.2f}, "
-            f"gradients {self.gradients_bytes / g:.2f}, optimizer {self.optimizer_bytes / g:.2f}, "
-            f"activations {self.activations_bytes / g:.2f} GiB), has {self.capacity_bytes / g:.2f} GiB"
-        )
-        return s + (f": {self.shortfall_bytes / g:.2f} GiB short" if not self.fits else "")
+        parts = [
+            f"{self.labels.get(kind, kind)} {getattr(self, kind + '_bytes') / g:.1f}"
+            for kind in ("weights", "gradients", "optimizer", "activations")
+            if getattr(self, kind + "_bytes") > 0
+        ]
+        s = (f"needs {self.total_bytes / g:.1f} GiB per chip ({', '.join(parts) or 'nothing'}), "
+             f"a chip has {self.capacity_bytes / g:.1f} GiB")
+        return s + (f", short by {self.shortfall_bytes / g:.1f} GiB" if not self.fits else "")
 
 
 def memory_per_chip(
