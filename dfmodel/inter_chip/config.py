@@ -7,8 +7,20 @@ from dataclasses import dataclass, field
 RECOMPUTE = ("none", "selective", "full")
 
 
+class Placed:
+    """Mixin for mappings with a ``placement``: ``((name, ((dim, members), ...)), ...)``."""
+
+    placement: tuple
+
+    def group(self, name: str) -> tuple[tuple[str, int], ...]:
+        return dict(self.placement).get(name, ())
+
+    def dims_report(self) -> dict[str, list[str]]:
+        return {name: [f"{d}:{n}" for d, n in grp] for name, grp in self.placement}
+
+
 @dataclass(frozen=True, order=True)
-class Mapping:
+class Mapping(Placed):
     """Parallel degrees, their network placement and the training-schedule knobs.
 
     ``placement`` maps ``tp``/``pp``/``dp`` to ``(dim_name, members)`` tuples, innermost first.
@@ -24,13 +36,6 @@ class Mapping:
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
     placement: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = field(default=(), compare=True)
-
-    def group(self, name: str) -> tuple[tuple[str, int], ...]:
-        return dict(self.placement).get(name, ())
-
-    def dims_report(self) -> dict[str, list[str]]:
-        return {name: [f"{d}:{n}" for d, n in grp] for name, grp in self.placement}
-
 
 @dataclass(frozen=True)
 class Knobs:

@@ -54,9 +54,11 @@ from dfmodel.graph.build import build_graphs
 from dfmodel.graph.builders.formulas import INDEX_BYTES
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.config import Knobs, divisors
+from dfmodel.inter_chip.config import Placed
 from dfmodel.inter_chip.families import (
     FamilyEvaluation,
     FamilyMemory,
+    FamilyModel,
     MisfitTracker,
     build_result,
     chip_time,
@@ -64,13 +66,12 @@ from dfmodel.inter_chip.families import (
     floor_terms,
     input_bytes_by_kernel,
     io_bytes,
-    peak_flops,
     reject_knobs,
     rescale_graph,
     run_search,
 )
 from dfmodel.inter_chip.pipeline import dp_sync_time
-from dfmodel.netmodels import CostTable, split_dims
+from dfmodel.netmodels import split_dims
 from dfmodel.result import Parallelism
 from dfmodel.system.processor import memory_time_s
 from dfmodel.system.schema import System
@@ -202,7 +203,7 @@ class PlanLoads:
 
 
 @dataclass(frozen=True, order=True)
-class DLRMMapping:
+class DLRMMapping(Placed):
     tp: int  # sharding group size
     dp: int  # table replicas (N / tp)
     micro_batch: int  # per chip
@@ -211,8 +212,6 @@ class DLRMMapping:
     placement: tuple = ()
     distributed_optimizer: bool = False
 
-    def group(self, name: str):
-        return dict(self.placement).get(name, ())
 
     def dims_report(self, system: System) -> dict[str, list[str]]:
         out = {name: [f"{d}:{n}" for d, n in grp] for name, grp in self.placement}
@@ -220,17 +219,13 @@ class DLRMMapping:
         return out
 
 
-class DLRMModel:
+class DLRMModel(FamilyModel):
     """Cost model of DLRM training on one system: ``lower_bound_s`` and ``evaluate``."""
 
     family = "dlrm"
 
-    def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
-        self.workload, self.system = workload, system
-        self.solver, self.time_limit_s = solver, time_limit_s
-        self.costs = CostTable(system)
-        self.precision = workload.precision
-        peak_flops(system, self.precision, workload)  # InputError early if the chip lacks it
+    def __init__(self, workload, system: System, **options):
+        super().__init__(workload, system, **options)
         self.p = self.precision.bytes
         self.optimizer = workload.training.optimizer
         e = workload.embedding
@@ -619,7 +614,6 @@ def to_result(model: DLRMModel, ev: FamilyEvaluation, stats):
         else:
             sharding[k.name] = f"data-parallel over {model.N} chips"
     flop = useful_flop(model)
-    t = ev.iteration_time_s
     notes = [
         f"DLRM: tp = {m.tp} chips share one copy of the tables ({plan_label(plan)}), dp = {m.dp} replicas of it; "
         f"the MLPs are data-parallel over all {model.N} chips, micro_batch {m.micro_batch} per chip x "

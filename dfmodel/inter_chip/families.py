@@ -47,6 +47,7 @@ from dfmodel.inter_chip.memory import MemoryBreakdown
 from dfmodel.inter_chip.config import Knobs
 from dfmodel.intra_chip import partition
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S, combine_times
+from dfmodel.netmodels import CostTable
 from dfmodel.result import BREAKDOWN_KEYS, Parallelism, Result, SolverInfo
 from dfmodel.system.cost import system_cost_usd, system_power_w
 from dfmodel.system.processor import compute_time_s, memory_time_s
@@ -57,6 +58,20 @@ GiB = 2**30
 # --------------------------------------------------------------------------------------------
 # Memory per chip
 # --------------------------------------------------------------------------------------------
+
+
+class FamilyModel:
+    """What every family's cost model starts from: the inputs, the solver options, the
+    collective-cost table, and an early check that the chip has a peak at the precision."""
+
+    family = ""
+
+    def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
+        self.workload, self.system = workload, system
+        self.solver, self.time_limit_s = solver, time_limit_s
+        self.costs = CostTable(system)
+        self.precision = workload.precision
+        peak_flops(system, self.precision, workload)  # InputError early if the chip lacks it
 
 
 #: the families' memory report is the LLM path's (one definition of the memory kinds and checks)

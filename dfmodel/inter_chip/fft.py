@@ -41,21 +41,22 @@ from dfmodel.graph.build import build_graphs
 from dfmodel.graph.builders.fft import four_step_split, fft_plan
 from dfmodel.graph.kernel import KernelKind
 from dfmodel.inter_chip.config import Knobs, divisors
+from dfmodel.inter_chip.config import Placed
 from dfmodel.inter_chip.families import (
     FamilyEvaluation,
     FamilyMemory,
+    FamilyModel,
     MisfitTracker,
     build_result,
     chip_time,
     empty_breakdown,
     floor_terms,
     io_bytes,
-    peak_flops,
     reject_knobs,
     rescale_graph,
     run_search,
 )
-from dfmodel.netmodels import CostTable, split_dims
+from dfmodel.netmodels import split_dims
 from dfmodel.result import Parallelism
 from dfmodel.system.schema import System
 
@@ -78,7 +79,7 @@ def stage_passes(lengths: tuple[int, ...], sram_points: float) -> int:
 
 
 @dataclass(frozen=True, order=True)
-class FFTMapping:
+class FFTMapping(Placed):
     dp: int
     decomposition: str  # pencil | slab | transpose (2-D) | four-step (1-D) | local (1-D prime)
     p1: int
@@ -91,22 +92,13 @@ class FFTMapping:
     def tp(self) -> int:
         return self.p1 * self.p2
 
-    def group(self, name: str):
-        return dict(self.placement).get(name, ())
-
-    def dims_report(self) -> dict[str, list[str]]:
-        return {name: [f"{d}:{n}" for d, n in grp] for name, grp in self.placement}
 
 
-class FFTModel:
+class FFTModel(FamilyModel):
     family = "fft"
 
-    def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
-        self.workload, self.system = workload, system
-        self.solver, self.time_limit_s = solver, time_limit_s
-        self.costs = CostTable(system)
-        self.precision = workload.precision
-        peak_flops(system, self.precision, workload)
+    def __init__(self, workload, system: System, **options):
+        super().__init__(workload, system, **options)
         self.dims = list(workload.dims)
         self.points = math.prod(self.dims)
         self.pb = workload.point_bytes

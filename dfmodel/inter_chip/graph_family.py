@@ -866,7 +866,6 @@ def to_result(model: GraphModel, ev: FamilyEvaluation, stats):
     d = ev.detail
     stages: list[StageEval] = d["stages"]
     p: Prepared = d["prepared"]
-    t = ev.iteration_time_s
     stage_of = {k: i for i, st in enumerate(stages) for k in st.kernels}
     sharding = {}
     for k in p.graph.kernels:

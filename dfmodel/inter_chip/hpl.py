@@ -47,19 +47,20 @@ from dfmodel.graph.builders.hpl import hpl_groups, hpl_steps
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
 from dfmodel.inter_chip.config import Knobs, divisors
+from dfmodel.inter_chip.config import Placed
 from dfmodel.inter_chip.families import (
     FamilyEvaluation,
     FamilyMemory,
+    FamilyModel,
     MisfitTracker,
     build_result,
     chip_time,
     empty_breakdown,
     floor_terms,
-    peak_flops,
     reject_knobs,
     run_search,
 )
-from dfmodel.netmodels import CostTable, split_dims
+from dfmodel.netmodels import split_dims
 from dfmodel.result import Parallelism
 from dfmodel.system.schema import System
 
@@ -85,16 +86,11 @@ def pivot_message_bytes(width: int, bytes_per_element: int) -> float:
 
 
 @dataclass(frozen=True, order=True)
-class HPLMapping:
+class HPLMapping(Placed):
     P: int
     Q: int
     placement: tuple = ()
 
-    def group(self, name: str):
-        return dict(self.placement).get(name, ())
-
-    def dims_report(self) -> dict[str, list[str]]:
-        return {name: [f"{d}:{n}" for d, n in grp] for name, grp in self.placement}
 
 
 @dataclass
@@ -113,15 +109,11 @@ class GroupInfo:
     a_bytes: float  # sum over steps of (r - w)^2 p
 
 
-class HPLModel:
+class HPLModel(FamilyModel):
     family = "hpl"
 
-    def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
-        self.workload, self.system = workload, system
-        self.solver, self.time_limit_s = solver, time_limit_s
-        self.costs = CostTable(system)
-        self.precision = workload.precision
-        peak_flops(system, self.precision, workload)
+    def __init__(self, workload, system: System, **options):
+        super().__init__(workload, system, **options)
         self.p = self.precision.bytes
         self.n, self.nb = workload.n, workload.nb
         self.N = system.num_chips

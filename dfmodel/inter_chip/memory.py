@@ -19,7 +19,7 @@ heads, ``t`` tensor-parallel degree, ``f`` FFN hidden size, ``e`` bytes per acti
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 from dfmodel.inter_chip.pipeline import warmup_forwards
 

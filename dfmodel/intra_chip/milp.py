@@ -174,7 +174,6 @@ def build(cm: CostModel, max_partitions: int | None = None) -> Formulation:
     if m_max is not None:  # some optimal plan has no more partitions (see CostModel)
         P = min(P, m_max)
     b = _Builder(P)
-    zero = np.full(P, -1)
 
     # prefix variables. z[k,p] = 1 is forced where a later partition is impossible: with used
     # partitions first, k sits at most after the n - 1 - (#descendants) other kernels, and at
