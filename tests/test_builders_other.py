@@ -203,3 +203,15 @@ def test_tiny_mlp():
     with pytest.raises(InputError, match="batch"):
         build_graph("tiny_mlp", batch=7)
     assert build_graph("tiny_mlp", batch=1024).total_flop() == g.total_flop()
+
+
+def test_subgraph_keeps_same_named_cut_tensors_apart():
+    from dfmodel.graph.graph import DataflowGraph
+    from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
+
+    k = lambda n: Kernel(n, KernelKind.elementwise, {"m": 4}, flop=4, output_bytes=8)  # noqa: E731
+    g = DataflowGraph([k("a"), k("conv"), k("b")],
+                      [Tensor("t", "a", "conv", 8), Tensor("t", "conv", "b", 8), Tensor("t", "a", "b", 8)])
+    sub = g.subgraph(["b"])
+    assert sorted(t.name for t in sub.inputs()) == ["t@a", "t@conv"]
+    assert sorted(t.name for t in g.subgraph(["conv", "b"]).inputs()) == ["t", "t"]  # one producer: kept

@@ -110,13 +110,22 @@ class DataflowGraph:
         """Induced subgraph; tensors cut at the boundary become inputs/outputs of the subgraph."""
         keep = set(names)
         kernels = [k for k in self.kernels if k.name in keep]
+        # a cut tensor loses its producer; keep distinct tensors that share a name (a tensor and
+        # its converted copy after sharding) distinct by naming the producer they came from
+        cut_producers: dict[str, set] = {}
+        for t in self.tensors:
+            if t.producer is not None and t.producer not in keep and t.consumer in keep:
+                cut_producers.setdefault(t.name, set()).add(t.producer)
         tensors = []
         for t in self.tensors:
             p = t.producer if t.producer in keep else None
             c = t.consumer if t.consumer in keep else None
             if p is None and c is None:
                 continue
-            tensors.append(Tensor(t.name, p, c, t.bytes, t.operand, t.shape))
+            name = t.name
+            if p is None and t.producer is not None and len(cut_producers.get(t.name, ())) > 1:
+                name = f"{t.name}@{t.producer}"
+            tensors.append(Tensor(name, p, c, t.bytes, t.operand, t.shape))
         return DataflowGraph(kernels, tensors, name=name or f"{self.name}[sub]", meta=self.meta)
 
     # -- totals ---------------------------------------------------------------------------------

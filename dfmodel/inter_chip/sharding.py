@@ -335,7 +335,9 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
                 {},
                 flop=0.0,
                 output_bytes=e.bytes * local_fraction(dst, t),
-                phase=g.kernel(e.producer).phase if e.producer else (g.kernel(e.consumer).phase),
+                # converted once when the tensor is produced and kept for every later reader (a
+                # backward reader does not re-gather); keeps forward and backward graphs narrow
+                phase=g.kernel(e.producer).phase if e.producer else g.kernel(e.consumer).phase,
                 group="tp_comm",
                 collective=conv.collective,
                 comm_bytes=conv.message_bytes,
