@@ -24,6 +24,13 @@ Bandwidth semantics (``link_bandwidth_Bps``, one direction): ring = between two 
 bidirectional ring sends both ways at once); fully_connected = between each pair of members;
 switch = each member's injection bandwidth into the switch. Sizes accept unit strings (see
 :mod:`dfmodel.system.units`). Unknown fields are errors.
+
+Cost and power (USD, W): ``chip.price_usd``/``power_w`` and ``chip.memory.price_usd``/``power_w``
+per chip; per network dimension ``link_price_usd``/``link_power_w`` per link and
+``switch_price_usd``/``switch_power_w`` per switch of ``switch_radix`` ports. How links and
+switches are counted per topology, and the totals every result carries as ``cost_usd`` and
+``power_w`` (with ``throughput_per_usd = samples_per_s / cost_usd`` and ``throughput_per_w =
+samples_per_s / power_w``), are in :mod:`dfmodel.system.cost`.
 """
 
 from __future__ import annotations
