@@ -113,6 +113,7 @@ from dfmodel.inter_chip.llm import OPTIMIZER_BYTES_PER_PARAM
 from dfmodel.inter_chip.pipeline import dp_sync_time
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip.cost import combine_times
+from dfmodel.intra_chip.dp import TooLarge, ideal_masks
 from dfmodel.netmodels import CostTable, split_dims
 from dfmodel.result import Parallelism
 from dfmodel.system.processor import compute_time_s, memory_time_s
@@ -124,10 +125,6 @@ MAX_IDEALS = 20_000
 MAX_EDGES = 2_000_000
 #: Mixed-precision Adam state per parameter: fp32 master, momentum, variance (ZeRO sec. 3.1).
 OPTIMIZER_STATE_BYTES_PER_PARAM = 12.0
-
-
-class TooLarge(Exception):
-    """The ideal lattice exceeds :data:`MAX_IDEALS` (or the edge budget)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,19 +139,7 @@ def enumerate_ideals(n: int, preds: list[int], max_ideals: int = MAX_IDEALS) -> 
     >>> enumerate_ideals(3, [0, 1, 1])  # a -> b, a -> c
     [0, 1, 3, 5, 7]
     """
-    seen = {0}
-    stack = [0]
-    while stack:
-        ideal = stack.pop()
-        for k in range(n):
-            if not (ideal >> k) & 1 and not (preds[k] & ~ideal):
-                nxt = ideal | (1 << k)
-                if nxt not in seen:
-                    seen.add(nxt)
-                    if len(seen) > max_ideals:
-                        raise TooLarge(f"more than {max_ideals} ideals")
-                    stack.append(nxt)
-    return sorted(seen, key=lambda m: (m.bit_count(), m))
+    return sorted(ideal_masks(n, preds, max_ideals), key=lambda m: (m.bit_count(), m))
 
 
 def pack_masks(masks: list[int], n: int) -> np.ndarray:

@@ -43,22 +43,31 @@ class Lattice:
         return int(self.bits.shape[0])
 
 
-def enumerate_ideals(cm: CostModel, max_ideals: int = DEFAULT_MAX_IDEALS) -> Lattice:
-    """All down-sets of the DAG (kernels closed under producers); TooLarge past ``max_ideals``."""
-    n, pred = cm.n, cm.pred_mask
+def ideal_masks(n: int, pred_masks, max_ideals: int = DEFAULT_MAX_IDEALS) -> set[int]:
+    """Every down-set of a DAG of ``n`` kernels as a bitmask (``pred_masks[k]``: bitmask of k's
+    producers); TooLarge past ``max_ideals``.
+
+    >>> sorted(ideal_masks(3, [0, 1, 1]))  # a -> b, a -> c
+    [0, 1, 3, 5, 7]
+    """
     seen = {0}
     stack = [0]
     while stack:
         ideal = stack.pop()
         for k in range(n):
-            if not (ideal >> k) & 1 and not (pred[k] & ~ideal):
+            if not (ideal >> k) & 1 and not (pred_masks[k] & ~ideal):
                 nxt = ideal | (1 << k)
                 if nxt not in seen:
                     seen.add(nxt)
                     if len(seen) > max_ideals:
                         raise TooLarge(f"more than {max_ideals} ideals")
                     stack.append(nxt)
-    return _lattice(cm, seen)
+    return seen
+
+
+def enumerate_ideals(cm: CostModel, max_ideals: int = DEFAULT_MAX_IDEALS) -> Lattice:
+    """All down-sets of the DAG (kernels closed under producers); TooLarge past ``max_ideals``."""
+    return _lattice(cm, ideal_masks(cm.n, cm.pred_mask, max_ideals))
 
 
 def chain_lattice(cm: CostModel, order: list[int] | None = None) -> Lattice:
