@@ -59,7 +59,6 @@ from dfmodel.inter_chip.families import (
     FamilyEvaluation,
     FamilyMemory,
     FamilyModel,
-    MisfitTracker,
     build_result,
     chip_time,
     empty_breakdown,
@@ -239,16 +238,11 @@ class DLRMModel(FamilyModel):
         self.mlp_params = float(sum(k.params for k in base.kernels if k.kind != KernelKind.embedding))
         self.dense_state, self.dense_traffic = dense_optimizer_bytes(self.optimizer, self.p)
         self.capacity = float(system.chip.memory.capacity_bytes)
-        self.misfits = MisfitTracker()
         self._graphs: dict[int, object] = {}
         self._loads: dict[tuple, PlanLoads] = {}
         self._plans: dict[int, dict[str, Plan]] = {}
         self._chip: dict[tuple, object] = {}
         self._dense_floor: dict[int, object] = {}
-
-    @property
-    def smallest_misfit(self) -> str | None:
-        return self.misfits.message
 
     # -- plans ------------------------------------------------------------------------------
     def plans(self, g: int) -> dict[str, Plan]:
@@ -529,10 +523,10 @@ class DLRMModel(FamilyModel):
         return FamilyEvaluation(m, step + inp, br, mem, True, ct.proven_optimal, ct, detail)
 
     def _misfit(self, m: DLRMMapping, mem: FamilyMemory, what: str, force: bool = False) -> FamilyEvaluation:
-        msg = f"tp {m.tp} x dp {m.dp}, plan {m.plan}: {what}: {mem.summary()}" if not force else \
-            f"tp {m.tp} x dp {m.dp}, plan {m.plan}: {what}"
-        self.misfits.add(mem.shortfall_bytes if not force else math.inf, msg)
-        return FamilyEvaluation(m, math.inf, empty_breakdown(), mem, False, True, reason=msg)
+        label = f"tp {m.tp} x dp {m.dp}, plan {m.plan}: {what}"
+        if force:
+            return self.misfit(m, label, mem, math.inf)
+        return self.misfit(m, f"{label}: {mem.summary()}", mem)
 
 
 # --------------------------------------------------------------------------------------------

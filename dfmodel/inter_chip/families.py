@@ -72,6 +72,17 @@ class FamilyModel:
         self.costs = CostTable(system)
         self.precision = workload.precision
         peak_flops(system, self.precision, workload)  # InputError early if the chip lacks it
+        self.misfits = MisfitTracker()
+
+    @property
+    def smallest_misfit(self) -> str | None:
+        return self.misfits.message
+
+    def misfit(self, m, label: str, mem: "MemoryBreakdown", shortfall_bytes: float | None = None) -> "FamilyEvaluation":
+        """Record candidate ``m`` as not fitting (``label: what``) and return its evaluation;
+        the smallest shortfall becomes the error when no candidate fits."""
+        self.misfits.add(mem.shortfall_bytes if shortfall_bytes is None else shortfall_bytes, label)
+        return FamilyEvaluation(m, math.inf, empty_breakdown(), mem, False, True, reason=label)
 
 
 #: the families' memory report is the LLM path's (one definition of the memory kinds and checks)

@@ -46,7 +46,6 @@ from dfmodel.inter_chip.families import (
     FamilyEvaluation,
     FamilyMemory,
     FamilyModel,
-    MisfitTracker,
     build_result,
     chip_time,
     empty_breakdown,
@@ -105,12 +104,7 @@ class FFTModel(FamilyModel):
         self.N = system.num_chips
         self.capacity = float(system.chip.memory.capacity_bytes)
         self.sram_points = system.chip.sram_bytes / (2 * self.pb)  # double-buffered
-        self.misfits = MisfitTracker()
         self._graphs: dict[tuple, object] = {}
-
-    @property
-    def smallest_misfit(self) -> str | None:
-        return self.misfits.message
 
     # -- decompositions -------------------------------------------------------------------------
     def builder_decomposition(self, decomposition: str) -> str:
@@ -222,17 +216,13 @@ class FFTModel(FamilyModel):
     def evaluate(self, m: FFTMapping) -> FamilyEvaluation:
         mem = self.memory(m)
         if not mem.fits:
-            msg = f"{self.describe(m)}: {mem.summary()}"
-            self.misfits.add(mem.shortfall_bytes, msg)
-            return FamilyEvaluation(m, math.inf, empty_breakdown(), mem, False, True, reason=msg)
+            return self.misfit(m, f"{self.describe(m)}: {mem.summary()}", mem)
         g, kernels, tensors, net, local_bytes = self.per_chip(m)
         graph = rescale_graph(g, kernels, tensors, name=f"{g.name}.chip")
         try:
             ct = chip_time(graph, self.system, net, solver=self.solver, time_limit_s=self.time_limit_s)
         except InfeasibleError as e:
-            msg = f"{self.describe(m)}: intra-chip: {e}"
-            self.misfits.add(math.inf, msg)
-            return FamilyEvaluation(m, math.inf, empty_breakdown(), mem, False, True, reason=msg)
+            return self.misfit(m, f"{self.describe(m)}: intra-chip: {e}", mem, math.inf)
         br = empty_breakdown()
         for k, v in ct.parts_s.items():
             br[k] += m.num_micro_batches * v

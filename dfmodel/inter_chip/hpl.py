@@ -52,7 +52,6 @@ from dfmodel.inter_chip.families import (
     FamilyEvaluation,
     FamilyMemory,
     FamilyModel,
-    MisfitTracker,
     build_result,
     chip_time,
     empty_breakdown,
@@ -118,16 +117,11 @@ class HPLModel(FamilyModel):
         self.n, self.nb = workload.n, workload.nb
         self.N = system.num_chips
         self.capacity = float(system.chip.memory.capacity_bytes)
-        self.misfits = MisfitTracker()
         self.graph = build_graphs(workload).layer
         self.groups = self._groups()
         solve = next(k for k in self.graph.kernels if k.kind == KernelKind.matmul and k.name == "solve")
         self.solve_flop, self.solve_bytes = solve.flop, solve.extra_memory_bytes
         self._chip: dict[HPLMapping, object] = {}
-
-    @property
-    def smallest_misfit(self) -> str | None:
-        return self.misfits.message
 
     def _groups(self) -> list[GroupInfo]:
         """Group sums read from the builder's graph (FLOP exactly as the builder counts them)."""
@@ -232,18 +226,14 @@ class HPLModel(FamilyModel):
     def evaluate(self, m: HPLMapping) -> FamilyEvaluation:
         mem = self.memory(m)
         if not mem.fits:
-            msg = f"{m.P} x {m.Q} grid: {mem.summary()}"
-            self.misfits.add(mem.shortfall_bytes, msg)
-            return FamilyEvaluation(m, math.inf, empty_breakdown(), mem, False, True, reason=msg)
+            return self.misfit(m, f"{m.P} x {m.Q} grid: {mem.summary()}", mem)
         kernels, tensors, net = self.chip_graph(m)
         graph = DataflowGraph(kernels, tensors, name=f"{self.workload.name}.hpl.chip",
                               meta={**self.graph.meta, "P": m.P, "Q": m.Q})
         try:
             ct = chip_time(graph, self.system, net, solver=self.solver, time_limit_s=self.time_limit_s)
         except InfeasibleError as e:
-            msg = f"{m.P} x {m.Q} grid: intra-chip: {e}"
-            self.misfits.add(math.inf, msg)
-            return FamilyEvaluation(m, math.inf, empty_breakdown(), mem, False, True, reason=msg)
+            return self.misfit(m, f"{m.P} x {m.Q} grid: intra-chip: {e}", mem, math.inf)
         br = empty_breakdown()
         per_group = []
         if ct.single_kernel:
