@@ -193,7 +193,20 @@ class LLMModel(Strict):
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
 
 
-class LLMWorkload(_Base):
+class _Trained:
+    """Workloads with a ``training`` block take their precision and batch from it."""
+
+    @property
+    def precision(self) -> Precision:
+        return self.training.precision
+
+    @property
+    def default_batch(self) -> int:
+        """Samples per iteration when no batch is given (sequences for an LLM)."""
+        return self.training.global_batch
+
+
+class LLMWorkload(_Trained, _Base):
     """``kind: llm``: a GPT/Llama decoder-only transformer and its training setup.
 
     >>> w = load_workload({"kind": "llm", "name": "tiny", "model": {"hidden": 64, "num_heads": 4,
@@ -206,14 +219,6 @@ class LLMWorkload(_Base):
     model: LLMModel
     training: Training
 
-    @property
-    def precision(self) -> Precision:
-        return self.training.precision
-
-    @property
-    def default_batch(self) -> int:
-        """Samples per iteration when no batch is given (sequences)."""
-        return self.training.global_batch
 
 
 # -- dlrm --------------------------------------------------------------------------------------------
@@ -255,7 +260,7 @@ class EmbeddingTables(Strict):
         return list(self.lookups_per_table)
 
 
-class DLRMWorkload(_Base):
+class DLRMWorkload(_Trained, _Base):
     """``kind: dlrm``: Deep Learning Recommendation Model (Naumov et al. 2019, arXiv:1906.00091).
 
     >>> w = load_workload({"kind": "dlrm", "name": "d", "embedding": {"num_tables": 2,
@@ -281,13 +286,6 @@ class DLRMWorkload(_Base):
             raise ValueError(f"last width must equal embedding.dim ({emb.dim}) for the dot interaction, got {v[-1]}")
         return v
 
-    @property
-    def precision(self) -> Precision:
-        return self.training.precision
-
-    @property
-    def default_batch(self) -> int:
-        return self.training.global_batch
 
 
 # -- hpl ---------------------------------------------------------------------------------------------

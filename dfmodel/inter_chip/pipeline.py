@@ -149,6 +149,16 @@ def _stage_chunk_times(stage_fwd_s, stage_bwd_s, v):
     return _chunk_times(stage_fwd_s, v, "stage_fwd_s"), _chunk_times(stage_bwd_s, v, "stage_bwd_s")
 
 
+def _checked_chunks(stage_fwd_s, stage_bwd_s, num_micro_batches: int, interleave: int, p2p_s: float):
+    """Validated per-chunk forward/backward times and the stage count (shared argument checks)."""
+    fwd, bwd = _stage_chunk_times(stage_fwd_s, stage_bwd_s, interleave)
+    pp = len(fwd)
+    _check_pipeline_args(pp, num_micro_batches, interleave)
+    if p2p_s < 0:
+        raise ValueError(f"p2p_s must be >= 0, got {p2p_s}")
+    return fwd, bwd, pp
+
+
 def simulate_1f1b(
     stage_fwd_s: StageTimes,
     stage_bwd_s: StageTimes,
@@ -170,11 +180,7 @@ def simulate_1f1b(
     15.0
     """
     v, m = interleave, num_micro_batches
-    fwd, bwd = _stage_chunk_times(stage_fwd_s, stage_bwd_s, v)
-    pp = len(fwd)
-    _check_pipeline_args(pp, m, v)
-    if p2p_s < 0:
-        raise ValueError(f"p2p_s must be >= 0, got {p2p_s}")
+    fwd, bwd, pp = _checked_chunks(stage_fwd_s, stage_bwd_s, m, v, p2p_s)
     nvs = pp * v
     orders = [schedule_order(pp, i, m, v) for i in range(pp)]
     ptr = [0] * pp
@@ -476,11 +482,7 @@ def pipeline_time(
     3.0
     """
     v, m = interleave, num_micro_batches
-    fwd, bwd = _stage_chunk_times(stage_fwd_s, stage_bwd_s, v)
-    pp = len(fwd)
-    _check_pipeline_args(pp, m, v)
-    if p2p_s < 0:
-        raise ValueError(f"p2p_s must be >= 0, got {p2p_s}")
+    fwd, bwd, pp = _checked_chunks(stage_fwd_s, stage_bwd_s, m, v, p2p_s)
     tf = [sum(r) for r in fwd]
     tb = [sum(r) for r in bwd]
     T = [a + b for a, b in zip(tf, tb)]
