@@ -13,6 +13,7 @@ def solve_llm(workload, system, knobs: Knobs, *, solver: str = "auto", time_limi
               exhaustive: bool = False) -> Result:
     validate_knobs(knobs, system.num_chips)
     model = LLMModel(workload, system, solver=solver, time_limit_s=time_limit_s)
+    model.knobs = knobs  # read by inter_chip.diagnose when no mapping exists
     best, stats = search(model, llm_candidates(model, knobs), exhaustive=exhaustive)
     return to_result(model, best, stats)
 

@@ -106,7 +106,9 @@ def search(model, candidates, *, exhaustive: bool = False):
             continue
         heap.append((model.lower_bound_s(m), i, False, m))
     if not heap and stats.candidates == 0:
-        raise InfeasibleError("no valid mapping: the fixed knobs, chip count and batch admit none")
+        from dfmodel.inter_chip.diagnose import no_mapping_message  # names the failed constraint
+
+        raise InfeasibleError(no_mapping_message(model))
     heapq.heapify(heap)
     best = None
     worst_memory = None
