@@ -247,7 +247,11 @@ def check_path(model: type[BaseModel], data: dict[str, Any], parts: list[str]) -
         shape = _shape(tp)
         if shape == "model":
             if part not in tp.model_fields:
-                return f"{where}: unknown field {part!r} (fields: {', '.join(tp.model_fields)})"
+                from dfmodel.presets import did_you_mean
+
+                best = did_you_mean(part, tp.model_fields)
+                hint = f"did you mean {best!r}? " if best else ""
+                return f"{where}: unknown field {part!r} ({hint}fields: {', '.join(tp.model_fields)})"
             tp = tp.model_fields[part].annotation
             node = node.get(part) if isinstance(node, dict) else None
         elif shape in ("list", "tuple"):
@@ -324,8 +328,11 @@ def _load_bases(entries: list[Any], kind: str, source: str, base_dir: Path | Non
             else:
                 p = resolve(p, kind)
             if not p.is_file():
+                from dfmodel.presets import suggestion
+
                 names = ", ".join(x.stem for x in list_presets(kind)) or "none"
-                raise InputError(f"no such file or preset {str(entry)!r} (presets: {names})", source=source, field=where)
+                raise InputError(f"no such file or preset {str(entry)!r}{suggestion(entry, kind)} (presets: {names})",
+                                 source=source, field=where)
             data, label = read_yaml(p), str(entry)
             loaded = load(p)  # validated with the file's name in any error
         else:

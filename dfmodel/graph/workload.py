@@ -497,10 +497,9 @@ def load_workload(spec: str | Path | dict[str, Any] | AnyWorkload) -> AnyWorkloa
         elif isinstance(spec, (str, Path)):
             path = resolve(spec, "workloads")
             if not path.exists():
-                from dfmodel.presets import list_presets
+                from dfmodel.presets import unknown_preset_message
 
-                names = ", ".join(x.stem for x in list_presets("workloads")) or "none"
-                raise InputError(f"no such file or workload preset (presets: {names})", source=str(spec))
+                raise InputError(unknown_preset_message(spec, "workloads"), source=str(spec))
             source, data = str(path), read_yaml(path)
         else:
             raise InputError(f"expected a path, preset name, dict or workload, got {type(spec).__name__}")

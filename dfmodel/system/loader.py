@@ -28,6 +28,10 @@ def load_system(spec: str | Path | dict[str, Any] | System, num_chips: int | Non
         system = validate(System, spec, source)
     else:
         path = resolve(spec, "systems")
+        if not path.exists():
+            from dfmodel.presets import unknown_preset_message
+
+            raise InputError(unknown_preset_message(spec, "systems"), source=str(spec))
         source = str(path)
         system = validate(System, read_yaml(path), source)
     if num_chips is not None:

@@ -1,0 +1,134 @@
+"""The "no valid mapping" diagnosis: it agrees with the candidate enumeration (the oracle), names
+the failed constraint with its numbers, and its nearest valid values really admit a mapping."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from dfmodel import load_system, load_workload
+from dfmodel.errors import InfeasibleError
+from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.diagnose import context_of, diagnose, first_failure, nearest
+from dfmodel.inter_chip.llm import LLMModel
+from dfmodel.inter_chip.llm_result import solve_llm
+from dfmodel.inter_chip.search import llm_candidates
+
+
+def tiny(heads=6, kv=None, layers=6, batch=12):
+    model = {"hidden": 64 * heads, "num_heads": heads, "num_layers": layers, "seq_len": 64, "vocab_size": 512}
+    if kv:
+        model["num_kv_heads"] = kv
+    return {"kind": "llm", "name": "t", "model": model, "training": {"global_batch": batch, "precision": "bf16"}}
+
+
+def system(per_node=4, nodes=2):
+    return {
+        "name": "mini",
+        "chip": {"name": "gpu", "peak_flops": {"bf16": "312 TFLOPS"}, "sram_bytes": "40 MiB",
+                 "memory": {"kind": "HBM", "capacity_bytes": "80 GiB", "bandwidth_Bps": "2 TB/s"}},
+        "network": [
+            {"name": "nvlink", "topology": "switch", "size": per_node, "link_bandwidth_Bps": "300 GB/s"},
+            {"name": "ib", "topology": "switch", "size": nodes, "link_bandwidth_Bps": "25 GB/s"},
+        ],
+    }
+
+
+def model_of(w, s, knobs):
+    m = LLMModel(load_workload(w), load_system(s))
+    m.knobs = knobs
+    return m
+
+
+def admits_a_mapping(m, knobs) -> bool:
+    return next(iter(llm_candidates(m, knobs)), None) is not None
+
+
+def random_knobs(rng, n):
+    pick = lambda opts: rng.choice([None, None] + opts)  # noqa: E731
+    return Knobs(tp=pick([1, 2, 3, 4, 8]), pp=pick([1, 2, 4, 7, 8]), dp=pick([1, 2, 4, 8]),
+                 micro_batch=pick([1, 2, 3, 5, 6, 12]), interleave=pick([1, 2, 3]))
+
+
+def test_diagnosis_agrees_with_the_enumeration_on_random_cases():
+    """Oracle: a failure is reported exactly when llm_candidates yields nothing."""
+    rng = random.Random(9)
+    seen = {"fail": 0, "ok": 0}
+    for _ in range(150):
+        w = tiny(heads=rng.choice([4, 6, 8]), layers=rng.choice([4, 6, 8]), batch=rng.choice([8, 12, 24]),
+                 kv=rng.choice([None, 2]))
+        s = system(*rng.choice([(4, 2), (2, 2), (8, 1)]))
+        n = load_system(s).num_chips
+        knobs = random_knobs(rng, n)
+        if any(v is not None and n % v for v in (knobs.tp, knobs.pp, knobs.dp)):
+            continue  # validate_knobs rejects these as input errors first
+        m = model_of(w, s, knobs)
+        expected_ok = admits_a_mapping(m, knobs)
+        found = first_failure(context_of(m), knobs)
+        assert (found is None) == expected_ok, (w, s, knobs, found and found[0].name)
+        seen["ok" if expected_ok else "fail"] += 1
+    assert seen["fail"] > 20 and seen["ok"] > 20, seen
+
+
+def test_every_suggested_value_admits_a_mapping():
+    rng = random.Random(3)
+    checked = 0
+    for _ in range(80):
+        w, s = tiny(batch=rng.choice([12, 24])), system()
+        knobs = random_knobs(rng, 8)
+        if any(v is not None and 8 % v for v in (knobs.tp, knobs.pp, knobs.dp)):
+            continue
+        m = model_of(w, s, knobs)
+        x = context_of(m)
+        if first_failure(x, knobs) is None:
+            continue
+        from dfmodel.inter_chip.diagnose import feasible_values
+
+        for knob, value in x.fixed().items():
+            for v in nearest(value, feasible_values(x, knob)):
+                fixed = Knobs(**{**knobs.__dict__, knob: v})
+                assert admits_a_mapping(model_of(w, s, fixed), fixed), (knobs, knob, v)
+                checked += 1
+    assert checked > 10
+
+
+def test_nearest_is_the_closest_below_and_above():
+    for value, valid in itertools.product([1, 5, 7, 16], [[1, 2, 4, 8], [3, 6, 12], [2]]):
+        got = nearest(value, valid)
+        below = max((v for v in valid if v < value), default=None)
+        above = min((v for v in valid if v > value), default=None)
+        assert got == [v for v in (below, above) if v is not None]
+
+
+@pytest.mark.parametrize("knobs,needle", [
+    (Knobs(tp=16), "tp 16 does not divide the 40 attention heads; nearest valid: --tp 8"),
+    (Knobs(micro_batch=7), "micro-batch 7 does not divide the per-replica batch"),
+    (Knobs(pp=64), "pp 64 exceeds the 40 layers; nearest valid: --pp 32"),
+    (Knobs(pp=4, interleave=3), "the 40 layers are not a multiple of pp 4 x interleave 3 = 12"),
+])
+def test_issue_examples_gpt3_13b_on_64_chips(knobs, needle):
+    w, s = load_workload("gpt3_13b"), load_system("dgx_a100", num_chips=64)
+    with pytest.raises(InfeasibleError) as exc:
+        solve_llm(w, s, knobs)
+    msg = str(exc.value)
+    assert needle in msg and "\n" not in msg, msg
+    if knobs.micro_batch == 7:
+        assert "nearest valid: --micro-batch 4 or 8" in msg
+
+
+def test_issue_example_gpt3_175b_dp_does_not_divide_batch():
+    w, s = load_workload("gpt3_175b"), load_system("dgx_a100")
+    with pytest.raises(InfeasibleError) as exc:
+        solve_llm(w, s, Knobs(tp=1, pp=1))
+    msg = str(exc.value)
+    assert "dp 1024" in msg and "does not divide the global batch 1536" in msg, msg
+    assert "--tp 2" in msg and "--pp 2" in msg
+
+
+def test_kv_heads_constraint_is_named():
+    x = context_of(model_of(tiny(heads=8, kv=2), system(), Knobs(tp=4)))
+    assert first_failure(x, x.knobs) is None  # kv 2 divides tp 4: fine
+    x = context_of(model_of(tiny(heads=12, kv=4), system(per_node=6, nodes=1), Knobs(tp=6)))
+    assert "tp 6 and the 4 key/value heads" in diagnose(x)
