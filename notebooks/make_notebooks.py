@@ -518,9 +518,9 @@ FIDELITY = [
 
 Published Megatron-LM training runs on NVIDIA Selene (DGX A100 80GB), each evaluated with its
 published mapping fixed (`dfmodel.validate.validate_cases`; a knob a case leaves out, often the
-micro-batch, is chosen by the optimizer). Cases: `shared/calibration/megatron_a100.yaml` beside
-the repository (Narayanan et al. SC21 Table 1; Korthikanti et al. 2022 Tables 3 and 5), or the
-file named by `DFMODEL_CASES`. Same as `dfmodel validate CASES`.
+micro-batch, is chosen by the optimizer). Cases: the shipped data set `megatron_a100`
+(`calibration/megatron_a100.yaml`: Narayanan et al. SC21 Table 1; Korthikanti et al. 2022 Tables 3
+and 5), or the file named by `DFMODEL_CASES`. Same as `dfmodel validate megatron_a100`.
 """),
     code(SETUP),
     code('''
@@ -529,10 +529,9 @@ from pathlib import Path
 
 import yaml
 
-from dfmodel.presets import project_root
-from dfmodel.validate import summary, validate_cases
+from dfmodel.validate import resolve_cases, summary, validate_cases
 
-cases_path = Path(os.environ.get("DFMODEL_CASES") or project_root().parent / "shared/calibration/megatron_a100.yaml")
+cases_path = resolve_cases(os.environ.get("DFMODEL_CASES") or "megatron_a100")
 print(cases_path, cases_path.exists())
 if QUICK:  # CI: four cases of different sizes
     cases = yaml.safe_load(cases_path.read_text())

@@ -20,7 +20,6 @@ pytest.importorskip("ipykernel")
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CELL_TIMEOUT_S = 300
-CASES = Path(__file__).resolve().parent.parent.parent / "shared" / "calibration" / "megatron_a100.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +72,6 @@ def test_every_notebook_is_tested():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs(quick_kernel, name):
-    if name == "fidelity.ipynb" and not CASES.exists():
-        pytest.skip(f"calibration cases not found at {CASES}")
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "notebooks are stored without outputs"
     run(nb, NOTEBOOKS)  # raises CellExecutionError on the first failing cell

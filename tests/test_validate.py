@@ -12,7 +12,9 @@ import yaml
 from dfmodel.errors import InputError
 from dfmodel.validate import evaluate_case, load_cases, summary, validate_cases
 
-CASES = Path(__file__).resolve().parents[1].parent / "shared" / "calibration" / "megatron_a100.yaml"
+from dfmodel.presets import preset_dir
+
+CASES = preset_dir("calibration") / "megatron_a100.yaml"  # shipped with the package
 
 SMALL_CASE = {
     "id": "small",
@@ -57,10 +59,25 @@ def test_bad_case_names_file_and_field(tmp_path):
 
 
 def test_shipped_calibration_cases_load():
-    if not CASES.exists():
-        pytest.skip("../shared/calibration not beside the checkout")
     cases = load_cases(CASES)
     assert len(cases) == 18 and all(c.measured.iteration_time_s > 0 for c in cases)
+    assert [c.id for c in load_cases("megatron_a100")] == [c.id for c in cases]  # by data-set name
+
+
+def test_unknown_data_set_suggests_the_nearest_name():
+    with pytest.raises(InputError, match=r"megatron_a10: no such file or calibration data set preset "
+                                         r"\(did you mean 'megatron_a100'\?\)"):
+        load_cases("megatron_a10")
+
+
+@pytest.mark.parametrize("name,reason", [("h100_training", "needs context parallelism (cp=2)"),
+                                         ("other_families", "validate evaluates LLM training cases only")])
+def test_other_data_sets_list_their_cases_with_a_reason(name, reason):
+    """Cases the model cannot evaluate yet are rows with a one-line reason, not a crash."""
+    rows = validate_cases(name)
+    assert rows and all(r.predicted_s is None and r.message for r in rows if r.error is None)
+    assert any(r.message.startswith(reason) or reason in r.message for r in rows)
+    assert summary(rows)["cases"] == len(rows)
 
 
 def test_cli_validate(tmp_path):
