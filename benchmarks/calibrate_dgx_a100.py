@@ -6,7 +6,7 @@ the DP overlap. Objective: mean absolute relative error of iteration time, subje
 Prints every grid point and the best; the chosen values are then written into
 systems/dgx_a100.yaml by hand, with this script named as their source.
 
-Run: .venv/bin/python benchmarks/calibrate_dgx_a100.py [CASES.yaml]
+Run: .venv/bin/python benchmarks/calibrate_dgx_a100.py [CASES.yaml or data-set name, default megatron_a100]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dfmodel.presets import resolve
 from dfmodel.validate import DEFAULT_SYSTEM, load_cases, summary, evaluate_case
 from dfmodel.yamlio import read_yaml
 
-CASES = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parents[2] / "shared/calibration/megatron_a100.yaml")
+CASES = sys.argv[1] if len(sys.argv) > 1 else "megatron_a100"  # the shipped data set (calibration/)
 GRID = {
     "matmul": [0.6, 0.65, 0.7],
     "vector": [0.3, 0.6],
