@@ -1,7 +1,8 @@
 """The ``dfmodel`` command: a thin layer over the public API.
 
 Every command is a few lines that call the library; every :class:`DFModelError` becomes one
-line on stderr and its exit code (2 bad input, 3 nothing fits), never a traceback.
+line on stderr and its exit code (2 bad input, 3 nothing fits, 4 solver unavailable or failed),
+never a traceback. Output paths are checked before any work starts.
 """
 
 from __future__ import annotations
@@ -12,11 +13,17 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.rich_utils
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from dfmodel.cli_format import fmt, fmt_time
-from dfmodel.errors import DFModelError
+from dfmodel.cli_format import console_width, fmt, fmt_bytes, fmt_time
+from dfmodel.errors import DFModelError, InputError
+
+# --help and tables use the whole width when stdout is a file or pipe (rich would cut at 80)
+if typer.rich_utils.MAX_WIDTH is None and console_width() is not None:
+    typer.rich_utils.MAX_WIDTH = min(console_width(), 160)
 
 app = typer.Typer(
     help="DFModel: map a workload onto a machine and predict how fast it runs.",
@@ -24,8 +31,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+out = Console(width=console_width(sys.stdout))
+err = Console(stderr=True, width=console_width(sys.stderr))
+
+
+def writable(path: Optional[Path | str], option: str) -> None:
+    """Fail fast (exit 2, one line) when ``path`` cannot be written, before any solving starts."""
+    if path is None or str(path) == "-":
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise InputError("is a directory, expected a file path", source=str(p), field=option)
+    if not parent.is_dir():
+        raise InputError(f"directory {str(parent)!r} does not exist", source=str(p), field=option)
+    import os
+
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InputError("not writable (permission denied)", source=str(p), field=option)
 
 
 def guarded(fn):
@@ -36,7 +59,8 @@ def guarded(fn):
         try:
             return fn(*args, **kwargs)
         except DFModelError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            # escape: messages hold brackets ("pip install 'dfmodel[gurobi]'") that rich would eat
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper
@@ -106,13 +130,16 @@ def graph(
     from dfmodel.graph.build import build_graphs, summary
     from dfmodel.graph.workload import load_workload
 
+    for path, option in ((dot, "--dot"), (json_path, "--json"), (png, "--png")):
+        writable(path, option)
     w = load_workload(workload)
     graphs = build_graphs(w, batch=batch)
     g = graphs.layer
     if kernels:
         table = Table("kernel", "kind", "phase", "FLOP", "output bytes", "weight bytes", title=g.name)
+        table.columns[0].overflow = "fold"  # long kernel names wrap, never cut into look-alikes
         for k in g.kernels:
-            table.add_row(k.name, k.kind.value, k.phase.value, fmt(k.flop), fmt(k.output_bytes, "B"), fmt(k.weight_bytes, "B"))
+            table.add_row(k.name, k.kind.value, k.phase.value, fmt(k.flop), fmt_bytes(k.output_bytes), fmt_bytes(k.weight_bytes))
         out.print(table)
     s = summary(w, batch=batch)
     out.print(
@@ -144,7 +171,6 @@ def collective(
     num_chips: Optional[int] = typer.Option(None, help="Resize the outermost dimension."),
 ) -> None:
     """Cost of every collective for one message size over a group of the network."""
-    from dfmodel.errors import InputError
     from dfmodel.netmodels import COLLECTIVES, CostTable
     from dfmodel.system import load_system
     from dfmodel.system.units import parse_quantity
@@ -158,7 +184,8 @@ def collective(
     except ValueError as exc:
         raise InputError(f"{exc} (expected e.g. --size '1 GiB' --group nvlink=8,ib=4)", field="--size/--group") from None
     table_ = CostTable(sys_)
-    table = Table("collective", "time", "algorithm", title=f"{fmt(size_bytes, 'B')} over {members}")
+    group_label = " x ".join(f"{name}={n}" for name, n in members)
+    table = Table("collective", "time", "algorithm", title=f"{fmt_bytes(size_bytes)} over {group_label}")
     for name in COLLECTIVES:
         try:
             c = table_.cost(name, size_bytes, tuple(members))
@@ -178,10 +205,19 @@ def solve(
     dp: Optional[int] = typer.Option(None, help="Fix the data-parallel degree."),
     micro_batch: Optional[int] = typer.Option(None, help="Fix the micro-batch size."),
     recompute: Optional[str] = typer.Option(None, help="none | selective | full."),
-    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel"),
+    sequence_parallel: Optional[bool] = typer.Option(
+        None, "--sequence-parallel/--no-sequence-parallel",
+        help="Fix sequence parallelism on or off (Korthikanti et al. 2022; needs TP > 1).",
+    ),
     interleave: Optional[int] = typer.Option(None, help="Fix the pipeline interleaving (virtual stages)."),
-    distributed_optimizer: Optional[bool] = typer.Option(None, "--distributed-optimizer/--no-distributed-optimizer"),
+    distributed_optimizer: Optional[bool] = typer.Option(
+        None, "--distributed-optimizer/--no-distributed-optimizer",
+        help="Fix optimizer-state sharding over DP replicas on or off (Megatron distributed optimizer).",
+    ),
     num_chips: Optional[int] = typer.Option(None, help="Resize the system's outermost dimension."),
+    precision: Optional[str] = typer.Option(
+        None, help="Override the workload's precision: fp64 | fp32 | bf16 | fp16 | fp8 (e.g. fp32 on TPU)."
+    ),
     solver: str = typer.Option("auto", help="auto | highs | gurobi."),
     time_limit: Optional[float] = typer.Option(None, help="Seconds per MILP solve."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the result as JSON to PATH, or '-' for stdout alone."),
@@ -190,14 +226,21 @@ def solve(
     ),
 ) -> None:
     """Find the fastest mapping of a workload on a system and report it."""
-    from dfmodel.optimizer import optimize
+    from dfmodel.graph.workload import load_workload
+    from dfmodel.optimizer import optimize, with_precision
     from dfmodel.report import render_result
+    from dfmodel.system import load_system
 
+    writable(json_out, "--json")
+    writable(plot_path, "--plot")
+    w = load_workload(workload)
+    if precision is not None:
+        w = with_precision(w, precision)
+    s = load_system(system, num_chips=num_chips)
     result = optimize(
-        workload, system, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
+        w, s, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
         sequence_parallel=sequence_parallel, interleave=interleave,
-        distributed_optimizer=distributed_optimizer, num_chips=num_chips, solver=solver,
-        time_limit_s=time_limit,
+        distributed_optimizer=distributed_optimizer, solver=solver, time_limit_s=time_limit,
     )
     if plot_path:
         from dfmodel.plots import plot_result, save
@@ -206,7 +249,7 @@ def solve(
     if json_out == "-":
         sys.stdout.write(result.to_json() + "\n")
         return
-    render_result(result, out)
+    render_result(result, out, system=s, workload=w)
     if json_out:
         Path(json_out).write_text(result.to_json())
         out.print(f"wrote {json_out}")
@@ -217,7 +260,9 @@ def solve(
 @app.command()
 @guarded
 def validate(
-    cases: Path = typer.Argument(..., help="Cases YAML, e.g. ../shared/calibration/megatron_a100.yaml."),
+    cases: str = typer.Argument(
+        ..., help="A shipped data set (megatron_a100, h100_training, other_families) or a cases YAML file."
+    ),
     system: str = typer.Option("dgx_a100", "--system", "-s", help="System YAML or preset name."),
     free: bool = typer.Option(False, "--free", help="Also optimise with nothing fixed and compare."),
 ) -> None:
@@ -235,10 +280,13 @@ def validate(
         if free:
             cells += [fmt_time(r.free_predicted_s) if r.free_predicted_s else "-", r.free_mapping or "-"]
         table.add_row(*cells)
-    out.print(table, width=max(out.width, 170))  # rows are wide; never wrap mappings
+    out.print(table)
     s = summary(rows)
-    out.print(f"{s['evaluated']}/{s['cases']} cases: mean absolute error {s['mean_abs_error']:.1%}, "
-              f"max absolute error {s['max_abs_error']:.1%}")
+    if s["evaluated"]:
+        out.print(f"{s['evaluated']}/{s['cases']} cases: mean absolute error {s['mean_abs_error']:.1%}, "
+                  f"max absolute error {s['max_abs_error']:.1%}")
+    else:
+        out.print(f"0/{s['cases']} cases could be evaluated (see each case's reason)")
 
 
 @app.command()
@@ -255,6 +303,7 @@ def sweep(
     from dfmodel.sweeps import summary, sweep as run_sweep
 
     target = out_path or spec.with_suffix(".jsonl")
+    writable(target, "--out")
     records = run_sweep(spec, out=target, workers=workers, resume=resume, executor=executor, address=address)
     out.print(summary(records, target), highlight=False)
 
@@ -271,9 +320,9 @@ def plot(
 ) -> None:
     """Draw results: breakdown bars, a pipeline timeline or partitions (of the fastest result
     in the file), or a heatmap / Pareto front over a sweep's points."""
-    from dfmodel.errors import InputError
     from dfmodel.plots import plot_results_file, save
 
+    writable(out_path, "--out")
     try:
         fig = plot_results_file(results, kind, x=x, y=y, value=value)
     except (ValueError, TypeError, KeyError) as exc:

@@ -1,8 +1,9 @@
 """``optimize``: the product's main job -- the fastest mapping of a workload on a system.
 
->>> from dfmodel import optimize                                            # doctest: +SKIP
->>> r = optimize("workloads/gpt3_175b.yaml", "systems/dgx_h100.yaml", num_chips=1024)
->>> r.parallelism.tp, r.iteration_time_s
+>>> from dfmodel import optimize
+>>> r = optimize("tiny_mlp", "dgx_a100", num_chips=8)
+>>> r.num_chips, r.iteration_time_s > 0, r.solver.status
+(8, True, 'optimal')
 """
 
 from __future__ import annotations
@@ -33,16 +34,20 @@ def optimize(
     num_chips: int | None = None,
     solver: str = "auto",
     time_limit_s: float | None = None,
+    precision: str | None = None,
 ) -> Result:
     """Search every valid mapping of ``workload`` on ``system`` and return the fastest.
 
     Any knob given is fixed; the others are searched. ``workload``/``system`` are paths, preset
-    names, dicts or loaded objects. Raises :class:`~dfmodel.errors.InputError` on bad input and
+    names, dicts or loaded objects. ``precision`` (fp64, fp32, bf16, fp16, fp8) overrides the
+    workload's own (its ``training.precision`` or top-level ``precision``). Raises :class:`~dfmodel.errors.InputError` on bad input and
     :class:`~dfmodel.errors.InfeasibleError` when no mapping fits (with what did not fit).
     """
     if solver not in ("auto", "highs", "gurobi"):
         raise InputError(f"must be auto, highs or gurobi, got {solver!r}", field="solver")
     w = load_workload(workload)
+    if precision is not None:
+        w = with_precision(w, precision)
     s = load_system(system, num_chips=num_chips)
     knobs = Knobs(tp, pp, dp, micro_batch, recompute, sequence_parallel, interleave, distributed_optimizer)
     if w.kind == "llm":
@@ -52,6 +57,27 @@ def optimize(
     from dfmodel.inter_chip.families import solve_family
 
     return solve_family(w, s, knobs, solver=solver, time_limit_s=time_limit_s)
+
+
+def with_precision(workload: Any, precision: str) -> Any:
+    """A copy of ``workload`` computing in ``precision`` (validated like the YAML field).
+
+    >>> with_precision(load_workload("gpt3_13b"), "fp32").precision.value
+    'fp32'
+    """
+    from pydantic import ValidationError
+
+    from dfmodel.yamlio import validation_message
+
+    w = workload.model_copy(deep=True)
+    holder = w.training if hasattr(getattr(w, "training", None), "precision") else w
+    field = "training.precision" if holder is not w else "precision"
+    try:
+        setattr(holder, "precision", precision)
+    except ValidationError as exc:
+        raise InputError(validation_message(exc.errors()[0]), source=getattr(w, "source", None) or w.name,
+                         field=f"{field} (--precision)") from None
+    return w
 
 
 def cost_and_power(system) -> tuple[float, float]:
