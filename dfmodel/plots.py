@@ -282,55 +282,150 @@ def _shade(color: str, i: int, n: int) -> tuple[float, float, float]:
     return (r + (1 - r) * f, g + (1 - g) * f, b + (1 - b) * f)
 
 
-def plot_pipeline(result: Any, *, p2p_s: float = 0.0, max_labels: int = 400, ax=None) -> Figure:
+def elision_window(events, stage_fwd_s: Sequence[float], stage_bwd_s: Sequence[float], *,
+                   keep_cycles: int = 2) -> tuple[float, float] | None:
+    """The stretch ``(t1, t2)`` of a long steady state to leave out of a timeline, or None.
+
+    The steady state runs from the end of stage 0's first backward (every stage then busy) to
+    the start of the last forward (the drain begins). Its period is the bottleneck stage's
+    forward + backward per micro-batch. ``keep_cycles`` periods are kept at each end; the rest is
+    elided when it spans more than two periods.
+
+    >>> from dfmodel.inter_chip.pipeline import simulate_1f1b
+    >>> ev = simulate_1f1b([1.0] * 2, [2.0] * 2, 20)
+    >>> elision_window(ev, [1.0] * 2, [2.0] * 2)   # steady 6 s .. 58 s, 3 s period, 2 kept each end
+    (12.0, 52.0)
+    """
+    period = max(f + b for f, b in zip(stage_fwd_s, stage_bwd_s))
+    first_b = [e.end_s for e in events if e.kind == "B" and e.stage == 0]
+    last_f = [e.start_s for e in events if e.kind == "F"]
+    if not first_b or not last_f:
+        return None
+    t1 = min(first_b) + keep_cycles * period
+    t2 = max(last_f) - keep_cycles * period
+    return (t1, t2) if t2 - t1 > 2 * period else None
+
+
+def _clip(events, window: tuple[float, float] | None, gap_s: float):
+    """Events as drawn: ``(event, x0, x1)`` with the window cut out and later times shifted back
+    by its length minus ``gap_s`` (room for the elision mark); events inside it are dropped."""
+    if window is None:
+        return [(e, e.start_s, e.end_s) for e in events], 0
+    t1, t2 = window
+    shift = (t2 - t1) - gap_s
+    out, dropped = [], 0
+    for e in events:
+        if e.end_s <= t1:
+            out.append((e, e.start_s, e.end_s))
+        elif e.start_s >= t2:
+            out.append((e, e.start_s - shift, e.end_s - shift))
+        elif e.start_s < t1:  # runs into the cut: drawn up to it
+            out.append((e, e.start_s, t1))
+        elif e.end_s > t2:  # runs out of the cut: drawn from it
+            out.append((e, t2 - shift, e.end_s - shift))
+        else:
+            dropped += 1
+    return out, dropped
+
+
+def timeline_boxes(ax) -> list[tuple[float, float, int]]:
+    """``(x0, x1, stage)`` of every box :func:`plot_pipeline` drew (read back from the figure)."""
+    boxes = []
+    for coll in ax.collections:
+        if coll.get_gid() != "pipeline":
+            continue
+        for path in coll.get_paths():
+            (x0, y0), (x1, y1) = path.vertices.min(axis=0), path.vertices.max(axis=0)
+            boxes.append((float(x0), float(x1), int(round((y0 + y1) / 2))))
+    return boxes
+
+
+def plot_pipeline(result: Any, *, p2p_s: float = 0.0, max_labels: int = 400, elide: bool | None = None,
+                  ax=None) -> Figure:
     """The pipeline timeline of one iteration: forward (blue) and backward (orange) of every
     micro-batch on every stage, as the 1F1B schedule runs them (interleaved chunks lighter).
 
     Re-simulated by :func:`~dfmodel.inter_chip.pipeline.simulate_1f1b` from the result's
     ``pipeline`` (stage times per micro-batch, micro-batch count, interleave); ``p2p_s`` adds a
     latency per stage-to-stage transfer (the result does not store it; 0 by default). The data-
-    parallel sync and the optimizer step after the pipeline are not drawn. One rectangle per
-    event: ``pp x m x 2 x v`` in ``ax.patches``. Micro-batch numbers are written in the
-    rectangles when there are at most ``max_labels`` of them.
+    parallel sync and the optimizer step after the pipeline are not drawn.
+
+    A long steady state (``elide``; default: when there are more than ``max_labels`` operations)
+    is shown as warm-up, two steady-state cycles, a hatched band saying how much was left out,
+    two more cycles and the cool-down (:func:`elision_window`); the time axis keeps true times.
+    Boxes are drawn as one collection per colour (read them back with :func:`timeline_boxes`),
+    so 10,000 operations draw in well under a second. Micro-batch numbers are written in the
+    boxes when there are at most ``max_labels`` of them and they fit.
+
+    The title gives the bubble as the breakdown counts it -- the bottleneck stage's idle time
+    over the iteration -- and, separately, the idle share of all stages in the timeline, which
+    also counts faster stages waiting for slower ones.
     """
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     d = result_dict(result)
     events = pipeline_events(d, p2p_s=p2p_s)
     pipe = d["pipeline"]
-    pp = len(pipe["stage_forward_s"])
+    fwd, bwd = pipe["stage_forward_s"], pipe["stage_backward_s"]
+    pp = len(fwd)
     v = int(pipe.get("interleave") or 1)
     m = int(pipe["num_micro_batches"])
     span = max(e.end_s for e in events)
+    elide = len(events) > max_labels if elide is None else elide
+    window = elision_window(events, fwd, bwd) if elide else None
+    gap = 0.03 * (span - (window[1] - window[0])) if window else 0.0
+    drawn, dropped = _clip(events, window, gap)
+    shown_span = max(x1 for _, _, x1 in drawn)
     scale, unit = _time_scale(span)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(11, 1.4 + 0.45 * pp), layout="constrained")
+        fig, ax = plt.subplots(figsize=(11, 1.6 + 0.45 * pp), layout="constrained")
     else:
         fig = ax.figure
-    # number the micro-batches only when every rectangle has room for its number
+    groups: dict[tuple, list] = {}
+    for e, x0, x1 in drawn:
+        color = _shade(FORWARD_COLOR if e.kind == "F" else BACKWARD_COLOR, e.chunk, v)
+        y0 = e.stage - 0.4
+        groups.setdefault(color, []).append([(x0 * scale, y0), (x1 * scale, y0), (x1 * scale, y0 + 0.8),
+                                             (x0 * scale, y0 + 0.8)])
+    thin = len(drawn) <= 100 * pp  # white separators only while they stay thin
+    for color, polys in groups.items():
+        ax.add_collection(PolyCollection(polys, facecolors=[color], edgecolors="white",
+                                         linewidths=0.4 if thin else 0.0, gid="pipeline"))
     digits = len(str(m - 1))
-    edge = 0.4 if len(events) <= 100 * pp else 0.0  # white separators only while they stay thin
-    label = len(events) <= max_labels and min(e.end_s - e.start_s for e in events) >= span * 0.006 * digits
-    for e in events:
-        base = FORWARD_COLOR if e.kind == "F" else BACKWARD_COLOR
-        x, w = e.start_s * scale, (e.end_s - e.start_s) * scale
-        ax.add_patch(Rectangle((x, e.stage - 0.4), w, 0.8, facecolor=_shade(base, e.chunk, v),
-                               edgecolor="white", linewidth=edge))
-        if label:
-            ax.text(x + w / 2, e.stage, str(e.micro_batch), ha="center", va="center", fontsize=6,
+    label = len(drawn) <= max_labels and min(x1 - x0 for _, x0, x1 in drawn) >= shown_span * 0.006 * digits
+    if label:
+        for e, x0, x1 in drawn:
+            ax.text((x0 + x1) / 2 * scale, e.stage, str(e.micro_batch), ha="center", va="center", fontsize=6,
                     color="white" if e.chunk == 0 else "black")
+    if window:
+        t1, t2 = window
+        ax.axvspan(t1 * scale, (t1 + gap) * scale, facecolor="#eeeeee", edgecolor="#999999", hatch="//", lw=0.5)
+        ax.text((t1 + gap / 2) * scale, (pp - 1) / 2, f"{(t2 - t1) * scale:.3g} {unit} of steady state elided "
+                f"({dropped} operations)", rotation=90, ha="center", va="center", fontsize=7,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+        shift = (t2 - t1) - gap
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda x, _: "" if t1 * scale < x < (t1 + gap) * scale
+            else f"{(x if x <= t1 * scale else x + shift * scale):.4g}"))
     busy = sum(e.end_s - e.start_s for e in events)
     idle = 1 - busy / (pp * span) if span > 0 else 0.0
-    ax.set_xlim(0, span * scale * 1.01)
+    b = max(range(pp), key=lambda i: fwd[i] + bwd[i])
+    bubble_s = span - m * (fwd[b] + bwd[b])  # the bottleneck stage's idle time, as the breakdown counts it
+    iteration = float(d.get("iteration_time_s") or span)
+    ax.set_xlim(0, shown_span * scale * 1.01)
     ax.set_ylim(pp - 0.5, -0.5)  # stage 0 on top
     ax.set_yticks(range(pp), [f"stage {i}" for i in range(pp)], fontsize=8)
     ax.set_xlabel(f"time ({unit})")
     layers = pipe.get("layers_per_stage")
     sub = f", layers per stage {layers}" if layers and len(set(layers)) > 1 else (
         f", {layers[0]} layers per stage" if layers else "")
-    ax.set_title(f"1F1B pipeline: pp {pp}, {m} micro-batches, interleave {v}{sub}; "
-                 f"{span * scale:.3g} {unit}, idle {100 * idle:.1f}%"
-                 + (f" (chunks 0-{v - 1} dark to light)" if v > 1 else ""), fontsize=9)
+    ax.set_title(f"1F1B pipeline: pp {pp}, {m} micro-batches, interleave {v}{sub}; {span * scale:.3g} {unit}"
+                 + (f" (chunks 0-{v - 1} dark to light)" if v > 1 else "")
+                 + f"\nbubble {max(bubble_s, 0.0) / iteration:.1%} of the iteration (bottleneck stage {b} idle, "
+                 f"as in the breakdown); all stages idle {idle:.1%} of this timeline (bubble plus waiting "
+                 f"on slower stages)", fontsize=9)
     handles = [Patch(color=FORWARD_COLOR, label="forward"), Patch(color=BACKWARD_COLOR, label="backward")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.spines[["top", "right"]].set_visible(False)

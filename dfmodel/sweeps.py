@@ -235,8 +235,8 @@ def check_path(model: type[BaseModel], data: dict[str, Any], parts: list[str]) -
     True
     >>> check_path(System, data, ["network", "2", "size"])
     'network.2: index out of range (the list has 2 items)'
-    >>> check_path(System, data, ["chip", "memory", "bandwith_Bps"])[:45]
-    "chip.memory: unknown field 'bandwith_Bps' (fi"
+    >>> check_path(System, data, ["chip", "memory", "bandwith_Bps"])[:73]
+    "chip.memory: unknown field 'bandwith_Bps' (did you mean 'bandwidth_Bps'? "
     """
     tp: Any = model
     node: Any = data

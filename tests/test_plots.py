@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -73,15 +74,53 @@ def test_pipeline_one_rectangle_per_forward_and_backward(pp, m, v):
     pipe = {"layers_per_stage": [4] * pp, "stage_forward_s": fwd, "stage_backward_s": bwd,
             "num_micro_batches": m, "interleave": v}
     fig = plots.plot_pipeline(fake_result(pipeline=pipe))
-    rects = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
-    assert len(rects) == pp * m * 2 * v
+    boxes = plots.timeline_boxes(fig.axes[0])
+    assert len(boxes) == pp * m * 2 * v
     # drawn exactly as simulated: same makespan, and no two operations of a stage overlap
     span = makespan_s(simulate_1f1b(fwd, bwd, m, v))
-    assert max(r.get_x() + r.get_width() for r in rects) == pytest.approx(span)
+    assert max(x1 for _, x1, _ in boxes) == pytest.approx(span)
     for stage in range(pp):
-        row = sorted((r.get_x(), r.get_x() + r.get_width()) for r in rects if round(r.get_y() + 0.4) == stage)
+        row = sorted((x0, x1) for x0, x1, s in boxes if s == stage)
         assert len(row) == 2 * m * v
         assert all(a[1] <= b[0] + 1e-12 for a, b in zip(row, row[1:]))
+
+
+def long_pipeline(pp=8, m=96, v=6):
+    fwd = [1.0 + 0.02 * i for i in range(pp)]
+    bwd = [2.0 * t for t in fwd]
+    return {"layers_per_stage": [12] * pp, "stage_forward_s": fwd, "stage_backward_s": bwd,
+            "num_micro_batches": m, "interleave": v}
+
+
+def test_long_steady_state_is_elided_and_fast():
+    """96 micro-batches x v6 x 8 stages (9,216 operations): warm-up, cycles, cool-down in < 2 s."""
+    import time
+
+    pipe = long_pipeline()
+    events = simulate_1f1b(pipe["stage_forward_s"], pipe["stage_backward_s"], 96, 6)
+    t0 = time.perf_counter()
+    fig = plots.plot_pipeline(fake_result(pipeline=pipe))
+    fig.canvas.draw()
+    elapsed = time.perf_counter() - t0
+    boxes = plots.timeline_boxes(fig.axes[0])
+    assert len(boxes) < len(events) / 3  # most of the steady state is left out...
+    assert any("elided" in t.get_text() for t in fig.axes[0].texts)  # ...and the figure says so
+    t1, t2 = plots.elision_window(events, pipe["stage_forward_s"], pipe["stage_backward_s"])
+    kept = [e for e in events if e.end_s <= t1 or e.start_s >= t2]
+    assert len(boxes) >= len(kept)  # every operation outside the cut is drawn (cut ones clipped)
+    # the drawn span is the true span less the cut, plus the band marking it
+    assert max(x1 for _, x1, _ in boxes) < makespan_s(events) - (t2 - t1) * 0.9
+    assert elapsed < 2.0 * 3, elapsed  # 2 s on an idle core; slack for a shared CI machine
+    plt.close(fig)
+
+
+def test_title_bubble_agrees_with_the_breakdown(solved):
+    _, result = solved
+    fig = plots.plot_pipeline(result)
+    title = fig.axes[0].get_title()
+    share = result["breakdown_s"]["bubble"] / result["iteration_time_s"]
+    assert f"bubble {share:.1%} of the iteration" in title
+    plt.close(fig)
 
 
 def test_pipeline_needs_stage_times():
@@ -194,7 +233,7 @@ def test_real_result_plots(solved):
     _, result = solved
     pipe = result["pipeline"]
     fig = plots.plot_pipeline(result)
-    assert len(fig.axes[0].patches) == len(pipe["stage_forward_s"]) * pipe["num_micro_batches"] * 2
+    assert len(plots.timeline_boxes(fig.axes[0])) == len(pipe["stage_forward_s"]) * pipe["num_micro_batches"] * 2
     fig = plots.plot_result(result)
     assert len(fig.axes) == 2
     fig = plots.plot_partitions(result)
