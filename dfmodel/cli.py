@@ -99,13 +99,22 @@ def workloads() -> None:
 
 @app.command()
 @guarded
-def check(file: Path = typer.Argument(..., help="A workload or system YAML file.")) -> None:
+def check(file: Path = typer.Argument(..., help="A workload or system YAML file, or a preset name.")) -> None:
     """Validate a workload or system YAML; exit 2 with a one-line error if it is bad."""
     from dfmodel.graph.build import build_graphs
     from dfmodel.graph.workload import load_workload
+    from dfmodel.presets import resolve
     from dfmodel.system import load_system
     from dfmodel.yamlio import read_yaml
 
+    if not file.exists():  # a preset name: a workload first, then a system
+        file = next((p for p in (resolve(file, "workloads"), resolve(file, "systems")) if p.exists()), file)
+    if not file.exists():
+        from dfmodel.presets import suggestion
+
+        hint = suggestion(file, "workloads") or suggestion(file, "systems")
+        raise InputError(f"no such file or workload/system preset{hint} (see dfmodel workloads, dfmodel systems)",
+                         source=str(file))
     data = read_yaml(file)
     if "kind" in data:
         w = load_workload(file)

@@ -804,51 +804,139 @@ def plot_results_file(path: str | Path, kind: str = "breakdown", *, x: str | Non
 # --------------------------------------------------------------------------------------------
 
 
-def layered_positions(graph: DataflowGraph) -> dict[str, tuple[float, float]]:
-    """Kernels placed by topological generation (left to right), spread vertically."""
+KIND_COLORS = {  # fill of a kernel box: what it computes
+    "matmul": "#8ab4f8", "elementwise": "#c5e1a5", "reduction": "#ffe082", "embedding": "#ce93d8",
+    "fft": "#80cbc4", "lu_panel": "#ffab91", "comm": "#e0e0e0",
+}
+
+
+def layer_order(graph: DataflowGraph, sweeps: int = 6) -> list[list[str]]:
+    """Kernels in dataflow layers (longest path from an input), each layer ordered to cut crossings.
+
+    Layer ``i`` holds the kernels whose longest chain of producers has ``i`` kernels, so every
+    edge goes left to right; backward and weight-gradient kernels start after the last forward
+    layer (they run after the forward), and a kernel without producers sits just before its
+    first consumer. Within a layer, kernels are sorted by the mean rank of their
+    neighbours in the previous layer, then the next (barycentre heuristic of Sugiyama et al.,
+    IEEE SMC 1981), alternating for ``sweeps`` passes.
+
+    >>> from dfmodel.graph.build import build_graphs
+    >>> from dfmodel.graph.workload import load_workload
+    >>> layers = layer_order(build_graphs(load_workload("gpt3_13b"), batch=1).layer)
+    >>> layers[0], len(layers)
+    (['fwd.ln1'], 24)
+    """
     g = nx.DiGraph(graph.nx)
-    for layer, names in enumerate(nx.topological_generations(g)):
-        for name in names:
-            g.nodes[name]["layer"] = layer
-    return nx.multipartite_layout(g, subset_key="layer")
+    order = list(nx.topological_sort(g))
+    topo = {n: i for i, n in enumerate(order)}
+    forward = {k.name for k in graph.kernels if k.phase == Phase.forward}
+    level: dict[str, int] = {}
+    for n in [x for x in order if x in forward] + [x for x in order if x not in forward]:
+        # backward and weight-gradient kernels run after the whole forward (1F1B), so they start after it
+        floor = 1 + max((level[f] for f in forward), default=-1) if n not in forward else 0
+        level[n] = max([level[p] + 1 for p in g.predecessors(n)] + [floor])
+    for n in reversed(order):  # an entry point (the incoming gradient) sits just before its first use
+        if g.in_degree(n) == 0 and g.out_degree(n) > 0:
+            level[n] = max(level[n], min(level[s] for s in g.successors(n)) - 1)
+    layers = [sorted((n for n in g if level[n] == li), key=topo.get) for li in range(max(level.values(), default=-1) + 1)]
+    rank = {n: i for layer in layers for i, n in enumerate(layer)}
+    for sweep in range(sweeps):
+        seq = range(1, len(layers)) if sweep % 2 == 0 else range(len(layers) - 2, -1, -1)
+        for li in seq:
+            near = g.predecessors if sweep % 2 == 0 else g.successors
+
+            def centre(n, near=near):
+                ranks = [rank[x] for x in near(n)]
+                return sum(ranks) / len(ranks) if ranks else rank[n]
+
+            layers[li].sort(key=lambda n: (centre(n), rank[n]))
+            rank.update({n: i for i, n in enumerate(layers[li])})
+    return layers
+
+
+def _box_label(name: str) -> str:
+    """A kernel name on two lines at its first dot (``bwd.attn_scores`` -> ``bwd.`` / ``attn_scores``)."""
+    head, dot, tail = name.partition(".")
+    return f"{head}.\n{tail}" if dot and tail else name
+
+
+def _box_edge_pt(label: str, cos: float, sin: float) -> float:
+    """Distance (points) from a label box's centre to its edge along a direction (font size 7)."""
+    lines = label.split("\n")
+    half_w = 2.1 * max(len(line) for line in lines) + 4.0
+    half_h = 4.5 * len(lines) + 4.0
+    return min(half_w / max(cos, 1e-3), half_h / max(sin, 1e-3))
+
+
+def layered_positions(graph: DataflowGraph, *, dx: float = 1.0, dy: float = 1.0) -> dict[str, tuple[float, float]]:
+    """Kernels placed left to right by :func:`layer_order`, each layer centred vertically."""
+    pos = {}
+    for li, layer in enumerate(layer_order(graph)):
+        for i, name in enumerate(layer):
+            pos[name] = (li * dx, ((len(layer) - 1) / 2 - i) * dy)
+    return pos
 
 
 def draw_graph(graph: DataflowGraph, colors: dict[str, Any] | None = None, ax=None, *,
                pos: dict[str, tuple[float, float]] | None = None, label_rotation: float = 0) -> Figure:
-    """The kernel graph, coloured by phase (or by ``colors``: kernel name -> colour).
+    """The kernel graph, left to right in dataflow order: one box per kernel, filled by kernel
+    kind (or by ``colors``: kernel name -> colour), outlined by phase, with a legend of both.
 
-    ``pos`` places the kernels (default: :func:`layered_positions`); ``ax`` draws into an
-    existing axes.
+    Layers come from :func:`layer_order`; a layer is as wide as its longest label, so labels
+    never overlap and a 40-kernel layer stays readable (the figure grows instead). ``pos``
+    places the kernels yourself (``label_rotation`` then tilts the labels, as the partition view
+    does); ``ax`` draws into an existing axes.
     """
-    pos = pos or layered_positions(graph)
+    from matplotlib.patches import FancyArrowPatch, Patch
+
+    own_layout = pos is None
+    layers = layer_order(graph) if own_layout else None
+    labels = {k.name: (_box_label(k.name) if own_layout else k.name) for k in graph.kernels}
+    chars = max((len(line) for lab in labels.values() for line in lab.split("\n")), default=4)
+    col_in = 0.085 * chars + 0.55  # inches per layer: label at font size 7 plus room for arrows
+    if own_layout:
+        pos = layered_positions(graph, dx=col_in, dy=0.62)
     if ax is None:
-        width = max(8.0, 0.6 * len(set(x for x, _ in pos.values())))
-        fig, ax = plt.subplots(figsize=(width, 6))
+        n_cols = len(layers) if layers else len({x for x, _ in pos.values()})
+        n_rows = max((len(layer) for layer in layers), default=1) if layers else 4
+        fig, ax = plt.subplots(figsize=(min(max(6.0, n_cols * col_in + 1.5), 80.0), max(3.0, 0.62 * n_rows + 1.6)))
     else:
         fig = ax.figure
-    node_colors = [
-        (colors or {}).get(k.name, PHASE_COLORS[k.phase]) for k in graph.kernels
-    ]
+    kinds = {k.name: k.kind.value for k in graph.kernels}
+    phases = {k.name: k.phase for k in graph.kernels}
     g = nx.DiGraph(graph.nx)
-    nx.draw_networkx(
-        g,
-        pos,
-        ax=ax,
-        nodelist=[k.name for k in graph.kernels],
-        node_color=node_colors,
-        node_size=300,
-        with_labels=label_rotation == 0,
-        font_size=6,
-        arrowsize=8,
-        edge_color="#999999",
-    )
-    if label_rotation:
-        texts = nx.draw_networkx_labels(g, {k: (x, y) for k, (x, y) in pos.items()}, ax=ax, font_size=6,
-                                        verticalalignment="bottom", horizontalalignment="left")
-        for t in texts.values():
-            t.set_rotation(label_rotation)
-    ax.set_title(f"{graph.name}: {len(graph.kernels)} kernels")
+    bow = 0.35  # how far an edge bends off the straight line (data units), so long edges clear the boxes
+    for u, v in g.edges():
+        (x0, y0), (x1, y1) = pos[u], pos[v]
+        length = max(((x1 - x0) ** 2 + (y1 - y0) ** 2) ** 0.5, 1e-9)
+        rad = 0.0 if length <= col_in * 1.5 else bow / length
+        cos, sin = abs(x1 - x0) / length, abs(y1 - y0) / length
+        ax.add_patch(FancyArrowPatch(pos[u], pos[v], arrowstyle="-|>", mutation_scale=8, color="#9e9e9e",
+                                     lw=0.7, shrinkA=_box_edge_pt(labels[u], cos, sin),
+                                     shrinkB=_box_edge_pt(labels[v], cos, sin) + 1,
+                                     connectionstyle=f"arc3,rad={rad:.4f}", zorder=1))
+    for k in graph.kernels:
+        x, y = pos[k.name]
+        face = (colors or {}).get(k.name, KIND_COLORS.get(kinds[k.name], "#eeeeee"))
+        ax.text(x, y, labels[k.name], ha="center" if not label_rotation else "left",
+                va="center" if not label_rotation else "bottom", rotation=label_rotation, fontsize=7, zorder=3,
+                gid="kernel", bbox={"boxstyle": "round,pad=0.3", "facecolor": face,
+                                    "edgecolor": PHASE_COLORS.get(phases[k.name], "#616161"), "linewidth": 1.6})
+    xs = [x for x, _ in pos.values()]
+    ys = [y for _, y in pos.values()]
+    if own_layout:
+        ax.set_xlim(min(xs) - col_in * 0.6, max(xs) + col_in * 0.6)
+        ax.set_ylim(min(ys) - 0.6 - bow, max(ys) + 0.6)
+    else:
+        ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
+    ax.set_title(f"{graph.name}: {len(graph.kernels)} kernels, dataflow left to right")
     ax.axis("off")
+    used_kinds = [kd for kd in KIND_COLORS if kd in set(kinds.values())]
+    handles = [] if colors else [Patch(facecolor=KIND_COLORS[kd], edgecolor="none", label=kd) for kd in used_kinds]
+    handles += [Patch(facecolor="white", edgecolor=c, linewidth=1.6, label=f"{ph.value} (outline)")
+                for ph, c in PHASE_COLORS.items() if ph in set(phases.values())]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False,
+              title="kernel kind" if not colors else None, title_fontsize=7)
     return fig
 
 

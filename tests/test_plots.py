@@ -143,10 +143,10 @@ def test_partitions_over_a_graph_colour_kernels_by_partition():
     assert len(ax_bars.patches) == pr.num_partitions
     assert [p.get_height() for p in ax_bars.patches] == pytest.approx([p.time_s * s for p in pr.partitions
                                                                        for s in [plots._time_scale(pr.time_s)[0]]])
-    nodes = ax_graph.collections[0]  # the node scatter
-    assert len(nodes.get_offsets()) == len(graph.kernels)
+    nodes = kernel_nodes(ax_graph)  # one labelled box per kernel
+    assert len(nodes) == len(graph.kernels)
     # as many distinct node colours as partitions
-    assert len({tuple(c) for c in nodes.get_facecolors()}) == pr.num_partitions
+    assert len({c for _, c in nodes}) == pr.num_partitions
     assert_nodes_above_their_bars(fig)
 
 
@@ -242,12 +242,17 @@ def test_real_result_plots(solved):
     assert_nodes_above_their_bars(fig)
 
 
+def kernel_nodes(ax) -> list[tuple[float, tuple]]:
+    """(x, fill colour) of every kernel box :func:`plots.draw_graph` drew."""
+    return [(t.get_position()[0], tuple(t.get_bbox_patch().get_facecolor())) for t in ax.texts
+            if t.get_gid() == "kernel"]
+
+
 def assert_nodes_above_their_bars(fig):
     """Every kernel node sits over its partition's bar and has the bar's colour."""
     ax_graph, ax_bars = fig.axes
-    nodes = ax_graph.collections[0]
     bars = ax_bars.patches
-    for (x, _), color in zip(nodes.get_offsets(), nodes.get_facecolors()):
+    for x, color in kernel_nodes(ax_graph):
         (bar,) = [b for b in bars if b.get_x() <= x <= b.get_x() + b.get_width()]
         assert tuple(bar.get_facecolor()) == pytest.approx(tuple(color))
 
@@ -286,3 +291,33 @@ def test_heatmap_orders_quantity_strings_by_value(tmp_path):
     f = tmp_path / "r.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert plots.plot_heatmap(sweeps.load_results(f), "system.chip.memory.bandwidth_Bps", "num_chips").dfmodel_grid == g
+
+
+# ---------------------------------------------------------------------------------- kernel graph
+
+
+@pytest.mark.parametrize("workload", ["gpt3_175b", "dlrm"])
+def test_graph_png_is_layered_left_to_right_without_overlapping_labels(workload):
+    """A 30-kernel decoder layer and the 45-kernel DLRM graph: every edge points right, no two
+    kernel boxes overlap, and the legend names every kernel kind drawn."""
+    import networkx as nx
+
+    from dfmodel.graph.build import build_graphs
+    from dfmodel.graph.workload import load_workload
+
+    g = build_graphs(load_workload(workload), batch=1).layer
+    pos = plots.layered_positions(g)
+    for u, v in nx.DiGraph(g.nx).edges():
+        assert pos[u][0] < pos[v][0], (u, v)
+    fig = plots.draw_graph(g)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_bbox_patch().get_window_extent(renderer) for t in ax.texts if t.get_gid() == "kernel"]
+    assert len(boxes) == len(g.kernels)
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+    legend = {t.get_text() for t in ax.get_legend().get_texts()}
+    assert {k.kind.value for k in g.kernels} <= legend
+    plt.close(fig)
