@@ -124,7 +124,8 @@ def render_result(r: Result, console: Console, *, system: Any = None, workload: 
     for k, v in head_rows(r, system=system, workload=workload):
         head.add_row(k, escape(v))
     console.print(head)
-    br = Table("component", "time", "share", title="breakdown of one iteration")
+    unit = {"hpl": "run", "fft": "batch of transforms"}.get(family_of(r), "iteration")
+    br = Table("component", "time", "share", title=f"breakdown of one {unit}")
     for k, v in r.breakdown_s.items():
         br.add_row(k, fmt_time(v), f"{v / r.iteration_time_s:.1%}")
     mem = Table("memory per chip", "bytes")
