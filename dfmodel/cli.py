@@ -225,7 +225,7 @@ def solve(
     ),
     num_chips: Optional[int] = typer.Option(None, help="Resize the system's outermost dimension."),
     precision: Optional[str] = typer.Option(
-        None, help="Override the workload's precision: fp64 | fp32 | bf16 | fp16 | fp8 (e.g. fp32 on TPU)."
+        None, help="Override the workload's precision: fp64 | fp32 | bf16 | fp16 | fp8 (e.g. bf16 for an fp32 workload on TPU v4)."
     ),
     solver: str = typer.Option("auto", help="auto | highs | gurobi."),
     time_limit: Optional[float] = typer.Option(None, help="Seconds per MILP solve."),
