@@ -50,6 +50,7 @@ from dfmodel.system.units import (
     PositiveFloat,
     Seconds,
 )
+from dfmodel.system.storage import Storage  # noqa: F401 -- re-exported; the schema of ``System.storage``
 
 
 class Precision(str, Enum):
@@ -155,14 +156,6 @@ class NetworkDim(Strict):
     @property
     def effective_bandwidth_Bps(self) -> float:
         return self.link_bandwidth_Bps * self.efficiency
-
-
-class Storage(Strict):
-    """Input pipeline: per node read bandwidth and host preprocessing throughput."""
-
-    chips_per_node: PositiveInt = 8
-    read_bandwidth_Bps: BytesPerSec
-    preprocess_samples_per_s: PositiveFloat
 
 
 class System(Strict):

@@ -1,0 +1,118 @@
+"""I/O terms of one training step (input and checkpoint) and their report with I/O energy.
+
+Every family with a training loop calls :func:`io_terms` once per evaluated mapping, next to
+its step time, and adds ``input_s`` and ``checkpoint_s`` to it; :func:`io_report` turns the
+best mapping's terms into the ``io`` section of the :class:`~dfmodel.result.Result`.
+
+**Energy per step.** Compute side: the system's power (chips, memory, links, switches;
+:mod:`dfmodel.system.cost`) over the iteration. I/O side: every storage tier's power (node tiers
+times the nodes) over the same iteration -- storage servers and caches draw their power whether
+the step computes or waits, so a stalled step costs I/O energy too, the accounting EMLIO uses
+(Jamil, Nine, Kosar, SC'25 workshops, arXiv:2508.11035: energy = power x time of the I/O
+components). ``samples_per_j`` and ``throughput_per_w`` then count compute and I/O together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dfmodel.inter_chip.checkpoint import CheckpointCost, CheckpointState, checkpoint_cost
+from dfmodel.inter_chip.input_pipeline import InputTime, input_exposed_s, input_time
+from dfmodel.system.schema import System
+
+
+@dataclass
+class IOTerms:
+    """Exposed input and amortised checkpoint seconds of one step, with their details."""
+
+    input_s: float = 0.0
+    checkpoint_s: float = 0.0
+    steady: InputTime | None = None
+    cold: InputTime | None = None
+    checkpoint: CheckpointCost | None = None
+    epoch_steps: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def io_terms(system: System, training, global_batch: int, step_s: float, state: CheckpointState | None = None, *,
+             source: str | None = None) -> IOTerms:
+    """Input (steady and first epoch) and checkpoint terms for a step of ``step_s`` seconds.
+
+    ``training`` is the workload's training block (``input_bytes_per_sample``, ``data``,
+    ``checkpoint``); ``state`` what a checkpoint saves (None: the family does not say).
+    No storage block: nothing is modelled (zeros), exactly as before storage tiers existed.
+    """
+    storage = system.storage
+    out = IOTerms()
+    if storage is None:
+        return out
+    sample_bytes = training.input_bytes_per_sample or 0.0
+    data = getattr(training, "data", None)
+    if not storage.tiered:
+        out.input_s = input_exposed_s(system, global_batch, sample_bytes, step_s)
+    elif sample_bytes > 0:
+        out.steady = input_time(system, global_batch, sample_bytes, data, step_s)
+        out.cold = input_time(system, global_batch, sample_bytes, data, step_s, cold=True)
+        out.input_s = out.steady.exposed_s
+        samples = data.dataset_size_samples(sample_bytes) if data is not None else None
+        out.epoch_steps = samples / global_batch if samples else None
+    ckpt = getattr(training, "checkpoint", None)
+    if ckpt is not None and state is not None:
+        if storage.tiered:
+            out.checkpoint = checkpoint_cost(system, ckpt, state, step_s + out.input_s, source=source)
+            out.checkpoint_s = out.checkpoint.per_step_s
+        else:
+            out.notes.append("checkpointing not modelled: the system's storage block has no tiers")
+    return out
+
+
+def io_power_w(system: System) -> float:
+    """Power of every storage tier attributed to this system (node tiers times the nodes)."""
+    storage = system.storage
+    if storage is None:
+        return 0.0
+    nodes = storage.nodes(system.num_chips)
+    return sum(t.power_for(nodes) for t in storage.tiers)
+
+
+def io_price_usd(system: System) -> float:
+    storage = system.storage
+    if storage is None:
+        return 0.0
+    nodes = storage.nodes(system.num_chips)
+    return sum(t.price_for(nodes) for t in storage.tiers)
+
+
+def io_report(terms: IOTerms | None, system: System, *, iteration_time_s: float, compute_power_w: float,
+              samples: float) -> dict:
+    """The ``io`` section of a result: binding tier, first epoch vs steady state, checkpoint,
+    restart, I/O power, price and energy per step (module doc). Empty without a storage block."""
+    if terms is None or system.storage is None:
+        return {}
+    io_w = io_power_w(system)
+    compute_j = compute_power_w * iteration_time_s
+    io_j = io_w * iteration_time_s
+    total_w = compute_power_w + io_w
+    out: dict = {
+        "input_s": terms.input_s,
+        "checkpoint_s": terms.checkpoint_s,
+        "binding_tier": terms.steady.binding if terms.steady else ("legacy" if terms.input_s > 0 else "none"),
+        "power_w": io_w,
+        "cost_usd": io_price_usd(system),
+        "energy_j_per_step": {"compute": compute_j, "io": io_j, "total": compute_j + io_j},
+        "samples_per_j": samples / (compute_j + io_j) if compute_j + io_j > 0 else None,
+        "throughput_per_w": samples / iteration_time_s / total_w if total_w > 0 and iteration_time_s > 0 else None,
+    }
+    if terms.steady is not None:
+        cold_extra = max(0.0, terms.cold.exposed_s - terms.steady.exposed_s)
+        out["steady_state"] = terms.steady.to_dict()
+        out["first_epoch"] = terms.cold.to_dict()
+        out["first_epoch_binding_tier"] = terms.cold.binding
+        out["epoch_steps"] = terms.epoch_steps
+        # the first epoch's extra wait over a steady epoch (per step x steps per epoch)
+        out["first_epoch_extra_s"] = cold_extra * terms.epoch_steps if terms.epoch_steps else None
+    if terms.checkpoint is not None:
+        out["checkpoint"] = terms.checkpoint.to_dict()
+    if terms.notes:
+        out["notes"] = list(terms.notes)
+    return out
