@@ -192,6 +192,7 @@ def solve(
     """Find the fastest mapping of a workload on a system and report it."""
     from dfmodel.optimizer import optimize
     from dfmodel.report import render_result
+    from dfmodel.report_io import render_io
 
     result = optimize(
         workload, system, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
@@ -207,6 +208,7 @@ def solve(
         sys.stdout.write(result.to_json() + "\n")
         return
     render_result(result, out)
+    render_io(result, out)  # storage I/O tables (issue 8); nothing without a storage block
     if json_out:
         Path(json_out).write_text(result.to_json())
         out.print(f"wrote {json_out}")

@@ -115,7 +115,7 @@ def fetch_time_s(bytes_: float, requests: float, bandwidth_Bps: float, latency_s
 
     >>> fetch_time_s(1e9, 10, 1e9, 0.0, 1)          # bandwidth-bound: 1 GB at 1 GB/s
     1.0
-    >>> fetch_time_s(1e3, 1000, 1e9, 1e-3, 4)       # latency-bound: 1000 x (1 ms + 1 us) / 4
+    >>> fetch_time_s(1e6, 1000, 1e9, 1e-3, 4)       # latency-bound: 1000 x (1 ms + 1 us) / 4
     0.25025
     """
     if bytes_ <= 0 or requests <= 0:
