@@ -337,3 +337,27 @@ def test_cli_solve_prints_input_checkpoint_and_binding_tier():
     out = proc.stdout
     assert "storage I/O" in out and "binding tier: cpu" in out and "checkpoint" in out and "restart" in out
     assert "first epoch" in out and "energy per step" in out
+
+
+@pytest.mark.parametrize("fs_read,cache", [("100 MB/s", 0), ("1 GB/s", "2 GB"), ("100 GB/s", "20 GB")])
+def test_reprice_io_equals_a_full_solve(fs_read, cache):
+    # the notebook prices a storage grid from one solve: exact because the storage terms never
+    # favour a slower step (iteration = max(step, load) + checkpoint) and ties go to the fastest step
+    from dfmodel.inter_chip.io import reprice_io
+
+    w = copy.deepcopy(SMALL_LLM)
+    w["training"].update({"input_bytes_per_sample": "10 MB", "data": {"dataset_bytes": "10 GB", "prefetch_depth": 4},
+                          "checkpoint": {"interval_steps": 3, "mode": "async"}})
+    w = load_workload(w)
+    s = small_system(4, 2)
+    s["storage"] = {"chips_per_node": 4, "host_copy_Bps": "10 GB/s",
+                    "tiers": [fs(aggregate_read_Bps="1 GB/s", aggregate_write_Bps="1 GB/s", latency_s="1 ms")]}
+    first = optimize(w, s)
+    s2 = copy.deepcopy(s)
+    s2["storage"]["tiers"][0]["aggregate_read_Bps"] = fs_read
+    if cache:
+        s2["storage"]["tiers"].append({"name": "dc", "kind": "distributed_cache", "capacity_bytes": cache,
+                                       "aggregate_read_Bps": "50 GB/s"})
+    full = optimize(w, s2)
+    repriced, _ = reprice_io(first, w, load_system(s2))
+    assert repriced == pytest.approx(full.iteration_time_s, rel=1e-12)

@@ -116,3 +116,29 @@ def io_report(terms: IOTerms | None, system: System, *, iteration_time_s: float,
     if terms.notes:
         out["notes"] = list(terms.notes)
     return out
+
+
+def reprice_io(result, workload, system: System) -> tuple[float, IOTerms]:
+    """Iteration time of a solved LLM ``result`` (its mapping kept) on ``system``'s storage.
+
+    The storage terms do not change which mapping is fastest: the iteration is
+    ``max(step, load) + checkpoint`` with a load that does not depend on the mapping and a
+    checkpoint stall that never grows when the step shrinks (async drains overlap the whole
+    iteration), and the search breaks ties by the fastest step. So one solve prices every
+    storage configuration of a sweep exactly, with the step of ``result``.
+    """
+    from dfmodel.graph.build import build_graphs
+    from dfmodel.inter_chip.checkpoint import checkpoint_state
+
+    if getattr(workload, "kind", None) != "llm":
+        raise ValueError("reprice_io handles LLM workloads (re-solve other families)")
+    br = result.breakdown_s
+    step_s = result.iteration_time_s - br.get("input", 0.0) - br.get("checkpoint", 0.0)
+    t = workload.training
+    p = result.parallelism
+    state = None
+    if t.checkpoint is not None:
+        state = checkpoint_state(build_graphs(workload, batch=1).params(), num_chips=system.num_chips, tp=p.tp,
+                                 pp=p.pp, dp=p.dp, checkpoint=t.checkpoint)
+    terms = io_terms(system, t, t.global_batch, step_s, state, source=workload.source)
+    return step_s + terms.input_s + terms.checkpoint_s, terms
