@@ -361,3 +361,22 @@ def test_reprice_io_equals_a_full_solve(fs_read, cache):
     full = optimize(w, s2)
     repriced, _ = reprice_io(first, w, load_system(s2))
     assert repriced == pytest.approx(full.iteration_time_s, rel=1e-12)
+
+
+def test_one_block_storage_names_what_binds_and_module_doctests_pass():
+    import doctest
+
+    import dfmodel.graph.data_pipeline as dp
+    import dfmodel.inter_chip.checkpoint as ck
+    import dfmodel.inter_chip.input_pipeline as ip
+    import dfmodel.inter_chip.io as io
+    import dfmodel.system.storage as st
+
+    for mod in (dp, ck, ip, io, st):
+        assert doctest.testmod(mod).failed == 0, mod.__name__
+    w = {**SMALL_LLM, "training": {**SMALL_LLM["training"], "input_bytes_per_sample": "1 GB"}}
+    s = small_system(4, 2)
+    s["storage"] = {"chips_per_node": 4, "read_bandwidth_Bps": "1 GB/s", "preprocess_samples_per_s": 1000}
+    r = optimize(w, s)
+    assert r.io["binding_tier"] == "read" and r.io["input_s"] == r.breakdown_s["input"]
+    assert r.io["throughput_per_usd"] is None or r.io["throughput_per_usd"] > 0

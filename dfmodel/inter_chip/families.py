@@ -395,7 +395,7 @@ def _io_section(ev: FamilyEvaluation, system: System, iteration_time_s: float, s
 
     terms = ev.detail.get("io") if isinstance(ev.detail, dict) else None
     return io_report(terms, system, iteration_time_s=iteration_time_s, compute_power_w=system_power_w(system),
-                     samples=samples)
+                     samples=samples, compute_cost_usd=system_cost_usd(system))
 
 
 def run_search(model, candidates, *, exhaustive: bool):

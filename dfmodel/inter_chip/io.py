@@ -9,7 +9,9 @@ best mapping's terms into the ``io`` section of the :class:`~dfmodel.result.Resu
 times the nodes) over the same iteration -- storage servers and caches draw their power whether
 the step computes or waits, so a stalled step costs I/O energy too, the accounting EMLIO uses
 (Jamil, Nine, Kosar, SC'25 workshops, arXiv:2508.11035: energy = power x time of the I/O
-components). ``samples_per_j`` and ``throughput_per_w`` then count compute and I/O together.
+components). ``samples_per_j``, ``throughput_per_w`` and ``throughput_per_usd`` (storage price added to the
+system's) then count compute and I/O together; the result's own ``power_w`` and ``cost_usd``
+stay the compute side, as before storage tiers existed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ class IOTerms:
     checkpoint: CheckpointCost | None = None
     epoch_steps: float | None = None
     notes: list[str] = field(default_factory=list)
+    legacy_binding: str = "none"  # one-block storage: "read" or "cpu"
+
+
+def _legacy_binding(system: System, global_batch: int, sample_bytes: float) -> str:
+    """Which half of the one-block model is slower: reading or preprocessing."""
+    st = system.storage
+    if sample_bytes <= 0:
+        return "none"
+    samples = global_batch / st.nodes(system.num_chips)
+    read_s, cpu_s = samples * sample_bytes / st.read_bandwidth_Bps, samples / st.preprocess_samples_per_s
+    return "read" if read_s >= cpu_s else "cpu"
 
 
 def io_terms(system: System, training, global_batch: int, step_s: float, state: CheckpointState | None = None, *,
@@ -50,6 +63,7 @@ def io_terms(system: System, training, global_batch: int, step_s: float, state: 
     data = getattr(training, "data", None)
     if not storage.tiered:
         out.input_s = input_exposed_s(system, global_batch, sample_bytes, step_s)
+        out.legacy_binding = _legacy_binding(system, global_batch, sample_bytes)
     elif sample_bytes > 0:
         out.steady = input_time(system, global_batch, sample_bytes, data, step_s)
         out.cold = input_time(system, global_batch, sample_bytes, data, step_s, cold=True)
@@ -84,7 +98,7 @@ def io_price_usd(system: System) -> float:
 
 
 def io_report(terms: IOTerms | None, system: System, *, iteration_time_s: float, compute_power_w: float,
-              samples: float) -> dict:
+              samples: float, compute_cost_usd: float | None = None) -> dict:
     """The ``io`` section of a result: binding tier, first epoch vs steady state, checkpoint,
     restart, I/O power, price and energy per step (module doc). Empty without a storage block."""
     if terms is None or system.storage is None:
@@ -96,13 +110,16 @@ def io_report(terms: IOTerms | None, system: System, *, iteration_time_s: float,
     out: dict = {
         "input_s": terms.input_s,
         "checkpoint_s": terms.checkpoint_s,
-        "binding_tier": terms.steady.binding if terms.steady else ("legacy" if terms.input_s > 0 else "none"),
+        "binding_tier": terms.steady.binding if terms.steady else terms.legacy_binding,
         "power_w": io_w,
         "cost_usd": io_price_usd(system),
         "energy_j_per_step": {"compute": compute_j, "io": io_j, "total": compute_j + io_j},
         "samples_per_j": samples / (compute_j + io_j) if compute_j + io_j > 0 else None,
         "throughput_per_w": samples / iteration_time_s / total_w if total_w > 0 and iteration_time_s > 0 else None,
     }
+    if compute_cost_usd is not None:
+        total_usd = compute_cost_usd + out["cost_usd"]
+        out["throughput_per_usd"] = samples / iteration_time_s / total_usd if total_usd > 0 and iteration_time_s > 0 else None
     if terms.steady is not None:
         cold_extra = max(0.0, terms.cold.exposed_s - terms.steady.exposed_s)
         out["steady_state"] = terms.steady.to_dict()

@@ -70,7 +70,7 @@ def to_result(model: LLMModel, ev, stats) -> Result:
         input_bound=ev.input_bound,
         notes=list(ev.io.notes) if ev.io else [],
         io=io_report(ev.io, system, iteration_time_s=ev.iteration_time_s, compute_power_w=system_power_w(system),
-                     samples=w.training.global_batch),
+                     samples=w.training.global_batch, compute_cost_usd=system_cost_usd(system)),
         pipeline={
             "layers_per_stage": ev.layers_per_stage,
             "stage_forward_s": ev.stage_fwd_s,
