@@ -618,7 +618,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from dfmodel import load_system, load_workload, optimize
-from dfmodel.inter_chip.io import reprice_io
+from dfmodel.inter_chip.io import io_power_w, reprice_io
 
 CHIPS = 16384
 w = load_workload("vit_g14_images")
@@ -675,7 +675,7 @@ for i, c in enumerate(caches):
         t[i, j], terms = reprice_io(r, w, s)
         cold[i, j] = t[i, j] - terms.input_s + terms.cold.exposed_s
         binding[i, j] = terms.steady.binding if terms.input_s > 0 else "compute"
-        io_w = sum(tier.power_for(nodes) for tier in s.storage.tiers)
+        io_w = io_power_w(s)  # tiers, caches and storage NICs
         energy[i, j] = (r.power_w + io_w) * t[i, j] / w.training.global_batch
 
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")

@@ -6,8 +6,8 @@ best mapping's terms into the ``io`` section of the :class:`~dfmodel.result.Resu
 
 **Energy per step.** Compute side: the system's power (chips, memory, links, switches;
 :mod:`dfmodel.system.cost`) over the iteration. I/O side: every storage tier's power (node tiers
-times the nodes) over the same iteration -- storage servers and caches draw their power whether
-the step computes or waits, so a stalled step costs I/O energy too, the accounting EMLIO uses
+times the nodes) and the nodes' storage NICs over the same iteration -- storage servers, caches
+and NICs draw their power whether the step computes or waits, so a stalled step costs I/O energy too, the accounting EMLIO uses
 (Jamil, Nine, Kosar, SC'25 workshops, arXiv:2508.11035: energy = power x time of the I/O
 components). ``samples_per_j``, ``throughput_per_w`` and ``throughput_per_usd`` (storage price added to the
 system's) then count compute and I/O together; the result's own ``power_w`` and ``cost_usd``
@@ -80,13 +80,21 @@ def io_terms(system: System, training, global_batch: int, step_s: float, state: 
     return out
 
 
-def io_power_w(system: System) -> float:
-    """Power of every storage tier attributed to this system (node tiers times the nodes)."""
+def io_power_by_part_w(system: System) -> dict[str, float]:
+    """Power of every storage tier (node tiers times the nodes) and of the nodes' storage NICs
+    (``network``) attributed to this system."""
     storage = system.storage
     if storage is None:
-        return 0.0
+        return {}
     nodes = storage.nodes(system.num_chips)
-    return sum(t.power_for(nodes) for t in storage.tiers)
+    parts = {t.name: t.power_for(nodes) for t in storage.tiers}
+    parts["network"] = storage.node_network_power_w * nodes
+    return parts
+
+
+def io_power_w(system: System) -> float:
+    """Total I/O power: storage tiers, caches and storage network (:func:`io_power_by_part_w`)."""
+    return sum(io_power_by_part_w(system).values())
 
 
 def io_price_usd(system: System) -> float:
@@ -113,7 +121,8 @@ def io_report(terms: IOTerms | None, system: System, *, iteration_time_s: float,
         "binding_tier": terms.steady.binding if terms.steady else terms.legacy_binding,
         "power_w": io_w,
         "cost_usd": io_price_usd(system),
-        "energy_j_per_step": {"compute": compute_j, "io": io_j, "total": compute_j + io_j},
+        "energy_j_per_step": {"compute": compute_j, "io": io_j, "total": compute_j + io_j,
+                              "io_by_part": {k: w * iteration_time_s for k, w in io_power_by_part_w(system).items()}},
         "samples_per_j": samples / (compute_j + io_j) if compute_j + io_j > 0 else None,
         "throughput_per_w": samples / iteration_time_s / total_w if total_w > 0 and iteration_time_s > 0 else None,
     }

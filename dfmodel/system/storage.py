@@ -14,6 +14,7 @@ Two forms are accepted under a system's ``storage:`` key.
          chips_per_node: 8
          node_network_Bps: 50 GB/s     # optional: one node's storage-NIC injection bandwidth,
                                        # shared by every cluster tier it reads or writes
+         node_network_power_w: 50      # optional: power of those NICs per node (I/O energy)
          host_copy_Bps: 50 GB/s        # optional: device-to-host copy bandwidth per chip (PCIe),
                                        # the staging step of a checkpoint
          tiers:
@@ -132,6 +133,7 @@ class Storage(_Strict):
     preprocess_samples_per_s: PositiveFloat | None = None
     tiers: list[StorageTier] = Field(default_factory=list)
     node_network_Bps: BytesPerSec | None = None
+    node_network_power_w: NonNegativeFloat = 0.0  # storage NICs (and their optics) of one node
     host_copy_Bps: BytesPerSec | None = None
 
     @field_validator("tiers")
