@@ -112,15 +112,29 @@ def test_per_node_bandwidth_caps_the_share():
 def test_latency_bound_tier_and_prefetch_depth():
     # 8000 samples of 1 kB per node, 1 ms per request, 4 in flight: 8000 (1 ms + 1 us) / 4
     s = system_with([fs(latency_s="1 ms", aggregate_read_Bps=2e9)])
-    t = input_time(s, 16000, 1e3, DataPipeline(prefetch_depth=4), 0.0)
+    t = input_time(s, 16000, 1e3, DataPipeline(prefetch_depth=4, samples_per_request=1), 0.0)
     assert t.load_s == pytest.approx(8000 * (1e-3 + 1e3 / 1e9) / 4)
     assert t.stages[0].bound == "latency"
     # deep enough prefetching makes it bandwidth-bound again (EMLIO): depth >= latency x bw / size
-    deep = input_time(s, 16000, 1e3, DataPipeline(prefetch_depth=10**6), 0.0)
+    deep = input_time(s, 16000, 1e3, DataPipeline(prefetch_depth=10**6, samples_per_request=1), 0.0)
     assert deep.load_s == pytest.approx(8000 * 1e3 / 1e9) and deep.stages[0].bound == "bandwidth"
     # batching samples into requests divides the latency term
     packed = input_time(s, 16000, 1e3, DataPipeline(prefetch_depth=4, samples_per_request=100), 0.0)
     assert packed.load_s == pytest.approx(80 * (1e-3 + 1e5 / 1e9) / 4)
+
+
+def test_request_size_defaults_to_a_lustre_stripe():
+    # small records packed in files are read in 1 MiB requests unless the workload says otherwise
+    s = system_with([fs(latency_s="1 ms", aggregate_read_Bps=2e9)])
+    per_mib = 2.0**20 / 1e3
+    t = input_time(s, 16000, 1e3, None, 0.0)
+    assert t.stages[0].requests == pytest.approx(8000 / per_mib)
+    assert t.load_s == pytest.approx(max(8e6 / 1e9, 8000 / per_mib * (1e-3 + 2.0**20 / 1e9) / 2))
+    r = input_time(s, 16000, 1e3, DataPipeline(request_bytes="4 MB"), 0.0)
+    assert r.stages[0].requests == pytest.approx(8000 / 4000)
+    assert DataPipeline().samples_per_request_for(4e6) == 1.0  # never below one sample
+    with pytest.raises(ValueError, match="not both"):
+        DataPipeline(samples_per_request=2, request_bytes=1e6)
 
 
 def test_cpu_bound_preprocessing():
@@ -296,6 +310,15 @@ def test_storage_tiers_add_input_and_checkpoint_terms_end_to_end():
     assert r.io["binding_tier"] == "fs" and r.input_bound
     e = r.io["energy_j_per_step"]
     assert e["io"] == pytest.approx(1000 * r.iteration_time_s) and e["total"] == pytest.approx(e["io"] + e["compute"])
+
+
+@pytest.mark.parametrize("workload,chips", [("dlrm", 64), ("gpt3_13b", 64)])
+def test_presets_storage_keeps_shipped_workloads_unchanged(workload, chips):
+    # the shipped workloads read small records (tokens, DLRM rows): the new storage block of the
+    # DGX presets hides their input entirely
+    s = load_system("dgx_h100", num_chips=chips)
+    a, b = optimize(workload, s), optimize(workload, s.model_copy(update={"storage": None}))
+    assert a.iteration_time_s == b.iteration_time_s and a.breakdown_s == b.breakdown_s
 
 
 def test_presets_storage_keeps_token_workloads_unchanged():

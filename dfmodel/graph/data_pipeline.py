@@ -8,7 +8,8 @@ outermost storage tier and no checkpoint is taken::
       input_bytes_per_sample: 1 MB        # bytes read per sample (the existing field)
       data:
         dataset_samples: 400000000        # or dataset_bytes: 400 TB (one of the two)
-        samples_per_request: 1            # samples fetched by one storage request
+        samples_per_request: 1            # samples fetched by one storage request, or
+                                          # request_bytes: 4 MiB (default: 1 MiB requests)
         access: shuffle                   # shuffle (a new global permutation each epoch) | sequential
         preprocess_core_s_per_sample: 5 ms   # CPU core-seconds to decode/augment one sample
         cpu_cores_per_node: 96            # host cores given to the data loaders of one node
@@ -34,6 +35,7 @@ from dfmodel.system.schema import Strict
 from dfmodel.system.units import Bytes, Seconds, _q, _positive
 
 PositiveSeconds = _q("time", _positive)
+DEFAULT_REQUEST_BYTES = 2.0**20  # 1 MiB, Lustre's default stripe size
 
 
 class DataPipeline(Strict):
@@ -41,7 +43,8 @@ class DataPipeline(Strict):
 
     dataset_bytes: Bytes | None = None
     dataset_samples: PositiveInt | None = None
-    samples_per_request: PositiveInt = 1
+    samples_per_request: PositiveInt | None = None
+    request_bytes: Bytes | None = None
     access: Literal["shuffle", "sequential"] = "shuffle"
     preprocess_core_s_per_sample: Seconds = 0.0
     cpu_cores_per_node: PositiveInt | None = None
@@ -53,9 +56,21 @@ class DataPipeline(Strict):
     def _consistent(self) -> "DataPipeline":
         if self.dataset_bytes is not None and self.dataset_samples is not None:
             raise ValueError("give dataset_bytes or dataset_samples, not both")
+        if self.samples_per_request is not None and self.request_bytes is not None:
+            raise ValueError("give samples_per_request or request_bytes, not both")
         if self.preprocess_core_s_per_sample > 0 and self.cpu_cores_per_node is None:
             raise ValueError("preprocess_core_s_per_sample needs cpu_cores_per_node (host cores doing it)")
         return self
+
+    def samples_per_request_for(self, sample_bytes: float) -> float:
+        """Samples one storage request carries: as given, or ``request_bytes / sample_bytes``,
+        by default 1 MiB requests (Lustre's default stripe size, Lustre Operations Manual,
+        "Setting the File Layout/Striping Configuration": samples packed in large files are read
+        in stripe-sized requests); never less than one sample."""
+        if self.samples_per_request is not None:
+            return float(self.samples_per_request)
+        request = self.request_bytes if self.request_bytes is not None else DEFAULT_REQUEST_BYTES
+        return max(1.0, request / sample_bytes) if sample_bytes > 0 else 1.0
 
     def dataset_size_bytes(self, sample_bytes: float) -> float | None:
         """Dataset bytes (None when unknown)."""

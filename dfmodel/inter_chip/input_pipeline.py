@@ -184,7 +184,7 @@ def input_time(system: System, global_batch: int, sample_bytes: float, data, ste
     nodes = storage.nodes(system.num_chips)
     samples = global_batch / nodes
     bytes_node = samples * sample_bytes
-    requests_node = samples / data.samples_per_request
+    requests_node = samples / data.samples_per_request_for(sample_bytes)
     dataset = data.dataset_size_bytes(sample_bytes)
 
     tiers_inner_first = list(reversed(storage.tiers))
