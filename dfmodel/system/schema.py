@@ -19,6 +19,8 @@ A spec mirrors these classes one to one::
     network:                          # innermost dimension first
       - {name: nvlink, topology: switch, size: 8, link_bandwidth_Bps: 300 GB/s, latency_s: 2 us}
       - {name: ib, topology: switch, size: 128, link_bandwidth_Bps: 25 GB/s, latency_s: 5 us}
+    storage: {...}                    # optional: storage tiers for input and checkpoints,
+                                      # see dfmodel.system.storage
 
 Bandwidth semantics (``link_bandwidth_Bps``, one direction): ring = between two neighbours (a
 bidirectional ring sends both ways at once); fully_connected = between each pair of members;
