@@ -238,6 +238,7 @@ def solve(
     from dfmodel.graph.workload import load_workload
     from dfmodel.optimizer import optimize, with_precision
     from dfmodel.report import render_result
+    from dfmodel.report_io import render_io
     from dfmodel.system import load_system
 
     writable(json_out, "--json")
@@ -259,6 +260,7 @@ def solve(
         sys.stdout.write(result.to_json() + "\n")
         return
     render_result(result, out, system=s, workload=w)
+    render_io(result, out)  # storage I/O tables (issue 8); nothing without a storage block
     if json_out:
         Path(json_out).write_text(result.to_json())
         out.print(f"wrote {json_out}")

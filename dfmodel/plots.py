@@ -53,6 +53,7 @@ BREAKDOWN_COLORS = {
     "dp_comm": "#8172b3",
     "bubble": "#bbbbbb",
     "optimizer": "#937860",
+    "checkpoint": "#8c8c3c",
     "input": "#da8bc3",
 }
 FORWARD_COLOR = "#4c72b0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-BREAKDOWN_KEYS = ("compute", "memory", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "input")
+BREAKDOWN_KEYS = ("compute", "memory", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "input", "checkpoint")
 
 
 @dataclass
@@ -60,6 +60,9 @@ class Result:
     input_bound: bool = False
     notes: list[str] = field(default_factory=list)
     pipeline: dict = field(default_factory=dict)  # stage times, layers per stage (for timelines)
+    # storage I/O: binding tier, first epoch vs steady state, checkpoint, restart, I/O energy
+    # (dfmodel.inter_chip.io.io_report; empty without a storage block)
+    io: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)

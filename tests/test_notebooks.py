@@ -63,7 +63,7 @@ def test_kernel_is_this_interpreter(quick_kernel, tmp_path):
     assert Path(pkg).resolve() == Path(dfmodel.__file__).resolve()
 
 
-NAMES = ["quickstart.ipynb", "system_design_space.ipynb", "sram_dram.ipynb", "fidelity.ipynb"]
+NAMES = ["quickstart.ipynb", "system_design_space.ipynb", "sram_dram.ipynb", "fidelity.ipynb", "storage_io.ipynb"]
 
 
 def test_every_notebook_is_tested():

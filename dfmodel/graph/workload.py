@@ -23,6 +23,8 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       precision: bf16                  # fp32 | bf16 | fp16 | fp8
       optimizer: adam                  # adam | sgd | adagrad
       input_bytes_per_sample: 8192     # bytes read by the input pipeline per sample (0 = ignore)
+      data: {...}                      # optional input pipeline (dfmodel.graph.data_pipeline)
+      checkpoint: {...}                # optional checkpointing (same module)
 
     kind: dlrm
     embedding: {num_tables: 26, rows_per_table: [..26 ints..] or one int, dim: 128,
@@ -78,6 +80,7 @@ from pydantic import (
 )
 
 from dfmodel.errors import InputError
+from dfmodel.graph.data_pipeline import Checkpointing, DataPipeline
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.presets import resolve
 from dfmodel.system.schema import Precision, Strict
@@ -123,6 +126,9 @@ class Training(Strict):
     precision: TrainingPrecision = Precision.bf16
     optimizer: Literal["adam", "sgd", "adagrad"] = "adam"
     input_bytes_per_sample: BytesOrZero = 0.0
+    # optional input pipeline and checkpointing (dfmodel.graph.data_pipeline; issue 8)
+    data: DataPipeline | None = None
+    checkpoint: Checkpointing | None = None
 
     @field_validator("micro_batch")
     @classmethod

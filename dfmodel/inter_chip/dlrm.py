@@ -48,7 +48,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dfmodel.inter_chip.checkpoint import CheckpointState
 from dfmodel.inter_chip.input_pipeline import input_exposed_s
+from dfmodel.inter_chip.io import io_terms
 from dfmodel.errors import InfeasibleError, InputError
 from dfmodel.graph.build import build_graphs
 from dfmodel.graph.builders.formulas import INDEX_BYTES
@@ -445,7 +447,23 @@ class DLRMModel(FamilyModel):
         return total, t
 
     def input_exposed_s(self, step_s: float) -> float:
-        return input_exposed_s(self.system, self.B, self.workload.training.input_bytes_per_sample or 0.0, step_s)
+        t = self.workload.training
+        return input_exposed_s(self.system, self.B, t.input_bytes_per_sample or 0.0, step_s, data=t.data)
+
+    def checkpoint_state(self) -> CheckpointState | None:
+        """Saved bytes with this module's memory accounting: MLP weights and dense optimizer
+        state (:func:`dense_optimizer_bytes`), every table row's weights and row state
+        (:func:`embedding_state_bytes_per_row`), gradients on request. Tables are sharded over
+        every chip, so every chip writes its slice and a restart reads the state once."""
+        ckpt = self.workload.training.checkpoint
+        if ckpt is None:
+            return None
+        rows = float(sum(self.rows))
+        saved = self.mlp_params * (self.p + self.dense_state)
+        saved += rows * (self.dim * self.p + embedding_state_bytes_per_row(self.optimizer, self.dim))
+        if ckpt.include_gradients:
+            saved += (self.mlp_params + rows * self.dim) * self.p
+        return CheckpointState(saved, self.N, saved)
 
     # -- search interface -------------------------------------------------------------------
     def memory_floor_bytes(self, m: DLRMMapping) -> float:
@@ -514,13 +532,16 @@ class DLRMModel(FamilyModel):
         dp_exposed = dp_sync_time(sync_bytes, sync_s, ct.backward_s, self.system.dp_overlap) if sync_s > 0 else 0.0
         opt_s = self.optimizer_s(m, L)
         step = m.num_micro_batches * ct.time_s + dp_exposed + opt_s
-        inp = self.input_exposed_s(step)
+        io = io_terms(self.system, self.workload.training, self.B, step, self.checkpoint_state(),
+                      source=self.workload.source)
+        inp = io.input_s
         br = empty_breakdown()
         for k, v in ct.parts_s.items():
             br[k] += m.num_micro_batches * v
-        br.update(dp_comm=dp_exposed, optimizer=opt_s, input=inp)
-        detail = {"loads": L, "volumes": vol, "sync_s": sync_s, "network_s": network}
-        return FamilyEvaluation(m, step + inp, br, mem, True, ct.proven_optimal, ct, detail)
+        br.update(dp_comm=dp_exposed, optimizer=opt_s, input=inp, checkpoint=io.checkpoint_s)
+        detail = {"loads": L, "volumes": vol, "sync_s": sync_s, "network_s": network, "io": io}
+        return FamilyEvaluation(m, step + inp + io.checkpoint_s, br, mem, True, ct.proven_optimal, ct, detail,
+                                notes=list(io.notes))
 
     def _misfit(self, m: DLRMMapping, mem: FamilyMemory, what: str, force: bool = False) -> FamilyEvaluation:
         label = f"tp {m.tp} x dp {m.dp}, plan {m.plan}: {what}"

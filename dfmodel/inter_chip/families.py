@@ -385,7 +385,17 @@ def build_result(*, workload, system: System, ev: FamilyEvaluation, stats, usefu
         input_bound=breakdown.get("input", 0.0) > 0,
         notes=list(notes) + list(ev.notes),
         pipeline=pipeline or {},
+        io=_io_section(ev, system, t, samples),
     )
+
+
+def _io_section(ev: FamilyEvaluation, system: System, iteration_time_s: float, samples: float) -> dict:
+    """The result's ``io`` section for families whose evaluation carries I/O terms (DLRM)."""
+    from dfmodel.inter_chip.io import io_report
+
+    terms = ev.detail.get("io") if isinstance(ev.detail, dict) else None
+    return io_report(terms, system, iteration_time_s=iteration_time_s, compute_power_w=system_power_w(system),
+                     samples=samples, compute_cost_usd=system_cost_usd(system))
 
 
 def run_search(model, candidates, *, exhaustive: bool):

@@ -19,7 +19,8 @@ from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import pipeline as pipe
 from dfmodel.inter_chip.config import Mapping
-from dfmodel.inter_chip.input_pipeline import input_exposed_s
+from dfmodel.inter_chip.checkpoint import checkpoint_state
+from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
 from dfmodel.netmodels import CostTable
@@ -122,6 +123,7 @@ class Evaluation:
     proven_optimal: bool
     input_bound: bool = False
     notes: list[str] = field(default_factory=list)
+    io: IOTerms | None = None  # input and checkpoint details (dfmodel.inter_chip.io)
 
 
 def _is_attention_core(kernel) -> bool:
@@ -349,8 +351,10 @@ class LLMModel:
             dp_exposed = pipe.dp_sync_time(grad_bytes, sync, stage_bwd[0], self.system.dp_overlap)
         opt_s = self.optimizer_s(m, worst_params)
         step_s = pt.total_s + dp_exposed + opt_s
-        input_s = input_exposed_s(self.system, self.training.global_batch, self.training.input_bytes_per_sample, step_s)
-        total = step_s + input_s
+        io = io_terms(self.system, self.training, self.training.global_batch, step_s, self.checkpoint_state(m),
+                      source=self.workload.source)
+        input_s = io.input_s
+        total = step_s + input_s + io.checkpoint_s
 
         b = max(range(m.pp), key=lambda i: stage_fwd[i] + stage_bwd[i])
         busy = m.num_micro_batches * (stage_fwd[b] + stage_bwd[b])
@@ -363,6 +367,7 @@ class LLMModel:
             dp_comm=dp_exposed,
             optimizer=opt_s,
             input=input_s,
+            checkpoint=io.checkpoint_s,
         )
         memory = self.memory_check(m, params_stage, stages)
         proven = layer.fwd.proven_optimal and layer.bwd.proven_optimal
@@ -378,7 +383,16 @@ class LLMModel:
             stage_bwd,
             proven,
             input_bound=input_s > 0,
+            io=io,
         )
+
+    def checkpoint_state(self, m: Mapping):
+        """What a checkpoint of this mapping saves and who writes it (None: no checkpointing)."""
+        ckpt = getattr(self.training, "checkpoint", None)
+        if ckpt is None:
+            return None
+        return checkpoint_state(self.graphs(1).params(), num_chips=self.system.num_chips, tp=m.tp, pp=m.pp,
+                                dp=m.dp, checkpoint=ckpt)
 
     def _stage_layers(self, layers: tuple[int, ...], m: Mapping) -> list[int]:
         """Layers per physical stage (interleaved chunks summed)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.io import io_report
 from dfmodel.inter_chip.llm import LLMModel
 from dfmodel.inter_chip.search import llm_candidates, search, validate_knobs
 from dfmodel.result import Parallelism, Result, SolverInfo
@@ -68,6 +69,9 @@ def to_result(model: LLMModel, ev, stats) -> Result:
         power_w=system_power_w(system),
         bottleneck=bottleneck,
         input_bound=ev.input_bound,
+        notes=list(ev.io.notes) if ev.io else [],
+        io=io_report(ev.io, system, iteration_time_s=ev.iteration_time_s, compute_power_w=system_power_w(system),
+                     samples=w.training.global_batch, compute_cost_usd=system_cost_usd(system)),
         pipeline={
             "layers_per_stage": ev.layers_per_stage,
             "stage_forward_s": ev.stage_fwd_s,

@@ -19,6 +19,8 @@ A spec mirrors these classes one to one::
     network:                          # innermost dimension first
       - {name: nvlink, topology: switch, size: 8, link_bandwidth_Bps: 300 GB/s, latency_s: 2 us}
       - {name: ib, topology: switch, size: 128, link_bandwidth_Bps: 25 GB/s, latency_s: 5 us}
+    storage: {...}                    # optional: storage tiers for input and checkpoints,
+                                      # see dfmodel.system.storage
 
 Bandwidth semantics (``link_bandwidth_Bps``, one direction): ring = between two neighbours (a
 bidirectional ring sends both ways at once); fully_connected = between each pair of members;
@@ -50,6 +52,7 @@ from dfmodel.system.units import (
     PositiveFloat,
     Seconds,
 )
+from dfmodel.system.storage import Storage  # noqa: F401 -- re-exported; the schema of ``System.storage``
 
 
 class Precision(str, Enum):
@@ -155,14 +158,6 @@ class NetworkDim(Strict):
     @property
     def effective_bandwidth_Bps(self) -> float:
         return self.link_bandwidth_Bps * self.efficiency
-
-
-class Storage(Strict):
-    """Input pipeline: per node read bandwidth and host preprocessing throughput."""
-
-    chips_per_node: PositiveInt = 8
-    read_bandwidth_Bps: BytesPerSec
-    preprocess_samples_per_s: PositiveFloat
 
 
 class System(Strict):
