@@ -50,9 +50,12 @@ def render_io(r: Result, console: Console) -> None:
     if steady:
         tiers = Table("stage", "bytes", "hit", "steady", "1st epoch", "bound",
                       title="input per node and step (tiers innermost first, storage NIC, CPU)")
+        names = [n for n, s in steady["stages"].items() if s["kind"] not in ("network", "cpu")]
+        home = names[-1] if names else None  # the outermost tier holds the dataset: no hit ratio
         for name, s in steady["stages"].items():
             c = cold["stages"].get(name, {}) if cold else {}
             tier = s["kind"] not in ("network", "cpu")
-            tiers.add_row(name, _pct(s["share"]) if tier else "-", _pct(s["hit_ratio"]) if tier else "-",
+            hit = "home" if name == home else (_pct(s["hit_ratio"]) if tier else "-")
+            tiers.add_row(name, _pct(s["share"]) if tier else "-", hit,
                           fmt_time(s["time_s"]), fmt_time(c.get("time_s", 0.0)), s["bound"])
         console.print(tiers)
