@@ -16,6 +16,7 @@ from functools import cached_property, lru_cache
 from dfmodel.graph.build import build_graphs
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
+from dfmodel.graph.workload import resolve_attention
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import pipeline as pipe
 from dfmodel.inter_chip.config import Mapping
@@ -23,7 +24,7 @@ from dfmodel.inter_chip.input_pipeline import input_exposed_s
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
 from dfmodel.netmodels import CostTable
-from dfmodel.system.processor import compute_time_s, memory_time_s
+from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, memory_time_s
 from dfmodel.system.schema import Precision, System
 
 #: Adam step DRAM traffic per parameter: read fp32 master, m, v and the gradient, write master,
@@ -108,6 +109,7 @@ def _is_attention_core(kernel) -> bool:
         and "attention" in kernel.group
         and kernel.weight_bytes == 0
         and kernel.kind in (KernelKind.matmul, KernelKind.reduction)
+        and kernel.efficiency != "attention"  # FlashAttention's backward recomputes on its own
     )
 
 
@@ -122,7 +124,7 @@ class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
     def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
-        self.workload = workload
+        self.workload = resolve_attention(workload, system.chip.execution)
         self.system = system
         self.solver = solver
         self.time_limit_s = time_limit_s
@@ -183,12 +185,7 @@ class LLMModel:
             for k in graph.kernels:
                 if not pred(k) or k.kind == KernelKind.comm:
                     continue
-                rate = (
-                    chip.peak(self.precision) * chip.efficiency.matmul
-                    if k.kind.is_matrix
-                    else chip.vector_peak(self.precision) * chip.efficiency.vector
-                )
-                total += k.flop / rate
+                total += k.flop / achieved_rate_Fps(chip, k, self.precision)
             return total
 
         layer = floor(gs.layer)

@@ -80,6 +80,8 @@ class ShardingProblem:
             for k in ks[1:]:
                 valid = {s.name for s in strategies(k, tokens_split=self.tokens_split)}
                 names = [n for n in names if n in valid]
+            if ks[0].group == "vocab_embedding":  # always vocabulary-parallel (strategies.py)
+                names = [n for n in names if n != "rep"]
             out[g] = names if self.group.size > 1 else ["rep"]
         return out
 
