@@ -13,7 +13,8 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       num_layers: 96
       seq_len: 2048
       ffn_hidden: 49152                # default 4 * hidden
-      ffn_type: gelu                   # gelu | swiglu (swiglu: gate and up projections)
+      ffn_type: gelu                   # gelu | swiglu (gate and up projections) | squared_relu
+      dropout: true                    # hidden/attention dropout masks kept for the backward
       vocab_size: 51200                # default 0 = no embedding / LM head graphs
       tie_embeddings: true             # LM head reuses the token embedding (Megatron default)
       position_embedding: learned      # learned (seq_len x hidden table) | rotary (no params)
@@ -194,7 +195,7 @@ class LLMModel(Strict):
     ffn_hidden: PositiveInt | None = None  # filled with 4 * hidden when absent
     vocab_size: Annotated[int, Field(ge=0)] = 0
     num_kv_heads: PositiveInt | None = None  # filled with num_heads when absent
-    ffn_type: Literal["gelu", "swiglu"] = "gelu"
+    ffn_type: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
     tie_embeddings: bool = True
     position_embedding: Literal["learned", "rotary"] = "learned"
     # flash: one fused attention kernel per direction, no s x s tensor in memory (FlashAttention,
@@ -202,6 +203,10 @@ class LLMModel(Strict):
     # null = decided by the system: flash on kernel-by-kernel chips (GPUs: every current
     # framework), unfused on dataflow chips (their compiler fuses the separate kernels itself).
     attention: Literal["flash", "unfused"] | None = None
+    # hidden and attention dropout (GPT-3 / Megatron GPT: 0.1, which keeps 1-byte masks for the
+    # backward); Llama and Nemotron recipes train without dropout (NeMo llama31 / nemotron4:
+    # hidden_dropout = attention_dropout = 0)
+    dropout: bool = True
 
     @model_validator(mode="before")
     @classmethod

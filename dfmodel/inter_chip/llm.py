@@ -129,8 +129,8 @@ class LLMModel:
         self.solver = solver
         self.time_limit_s = time_limit_s
         self.costs = CostTable(system)
-        self.model = workload.model
-        self.training = workload.training
+        self.model = self.workload.model
+        self.training = self.workload.training
         self.precision = Precision(self.training.precision)
         self._graphs: dict[int, object] = {}
         self._blocks: dict[tuple, BlockTimes | None] = {}
@@ -247,34 +247,20 @@ class LLMModel:
         )
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int]) -> "mem.MemoryBreakdown":
-        """Worst stage's memory per chip (weights, grads, optimizer, activations in flight)."""
-        act_layer = mem.activation_bytes_per_layer(
-            seq_len=self.model.seq_len,
-            micro_batch=m.micro_batch,
-            hidden=self.model.hidden,
-            num_heads=self.model.num_heads,
-            tp=m.tp,
-            sequence_parallel=m.sequence_parallel,
-            recompute=m.recompute,
-            ffn_hidden=self.model.ffn_hidden,
-            num_kv_heads=self.model.num_kv_heads,
-            bytes_per_element=self.precision.bytes,
-        )
-        worst = None
-        for stage, (params, layers) in enumerate(zip(params_per_stage, layers_per_stage)):
-            in_flight = mem.in_flight_micro_batches(m.pp, stage, m.num_micro_batches, m.interleave)
-            b = mem.memory_per_chip(
-                params_per_chip=params,
-                dp=m.dp,
-                distributed_optimizer=m.distributed_optimizer,
-                activation_bytes_per_layer=act_layer,
-                layers_on_chip=layers,
-                in_flight_micro_batches=in_flight,
-                capacity_bytes=self.system.chip.memory.capacity_bytes,
-            )
-            if worst is None or b.total_bytes > worst.total_bytes:
-                worst = b
-        return worst
+        """Worst stage's memory per chip (weights, grads, optimizer, activations in flight,
+        reserve): :func:`memory.llm_memory_per_chip`. ``params_per_stage`` holds the layer
+        parameters plus the embedding (first stage) and head and tied copy (last stage)."""
+        layer_params = self.block("layer", m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel).params_per_chip
+        first = params_per_stage[0] - layers_per_stage[0] * layer_params
+        last = params_per_stage[-1] - layers_per_stage[-1] * layer_params if m.pp > 1 else 0.0
+        chip_memory = self.system.chip.memory
+        return mem.llm_memory_per_chip(
+            model=self.model, training=self.training, attention=self.model.attention or "unfused",
+            tp=m.tp, pp=m.pp, dp=m.dp, micro_batch=m.micro_batch, num_micro_batches=m.num_micro_batches,
+            interleave=m.interleave, recompute=m.recompute, sequence_parallel=m.sequence_parallel,
+            distributed_optimizer=m.distributed_optimizer, layer_params_per_chip=layer_params,
+            first_params=first, last_params=last, layers_per_stage=layers_per_stage,
+            capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes)
 
     # -- the full evaluation ----------------------------------------------------------------------
     def evaluate(self, m: Mapping) -> Evaluation:
@@ -307,11 +293,14 @@ class LLMModel:
         params_stage = [n * layer.params_per_chip for n in stages]
         params_stage[0] += emb.params_per_chip if emb else 0.0
         params_stage[-1] += head.params_per_chip if head else 0.0
+        params_stage[-1] += mem.tied_embedding_copy_params(
+            vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp, pp=m.pp,
+            tie_embeddings=self.model.tie_embeddings)
         worst_params = max(params_stage)
 
         dp_exposed = 0.0
         if m.dp > 1:
-            grad_bytes = worst_params * self.precision.bytes
+            grad_bytes = worst_params * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
             if m.distributed_optimizer:
                 sync = self.costs.time_s("reduce_scatter", grad_bytes, dp_group) + self.costs.time_s(
                     "all_gather", grad_bytes, dp_group

@@ -149,7 +149,7 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     b, s, h, a, kv, d, f = batch, m.seq_len, m.hidden, m.num_heads, m.kv_heads, m.head_dim, m.ffn
     T, ba = b * s, batch * m.num_heads
     nqkv = (a + 2 * kv) * d
-    f_in = f if m.ffn_type == "gelu" else 2 * f  # swiglu: gate and up projections fused
+    f_in = 2 * f if m.ffn_type == "swiglu" else f  # swiglu: gate and up projections fused
     act, act_bwd = m.ffn_type, f"{m.ffn_type}_bwd"
     qkv_p, out_p = linear_params(h, nqkv), linear_params(a * d, h)
     fc1_p, fc2_p, ln_p = linear_params(h, f_in), linear_params(f, h), layernorm_params(h)
