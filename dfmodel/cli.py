@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dfmodel.cli_format import fmt, fmt_time
-from dfmodel.errors import DFModelError
+from dfmodel.errors import DFModelError, InputError
 
 app = typer.Typer(
     help="DFModel: map a workload onto a machine and predict how fast it runs.",
@@ -218,20 +218,35 @@ def solve(
 @guarded
 def validate(
     cases: Path = typer.Argument(..., help="Cases YAML, e.g. ../shared/calibration/megatron_a100.yaml."),
-    system: str = typer.Option("dgx_a100", "--system", "-s", help="System YAML or preset name."),
+    system: str = typer.Option("auto", "--system", "-s",
+                               help="System YAML or preset name; auto = the preset of each case's chip."),
     free: bool = typer.Option(False, "--free", help="Also optimise with nothing fixed and compare."),
+    ranges: bool = typer.Option(False, "--range", help="Also the best..worst prediction over the knobs a case leaves out."),
+    attention: Optional[str] = typer.Option(None, "--attention",
+                                            help="flash | unfused for every case (default: the case's, else the system's)."),
 ) -> None:
-    """Predicted vs measured iteration time for published runs, with their mappings fixed."""
+    """Predicted vs measured iteration time for published runs, with their mappings fixed.
+
+    For every knob a case leaves out, the table shows the value the optimizer picked."""
     from dfmodel.validate import summary, validate_cases
 
-    rows = validate_cases(cases, system, free=free)
-    table = Table("case", "chips", "mapping", "predicted", "measured", "error", title=f"fidelity on {system}")
+    if attention not in (None, "flash", "unfused"):
+        raise InputError(f"must be flash or unfused, got {attention!r}", field="--attention")
+    rows = validate_cases(cases, system, free=free, ranges=ranges,
+                          workload_overrides={"attention": attention} if attention else None)
+    table = Table("case", "chips", "mapping", "predicted", "measured", "error", "picked (unknown knobs)",
+                  title=f"fidelity on {system}")
+    if ranges:
+        table.add_column("range best..worst")
     if free:
         table.add_column("free optimum")
         table.add_column("free mapping")
     for r in rows:
         cells = [r.id, str(r.num_chips), r.mapping or r.message, fmt_time(r.predicted_s) if r.predicted_s else "-",
-                 fmt_time(r.measured_s), f"{r.error:+.1%}" if r.error is not None else "-"]
+                 fmt_time(r.measured_s), f"{r.error:+.1%}" if r.error is not None else "-",
+                 " ".join(f"{k}={v}" for k, v in r.chosen.items()) or "-"]
+        if ranges:
+            cells.append(f"{fmt_time(r.range_s[0])}..{fmt_time(r.range_s[1])}" if r.range_s else "-")
         if free:
             cells += [fmt_time(r.free_predicted_s) if r.free_predicted_s else "-", r.free_mapping or "-"]
         table.add_row(*cells)

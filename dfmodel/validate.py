@@ -13,9 +13,9 @@ published (expert) mapping.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -34,6 +34,10 @@ class CaseModel(Strict):
     ffn_hidden: int | None = Field(default=None, gt=0)
     vocab_size: int = Field(default=0, ge=0)
     num_kv_heads: int | None = Field(default=None, gt=0)
+    ffn_type: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
+    attention: Literal["flash", "unfused"] | None = None
+    dropout: bool | None = None
+    tie_embeddings: bool | None = None
 
 
 class CaseTraining(Strict):
@@ -49,13 +53,17 @@ class CaseSystem(Strict):
 
 
 class CaseParallelism(Strict):
+    """The published mapping; a knob left out (None) is unknown: the optimizer picks it and the
+    report says which value it picked (an unknown knob must not silently tune a case)."""
+
     tp: int = Field(gt=0)
     pp: int = Field(gt=0)
     dp: int = Field(gt=0)
-    activation_recompute: str = "none"
-    sequence_parallel: bool = False
+    cp: int = Field(default=1, gt=0)
+    activation_recompute: Literal["none", "selective", "full"] | None = None
+    sequence_parallel: bool | None = None
     virtual_pipeline: int | None = Field(default=None, gt=0)
-    distributed_optimizer: bool = False
+    distributed_optimizer: bool | None = None
 
 
 class CaseMeasured(Strict):
@@ -75,7 +83,11 @@ class Case(Strict):
 
 @dataclass
 class Row:
-    """One case's outcome (times in seconds; error = predicted / measured - 1)."""
+    """One case's outcome (times in seconds; error = predicted / measured - 1).
+
+    ``chosen``: the value the optimizer picked for every knob the case leaves out;
+    ``range_s``: (best, worst) prediction over every value of those knobs that fits (when asked).
+    """
 
     id: str
     num_chips: int
@@ -87,6 +99,9 @@ class Row:
     free_predicted_s: float | None = None
     free_mapping: str | None = None
     message: str = ""
+    system: str = ""
+    chosen: dict = field(default_factory=dict)
+    range_s: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,18 +131,63 @@ def load_cases(path: str | Path) -> list[Case]:
     return cases
 
 
+#: Preset per chip a case names (matched on the chip name's first word; GB200 before B200).
+CHIP_PRESETS = (("GB200", "gb200_nvl72"), ("A100", "dgx_a100"), ("H100", "dgx_h100"), ("H200", "dgx_h200"),
+                ("H800", "dgx_h800"), ("B200", "dgx_b200"), ("MI300X", "mi300x"), ("V100", "v100_fdr"))
+
+
+def system_of(case_chip: str, system: Any = None) -> Any:
+    """The system a case runs on: ``system`` when given (not ``auto``), else the preset of the
+    case's chip (:data:`CHIP_PRESETS`), else the A100 preset.
+
+    >>> system_of("H200-SXM5-141GB (HBM3e 141 GB; otherwise as H100 SXM5)")
+    'dgx_h200'
+    """
+    if system not in (None, "auto"):
+        return system
+    name = (case_chip.split() or [""])[0].lower()
+    for key, preset in CHIP_PRESETS:
+        if key.lower() in name:
+            return preset
+    return DEFAULT_SYSTEM
+
+
 def workload_of(case: Case) -> dict[str, Any]:
-    """The ``kind: llm`` workload dict of a case (Megatron GPT: GELU MLP, tied embeddings)."""
+    """The ``kind: llm`` workload dict of a case.
+
+    Architecture defaults where a case is silent, by the framework recipe of its MLP type:
+    GELU models are Megatron GPT (tied embeddings, hidden/attention dropout 0.1); SwiGLU
+    (Llama 3.1) and squared-ReLU (Nemotron-4) models are NeMo recipes with untied embeddings and
+    no dropout (NeMo llama31_* / nemotron4_* recipes: hidden_dropout = attention_dropout = 0,
+    share_embeddings_and_output_weights = False). ``attention`` left out is decided by the
+    system (flash on GPUs). Mixed 16-bit precision is modelled as bf16.
+    """
     model = {k: v for k, v in case.model.model_dump().items() if v is not None}
+    gpt = case.model.ffn_type == "gelu"
+    model.setdefault("dropout", gpt)
+    model.setdefault("tie_embeddings", gpt)
+    if case.model.ffn_type != "gelu":
+        model.setdefault("position_embedding", "rotary")
     precision = "bf16" if "bf16" in case.training.precision or "fp16" in case.training.precision else case.training.precision
     training = {"global_batch": case.training.global_batch, "precision": precision}
     return {"kind": "llm", "name": case.id, "model": model, "training": training}
 
 
+#: Knobs a case may leave out, and the values the range of predictions covers.
+UNKNOWN_KNOB_VALUES = {
+    "recompute": ("none", "selective", "full"),
+    "sequence_parallel": (False, True),
+    "distributed_optimizer": (False, True),
+}
+
+
 def knobs_of(case: Case) -> dict[str, Any]:
-    """The mapping the case published, as ``optimize`` keyword arguments."""
+    """The mapping the case published, as ``optimize`` keyword arguments (None = unknown).
+
+    ``cp`` is passed only when it is not 1 (builds without context parallelism cannot take it).
+    """
     p = case.parallelism
-    return {
+    knobs = {
         "tp": p.tp,
         "pp": p.pp,
         "dp": p.dp,
@@ -137,6 +197,48 @@ def knobs_of(case: Case) -> dict[str, Any]:
         "interleave": p.virtual_pipeline,
         "distributed_optimizer": p.distributed_optimizer,
     }
+    if p.cp != 1:
+        knobs["cp"] = p.cp
+    return knobs
+
+
+def supports_knob(name: str) -> bool:
+    """Whether this build's ``optimize`` takes the knob (context parallelism lands separately)."""
+    import inspect
+
+    from dfmodel.optimizer import optimize
+
+    return name in inspect.signature(optimize).parameters
+
+
+def chosen_values(knobs: dict[str, Any], parallelism) -> dict[str, Any]:
+    """What the optimizer picked for every knob the case left out."""
+    attr = {"micro_batch": "micro_batch", "recompute": "recompute", "sequence_parallel": "sequence_parallel",
+            "interleave": "interleave", "distributed_optimizer": "distributed_optimizer"}
+    return {k: getattr(parallelism, attr[k]) for k, v in knobs.items() if v is None and k in attr}
+
+
+def prediction_range(w: dict, system: Any, n: int, knobs: dict[str, Any], picked_mb: int) -> tuple[float, float] | None:
+    """(best, worst) iteration time over every value of the unknown knobs that fits.
+
+    The micro-batch is held at the optimizer's pick when the case leaves it out (it is an
+    optimizer choice, not an unknown of the published run's physics, in every case file here).
+    """
+    import itertools
+
+    from dfmodel.optimizer import optimize
+
+    unknown = [k for k in UNKNOWN_KNOB_VALUES if knobs.get(k) is None]
+    times = []
+    for values in itertools.product(*(UNKNOWN_KNOB_VALUES[k] for k in unknown)):
+        fixed = {**knobs, **dict(zip(unknown, values))}
+        if fixed.get("micro_batch") is None:
+            fixed["micro_batch"] = picked_mb
+        try:
+            times.append(optimize(w, system, num_chips=n, **fixed).iteration_time_s)
+        except DFModelError:
+            continue
+    return (min(times), max(times)) if times else None
 
 
 def describe(parallelism) -> str:
@@ -145,18 +247,34 @@ def describe(parallelism) -> str:
             f"{' SP' if p.sequence_parallel else ''}")
 
 
-def evaluate_case(case: Case, system: Any = DEFAULT_SYSTEM, *, free: bool = False) -> Row:
-    """Predict one case with its published mapping (and, with ``free``, with none fixed)."""
+def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges: bool = False,
+                  workload_overrides: dict | None = None) -> Row:
+    """Predict one case with its published mapping (and, with ``free``, with none fixed).
+
+    ``system`` None or ``auto``: the preset of the case's chip. ``ranges``: also the best and
+    worst prediction over the unknown knobs. ``workload_overrides`` update the workload's
+    ``model`` block (e.g. ``{"attention": "unfused"}`` for runs that predate FlashAttention).
+    """
     from dfmodel.optimizer import optimize
 
+    system = system_of(case.system.chip, system)
     w, n = workload_of(case), case.system.num_chips
+    w["model"].update(workload_overrides or {})
     measured = case.measured.iteration_time_s
+    sname = system if isinstance(system, str) else getattr(system, "name", "")
+    knobs = knobs_of(case)
+    missing = [k for k in knobs if k not in ("tp", "pp", "dp") and not supports_knob(k)]
+    if missing:
+        return Row(case.id, n, "", 0, None, measured, None, system=sname,
+                   message=f"skipped: needs {', '.join(f'{k}={knobs[k]}' for k in missing)}, not in this build")
     try:
-        r = optimize(w, system, num_chips=n, **knobs_of(case))
+        r = optimize(w, system, num_chips=n, **knobs)
     except DFModelError as exc:
-        return Row(case.id, n, "", 0, None, measured, None, message=str(exc))
+        return Row(case.id, n, "", 0, None, measured, None, message=str(exc), system=sname)
     row = Row(case.id, n, describe(r.parallelism), r.parallelism.micro_batch, r.iteration_time_s, measured,
-              r.iteration_time_s / measured - 1)
+              r.iteration_time_s / measured - 1, system=sname, chosen=chosen_values(knobs, r.parallelism))
+    if ranges:
+        row.range_s = prediction_range(w, system, n, knobs, r.parallelism.micro_batch)
     if free:
         try:
             best = optimize(w, system, num_chips=n)
@@ -166,9 +284,11 @@ def evaluate_case(case: Case, system: Any = DEFAULT_SYSTEM, *, free: bool = Fals
     return row
 
 
-def validate_cases(path: str | Path, system: Any = DEFAULT_SYSTEM, *, free: bool = False) -> list[Row]:
-    """Evaluate every case in ``path`` on ``system`` (default: the dgx_a100 preset)."""
-    return [evaluate_case(c, system, free=free) for c in load_cases(path)]
+def validate_cases(path: str | Path, system: Any = None, *, free: bool = False, ranges: bool = False,
+                   workload_overrides: dict | None = None) -> list[Row]:
+    """Evaluate every case in ``path`` on ``system`` (default: the preset of each case's chip)."""
+    return [evaluate_case(c, system, free=free, ranges=ranges, workload_overrides=workload_overrides)
+            for c in load_cases(path)]
 
 
 def summary(rows: list[Row]) -> dict[str, float]:
