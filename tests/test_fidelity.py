@@ -238,3 +238,53 @@ def test_token_embedding_is_split_by_vocabulary(tp):
     full = build_graphs(resolve_attention(w, "kernel_by_kernel"), batch=1).embedding.params()
     assert emb.params_per_chip == pytest.approx(full / tp)
     assert any(c[1] == "all_reduce" for c in emb.sharded.comm)  # partial look-ups summed
+
+
+# -- collectives: NVLS, protocols, published bus bandwidths, contention, TP overlap --------------
+
+
+def _bus_bandwidth_GBps(system: str, size_bytes: float = 8 * 2**30) -> float:
+    """nccl-tests' all-reduce bus bandwidth on one 8-GPU node: 2 (p-1)/p * S / t."""
+    from dfmodel.netmodels import CostTable
+
+    t = CostTable(load_system(system)).time_s("all_reduce", size_bytes, (("nvlink", 8),))
+    return 2 * 7 / 8 * size_bytes / t / 1e9
+
+
+@pytest.mark.parametrize("system,low,high", [
+    ("dgx_a100", 215, 245),   # nccl-tests all_reduce_perf on DGX A100: ~230-240 GB/s
+    ("dgx_h100", 430, 500),   # with NVLS (NCCL >= 2.17): ~450-480 GB/s; ring alone ~360
+])
+def test_all_reduce_bus_bandwidth_matches_published_nccl_tests(system, low, high):
+    assert low <= _bus_bandwidth_GBps(system) <= high
+
+
+def test_nvls_wins_large_messages_only_and_protocols_never_slow_down():
+    from dataclasses import replace as _r  # noqa: F401
+    from dfmodel.netmodels import CostTable
+
+    base = load_system("dgx_h100")
+    plain = base.model_copy(deep=True)
+    plain.network[0].nvls_efficiency = None
+    plain.network[0].nccl_protocols = False
+    with_all, without = CostTable(base), CostTable(plain)
+    group = (("nvlink", 8),)
+    for size in (1e3, 1e5, 1e7, 1e9, 1e10):
+        assert with_all.time_s("all_reduce", size, group) <= without.time_s("all_reduce", size, group) * (1 + 1e-12)
+    big = 1e10
+    assert with_all.time_s("all_reduce", big, group) < 0.8 * without.time_s("all_reduce", big, group)
+    from dfmodel.netmodels.nccl import NVLS_LATENCY_S, nvls_all_reduce_s
+    assert nvls_all_reduce_s(1e3, 450e9, 0.61) > NVLS_LATENCY_S  # tiny messages: LL ring wins
+
+
+def test_contention_and_tp_overlap_bounds():
+    from dfmodel.netmodels.nccl import contended_kernel_s, tp_comm_overlap_s
+
+    assert contended_kernel_s(1.0, 0.5, comm_channels=0, sms=132, comm_hbm_Bps=0, hbm_Bps=3e12) == 1.0
+    slow = contended_kernel_s(1.0, 0.5, comm_channels=16, sms=132, comm_hbm_Bps=1e12, hbm_Bps=3e12)
+    assert slow == pytest.approx(max(132 / 116, 0.5 * 1.5))
+    for g, c, n in itertools.product((0.5, 2.0, 8.0), (0.1, 4.0, 6.0), (2, 4, 8)):
+        t = tp_comm_overlap_s(g, c, n)
+        assert max(g, c) - 1e-12 <= t <= g + c + 1e-12  # never worse than serial nor than perfect
+        assert tp_comm_overlap_s(g, c, n, gemm_slowdown=1.2) >= t
+        assert tp_comm_overlap_s(g, c, 2 * n) <= t + 1e-12 or c == 0  # finer chunks hide more

@@ -186,6 +186,11 @@ class NetworkDim(Strict):
     switch_radix: PositiveInt | None = None
     switch_price_usd: NonNegativeFloat = 0.0
     switch_power_w: NonNegativeFloat = 0.0
+    # NVLink SHARP (in-switch reduction, NVSwitch Gen3+): NCCL's NVLS efficiency on this switch
+    # (tuning.cc nvlsEfficiency: Hopper 0.85, Blackwell 0.74); null = no in-network reduction.
+    nvls_efficiency: Fraction | None = None
+    # NCCL's LL / LL128 / Simple protocols as choices per collective (latency_s is Simple's).
+    nccl_protocols: bool = False
 
     @property
     def effective_bandwidth_Bps(self) -> float:
