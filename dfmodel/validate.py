@@ -13,6 +13,7 @@ published (expert) mapping.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -300,3 +301,164 @@ def summary(rows: list[Row]) -> dict[str, float]:
         "mean_abs_error": sum(errors) / len(errors) if errors else float("nan"),
         "max_abs_error": max(errors) if errors else float("nan"),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# DLRM, HPL and FFT cases (../shared/calibration/other_families.yaml)
+# --------------------------------------------------------------------------------------------
+
+
+class FamilyCase(Strict):
+    """One published DLRM / HPL / FFT measurement (the other_families.yaml schema)."""
+
+    model_config = Strict.model_config | {"extra": "ignore"}
+    id: str
+    family: Literal["dlrm_training", "hpl", "fft"]
+    value: float = Field(gt=0)
+    units: str
+    workload: dict = Field(default_factory=dict)
+    system: dict = Field(default_factory=dict)
+    extra_measured: list[dict] | None = None
+
+
+#: HPL block size when a case does not publish it: NVIDIA's HPL for A100/H100 (HPC-Benchmarks
+#: container) uses NB = 288 (A100) and 1024 (H100) in its sample HPL.dat files; other values
+#: are covered by the prediction range.
+HPL_NB = {"A100": 288, "H100": 1024}
+#: Fraction of the machine's HBM the HPL matrix fills when N is not published (NVIDIA's sample
+#: HPL.dat files size N to ~85-90 % of GPU memory; the range covers 70 %).
+HPL_MEMORY_FRACTIONS = (0.9, 0.7)
+
+
+def load_family_cases(path: str | Path) -> list[FamilyCase]:
+    import yaml
+    from pydantic import ValidationError
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read file ({exc.strerror or exc})", source=str(path)) from None
+    if not isinstance(data, list):
+        raise InputError("expected a YAML list of cases", source=str(path), field="<root>")
+    out = []
+    for i, item in enumerate(data):
+        try:
+            out.append(FamilyCase.model_validate(item))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise InputError(validation_message(err), source=str(path), field=f"{i}.{field_path(err['loc'])}") from None
+    return out
+
+
+def _ints(text) -> list[int]:
+    """Integers of a list or of a text such as '[1, 2]' or '1024-1024-512-256-1 (note)'."""
+    import re
+
+    if isinstance(text, list):
+        return [int(x) for x in text]
+    head = str(text).split("(")[0]
+    return [int(x) for x in re.findall(r"\d+", head)]
+
+
+def _chips(case: FamilyCase) -> int:
+    s = case.system
+    return int(s.get("chip_count") or s.get("gpus") or s.get("num_chips"))
+
+
+def _extra(case: FamilyCase, metric_word: str) -> float | None:
+    for m in case.extra_measured or []:
+        if metric_word in str(m.get("metric", "")):
+            return float(m["value"])
+    return None
+
+
+def family_case_inputs(case: FamilyCase) -> list[tuple[dict, float, dict]]:
+    """[(workload dict, measured seconds, knobs the case left out and their values)] -- one
+    entry per value of the unknown knobs (the first is the nominal choice)."""
+    chip = str(case.system.get("chip", ""))
+    n = _chips(case)
+    if case.family == "dlrm_training":
+        w = case.workload
+        rows = _ints(w["table_rows"])
+        workload = {"kind": "dlrm", "name": case.id,
+                    # MLPerf v2.0 DLRM on Criteo 1TB: one-hot categorical features (one look-up
+                    # per table and sample)
+                    "embedding": {"num_tables": int(w["embedding_tables"]), "rows_per_table": rows,
+                                  "dim": int(w["embedding_dim"]), "lookups_per_table": 1},
+                    "dense_features": int(w["dense_features"]), "bottom_mlp": _ints(w["bottom_mlp"]),
+                    "top_mlp": _ints(w["top_mlp"]), "interaction": "dot",
+                    "training": {"global_batch": int(w["global_batch"]), "precision": "fp16",
+                                 "optimizer": str(w.get("optimizer", "sgd")).lower()}}
+        throughput = _extra(case, "throughput")
+        if throughput is None:
+            raise InputError("a DLRM case needs a 'median logged throughput' in extra_measured", field=case.id)
+        return [(workload, int(w["global_batch"]) / throughput, {})]
+    if case.family == "fft":
+        w = case.workload
+        grid = _ints(w["grid"])
+        per_transform = case.value / 1000.0 / (2 * int(w.get("iterations", 1)))  # fwd + bwd per iteration
+        workload = {"kind": "fft", "name": case.id, "dims": grid, "batch": 1, "precision": "fp64",
+                    "decomposition": "pencil"}
+        return [(workload, per_transform, {})]
+    # HPL: Rmax -> time of the factorisation; N, NB, P x Q are not published
+    from dfmodel.inter_chip.hpl import hpl_useful_flop
+    from dfmodel.yamlio import read_yaml
+    from dfmodel.presets import resolve
+
+    preset = read_yaml(resolve(system_of(chip), "systems"))
+    capacity = _capacity_of(chip, preset)
+    rate = case.value * (1e15 if "PFLOP" in case.units else 1e12)
+    nb = next((v for k, v in HPL_NB.items() if k in chip), 512)
+    p = int(math.isqrt(n))
+    while n % p:
+        p -= 1
+    out = []
+    for frac in HPL_MEMORY_FRACTIONS:
+        order = int(math.sqrt(frac * n * capacity / 8) // nb * nb)
+        workload = {"kind": "hpl", "name": case.id, "n": order, "nb": nb, "p": p, "q": n // p}
+        out.append((workload, hpl_useful_flop(order) / rate, {"n": order, "nb": nb, "p": p, "q": n // p,
+                                                               "memory_fraction": frac}))
+    return out
+
+
+def _capacity_of(chip: str, preset: dict) -> float:
+    """HBM bytes of the case's chip (the 40 GB A100 of Selene 2020 differs from the preset's)."""
+    import re
+
+    from dfmodel.system.units import parse_quantity
+
+    m = re.search(r"(\d+)\s*GB", chip)
+    if m:
+        return float(m.group(1)) * 1e9
+    return parse_quantity(preset["chip"]["memory"]["capacity_bytes"], "bytes")
+
+
+def evaluate_family_case(case: FamilyCase, system: Any = None) -> Row:
+    """Predict one DLRM / HPL / FFT case on the preset of its chip (or ``system``)."""
+    from dfmodel.optimizer import optimize
+
+    target = system_of(str(case.system.get("chip", "")), system)
+    n = _chips(case)
+    sname = target if isinstance(target, str) else getattr(target, "name", "")
+    rows = []
+    for workload, measured, picked in family_case_inputs(case):
+        try:
+            r = optimize(workload, target, num_chips=n)
+        except DFModelError as exc:
+            rows.append(Row(case.id, n, "", 0, None, measured, None, message=str(exc), system=sname, chosen=picked))
+            continue
+        p = r.parallelism
+        rows.append(Row(case.id, n, f"TP{p.tp} PP{p.pp} DP{p.dp} mb{p.micro_batch}", p.micro_batch,
+                        r.iteration_time_s, measured, r.iteration_time_s / measured - 1, system=sname,
+                        chosen=picked))
+    done = [r for r in rows if r.predicted_s is not None]
+    first = done[0] if done else rows[0]  # the nominal choice, or the first one that fits
+    if len(rows) > 1 and done:
+        errs = [r.predicted_s / r.measured_s for r in done]
+        first.range_s = (min(errs) * first.measured_s, max(errs) * first.measured_s)
+    return first
+
+
+def validate_family_cases(path: str | Path, system: Any = None) -> list[Row]:
+    return [evaluate_family_case(c, system) for c in load_family_cases(path)]

@@ -301,14 +301,17 @@ class LLMModel:
         dp_exposed = 0.0
         if m.dp > 1:
             grad_bytes = worst_params * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
-            if m.distributed_optimizer:
+            if m.distributed_optimizer:  # gradients reduce-scattered, 16-bit params all-gathered
                 sync = self.costs.time_s("reduce_scatter", grad_bytes, dp_group) + self.costs.time_s(
-                    "all_gather", grad_bytes, dp_group
+                    "all_gather", worst_params * self.training.activation_bytes, dp_group
                 )
             else:
                 sync = self.costs.time_s("all_reduce", grad_bytes, dp_group)
             # stage 0 runs the last backward of the iteration: its gradients sync last
-            dp_exposed = pipe.dp_sync_time(grad_bytes, sync, stage_bwd[0], self.system.dp_overlap)
+            dp_exposed = pipe.dp_sync_exposed_s(
+                sync_s=sync, grad_elements=worst_params, chunk_backward_s=stage_bwd[0] / m.interleave,
+                interleave=m.interleave, pp=m.pp, overlap_fraction=self.system.dp_overlap,
+                bucket_elements=pipe.megatron_bucket_elements(m.dp))
         opt_s = self.optimizer_s(m, worst_params)
         step_s = pt.total_s + dp_exposed + opt_s
         input_s = input_exposed_s(self.system, self.training.global_batch, self.training.input_bytes_per_sample, step_s)
