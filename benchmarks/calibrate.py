@@ -41,10 +41,14 @@ DATA = Path(ARGS[0]) if ARGS else Path(__file__).resolve().parents[2] / "shared"
 #: Global factors searched per preset (chip.efficiency keys; matmul per precision as "matmul.fp8").
 GRIDS = {
     "dgx_a100": {"matmul.bf16": [0.6, 0.65, 0.7], "memory": [0.7, 0.85]},
-    "dgx_h100": {"matmul.bf16": [0.65, 0.7, 0.75, 0.8], "attention": [0.45, 0.6]},
+    "dgx_h100": {"matmul.bf16": [0.65, 0.7, 0.75, 0.8], "matmul.fp8": [0.5, 0.6, 0.7], "attention": [0.45, 0.6]},
 }
+#: The V100 cluster preset serves only the network-bound FFT cases: its two network
+#: efficiencies (host-staged PCIe inside a node, FDR between nodes) are its global factors.
+FFT_GRID = {"pcie": [0.25, 0.35, 0.5], "ib": [0.5, 0.8]}
 if QUICK:
     GRIDS = {"dgx_a100": {"matmul.bf16": [0.65]}, "dgx_h100": {"matmul.bf16": [0.75]}}
+    FFT_GRID = {"pcie": [0.35], "ib": [0.8]}
 
 DATASETS = {
     "dgx_a100": ("megatron_a100.yaml", {"attention": "unfused"}),
@@ -144,6 +148,48 @@ def report(preset: str, cases, points) -> None:
         print(f"  skipped {cid}: {msg}")
 
 
+def other_families() -> None:
+    """DLRM / HPL on the calibrated presets (nothing fitted to them) and the FFT cases on the
+    V100 preset with its network efficiencies fitted (in-sample and leave-one-case-out)."""
+    from dfmodel.validate import evaluate_family_case, load_family_cases
+
+    path = DATA / "other_families.yaml"
+    if not path.exists():
+        print(f"other families: {path} not found, skipped")
+        return
+    cases = load_family_cases(path)
+    print(f"\n== other families: {len(cases)} cases from {path}")
+    for c in cases:
+        if c.family == "fft":
+            continue
+        r = evaluate_family_case(c)
+        rng = f"  range {r.range_s[0]:.4g}..{r.range_s[1]:.4g} s" if r.range_s else ""
+        err = f"{r.error:+.1%}" if r.error is not None else r.message[:120]
+        print(f"  {c.id:32s} {r.system:10s} pred {r.predicted_s or 0:10.4g} s  meas {r.measured_s:10.4g} s  {err}"
+              f"  [{' '.join(f'{k}={v}' for k, v in r.chosen.items())}]{rng}")
+    fft = [c for c in cases if c.family == "fft"]
+    points = []
+    for pcie, ib in itertools.product(FFT_GRID["pcie"], FFT_GRID["ib"]):
+        s = copy.deepcopy(read_yaml(resolve("v100_fdr", "systems")))
+        s["network"][0]["efficiency"], s["network"][1]["efficiency"] = pcie, ib
+        rows = {c.id: evaluate_family_case(c, s) for c in fft}
+        errs = [abs(r.error) for r in rows.values() if r.error is not None]
+        print(f"  v100_fdr pcie {pcie} ib {ib}: mean |err| {sum(errs) / max(1, len(errs)):.1%}", flush=True)
+        points.append(({"pcie": pcie, "ib": ib}, rows))
+    ids = [c.id for c in fft]
+    f_all, rows = fit(points, ids)
+    print(f"  FFT in-sample fit {f_all}")
+    for i in ids:
+        r = rows[i]
+        print(f"    {i:32s} {r.mapping:22s} pred {r.predicted_s:8.4f} s  meas {r.measured_s:8.4f} s  {r.error:+.1%}")
+    print(f"  FFT in-sample: {stats([rows[i].error for i in ids])}")
+    held = []
+    for i in ids:
+        f_i, _ = fit(points, [j for j in ids if j != i])
+        held.append(dict(next(p for p in points if p[0] == f_i)[1])[i].error)
+    print(f"  FFT leave-one-case-out (one family only): {stats(held)}")
+
+
 def main() -> None:
     for preset, (fname, overrides) in DATASETS.items():
         path = DATA / fname
@@ -153,6 +199,7 @@ def main() -> None:
         cases = load_cases(path)
         print(f"{preset}: {len(cases)} cases from {path}", flush=True)
         report(preset, cases, evaluate_grid(preset, cases, overrides))
+    other_families()
 
 
 if __name__ == "__main__":
