@@ -288,3 +288,24 @@ def test_contention_and_tp_overlap_bounds():
         assert max(g, c) - 1e-12 <= t <= g + c + 1e-12  # never worse than serial nor than perfect
         assert tp_comm_overlap_s(g, c, n, gemm_slowdown=1.2) >= t
         assert tp_comm_overlap_s(g, c, 2 * n) <= t + 1e-12 or c == 0  # finer chunks hide more
+
+
+# -- sequence parallelism and weight sharding: Megatron's layouts ---------------------------------
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_llm_sharding_uses_megatron_layouts(sp):
+    w = llm(h=512, a=8, s=1024, vocab=4096)
+    model = LLMModel(w, gpu())
+    blk = model.block("layer", 1, 8, (("nvlink", 8),), sp)
+    plan = blk.sharded.plan.strategy
+    for name, strat in plan.items():
+        if name.split(".", 1)[1] in ("qkv", "out_proj", "fc1", "fc2"):
+            assert strat in ("col", "row"), (name, strat)  # weights always split over TP
+        if "ln" in name or "residual" in name:
+            assert strat == ("tok" if sp else "rep"), (name, strat)
+    # every linear weight is split: layer parameters per chip = (linear params) / 8 + norms
+    g = build_graphs(resolve_attention(w, "kernel_by_kernel"), batch=1).layer
+    linear = sum(k.params for k in g.kernels if k.kind == KernelKind.matmul)
+    norms = sum(k.params for k in g.kernels if k.kind != KernelKind.matmul)
+    assert blk.params_per_chip == pytest.approx(linear / 8 + norms)

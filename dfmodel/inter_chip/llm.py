@@ -149,7 +149,8 @@ class LLMModel:
         return self._blocks[key]
 
     def _solve_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool) -> BlockTimes:
-        sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver)
+        sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver,
+                        megatron_layouts=True)  # time and memory from the same (Megatron) layouts
         g = sharded.graph
         by_phase = {
             "fwd": [k.name for k in g.kernels if k.phase == Phase.forward],
