@@ -65,6 +65,8 @@ def causal_fraction(seq_len: int, block: int = FLASH_BLOCK) -> float:
     With ``n = ceil(s / block)`` tiles per side, the tiles on or below the diagonal are
     ``n (n + 1) / 2`` of ``n^2`` (FlashAttention-2, Dao 2023, sec. 3.1.1: blocks above the
     diagonal are skipped, which is its 1.7-1.8x causal speed-up).
+    Megatron-LM's own FLOP count (``num_floating_point_operations`` in
+    megatron/training/training.py) likewise halves the core-attention term for the causal mask.
 
     >>> causal_fraction(128), causal_fraction(8192)
     (1.0, 0.5078125)
