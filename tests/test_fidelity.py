@@ -309,3 +309,38 @@ def test_llm_sharding_uses_megatron_layouts(sp):
     linear = sum(k.params for k in g.kernels if k.kind == KernelKind.matmul)
     norms = sum(k.params for k in g.kernels if k.kind != KernelKind.matmul)
     assert blk.params_per_chip == pytest.approx(linear / 8 + norms)
+
+
+# -- validate: presets per chip, cp, unknown knobs, other families ----------------------------------
+
+
+def test_validate_picks_preset_and_reports_unknown_knobs(tmp_path):
+    import yaml
+
+    from dfmodel.validate import evaluate_case, load_cases, system_of, validate_family_cases
+
+    assert system_of("H200-SXM5-141GB (otherwise as H100 SXM5)") == "dgx_h200"
+    assert system_of("GB200 (B200 GPU in NVL72)") == "gb200_nvl72"
+    assert system_of("A100-SXM4-80GB", "dgx_h100") == "dgx_h100"
+    case = {"id": "c", "model": {"hidden": 1024, "num_heads": 16, "num_layers": 8, "seq_len": 512,
+                                 "vocab_size": 8192, "ffn_type": "swiglu"},
+            "training": {"global_batch": 16, "micro_batch": 1, "precision": "bf16"},
+            "system": {"chip": "H100-SXM5-80GB", "num_chips": 16},
+            "parallelism": {"tp": 2, "pp": 2, "dp": 4}, "measured": {"iteration_time_s": 1.0}}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump([case, {**case, "id": "cp", "parallelism": {"tp": 2, "pp": 2, "dp": 2, "cp": 2}}]))
+    plain, with_cp = load_cases(p)
+    row = evaluate_case(plain, ranges=True)
+    assert row.system == "dgx_h100"
+    assert set(row.chosen) == {"recompute", "sequence_parallel", "distributed_optimizer", "interleave"}
+    assert row.range_s[0] <= row.predicted_s <= row.range_s[1]
+    cp_row = evaluate_case(with_cp)
+    from dfmodel.validate import supports_knob
+    if not supports_knob("cp"):
+        assert cp_row.predicted_s is None and "cp=2" in cp_row.message
+    fam = tmp_path / "f.yaml"
+    fam.write_text(yaml.safe_dump([{
+        "id": "fft4", "family": "fft", "value": 1000.0, "units": "ms",
+        "workload": {"grid": [64, 64, 64], "iterations": 5}, "system": {"chip": "V100-32GB", "chip_count": 4}}]))
+    (r,) = validate_family_cases(fam)
+    assert r.system == "v100_fdr" and r.measured_s == pytest.approx(0.1) and r.predicted_s > 0
