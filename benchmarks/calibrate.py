@@ -62,6 +62,15 @@ def family(case) -> str:
     return f"{m.ffn_type}-h{m.hidden}-L{m.num_layers}"
 
 
+def relevant(factor: str, case) -> bool:
+    """Whether a grid factor can change a case's prediction (``matmul.fp8`` only FP8 runs)."""
+    if factor.startswith("matmul."):
+        prec = factor.split(".", 1)[1]
+        case_prec = "fp8" if case.training.precision == "fp8" else "bf16"
+        return prec == case_prec or (prec == "bf16" and case_prec == "fp8")  # fp8 runs also use bf16
+    return True
+
+
 def system_with(preset: str, factors: dict) -> dict:
     """The preset with the factors set; ``matmul.<p>`` turns a scalar matmul into a table."""
     s = copy.deepcopy(read_yaml(resolve(preset, "systems")))
@@ -86,13 +95,17 @@ def evaluate_grid(preset: str, cases, overrides) -> list[tuple[dict, dict]]:
     own preset with the same factors (H200 and B200 share the Hopper/Blackwell efficiency)."""
     grid = GRIDS.get(preset, {})
     points = []
+    cache: dict[tuple, object] = {}
     for values in itertools.product(*grid.values()):
         factors = dict(zip(grid, values))
         rows = {}
         for c in cases:
             target = system_of(c.system.chip)
-            row = evaluate_case(c, system_with(target, factors), workload_overrides=overrides)
-            rows[c.id] = row
+            # a factor of another precision cannot change a case: evaluate once per relevant set
+            key = (c.id, tuple((k, v) for k, v in factors.items() if relevant(k, c)))
+            if key not in cache:
+                cache[key] = evaluate_case(c, system_with(target, factors), workload_overrides=overrides)
+            rows[c.id] = cache[key]
         errs = [abs(r.error) for r in rows.values() if r.error is not None]
         mean = sum(errs) / len(errs) if errs else float("nan")
         print(f"  {preset} {factors}  evaluated {len(errs)}/{len(rows)}  mean |err| {mean:.1%}", flush=True)

@@ -344,3 +344,30 @@ def test_validate_picks_preset_and_reports_unknown_knobs(tmp_path):
         "workload": {"grid": [64, 64, 64], "iterations": 5}, "system": {"chip": "V100-32GB", "chip_count": 4}}]))
     (r,) = validate_family_cases(fam)
     assert r.system == "v100_fdr" and r.measured_s == pytest.approx(0.1) and r.predicted_s > 0
+
+
+# -- DP gradient sync ---------------------------------------------------------------------------------
+
+
+def test_dp_sync_exposed_closed_forms_and_monotonicity():
+    from dfmodel.inter_chip.pipeline import dp_sync_exposed_s
+
+    kw = dict(grad_elements=1e9, pp=4, bucket_elements=4e7)
+    # no overlap: the whole sync is exposed, whatever the interleaving
+    for v in (1, 2, 4):
+        assert dp_sync_exposed_s(sync_s=2.0, chunk_backward_s=0.5, interleave=v, overlap_fraction=0.0, **kw) == \
+            pytest.approx(2.0)
+    # one chunk: max(sync - window, tail)
+    assert dp_sync_exposed_s(sync_s=2.0, chunk_backward_s=0.5, interleave=1, overlap_fraction=1.0, **kw) == \
+        pytest.approx(1.5)
+    # more bandwidth (less sync time) never exposes more; a longer backward never exposes more
+    for v in (1, 3):
+        times = [dp_sync_exposed_s(sync_s=s, chunk_backward_s=0.3, interleave=v, overlap_fraction=1.0, **kw)
+                 for s in (0.1, 0.5, 1.0, 3.0)]
+        assert times == sorted(times)
+        longer = [dp_sync_exposed_s(sync_s=1.0, chunk_backward_s=b, interleave=v, overlap_fraction=1.0, **kw)
+                  for b in (0.01, 0.1, 1.0)]
+        assert longer == sorted(longer, reverse=True)
+    # the last bucket of the last chunk is always exposed
+    tail = dp_sync_exposed_s(sync_s=1.0, chunk_backward_s=100.0, interleave=2, overlap_fraction=1.0, **kw)
+    assert tail == pytest.approx(0.5 * 4e7 / 5e8)

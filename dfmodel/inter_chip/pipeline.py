@@ -621,7 +621,8 @@ def dp_sync_exposed_s(
     Narayanan et al. SC21 sec. 2.2), so its ``1/v`` of the gradients may start then. The
     network runs one bucket at a time; the last bucket of each chunk cannot start before the
     chunk's backward ends (the tail). Simulated chunk by chunk, times relative to the end of the
-    backward; only ``overlap_fraction`` of each window hides communication:
+    backward; only ``overlap_fraction`` of each window hides communication (0: the sync starts
+    after the backward, as without ``overlap_grad_reduce``):
 
     >>> dp_sync_exposed_s(sync_s=1.0, grad_elements=1e9, chunk_backward_s=0.4, interleave=1, pp=4,
     ...                   overlap_fraction=1.0, bucket_elements=1e8)
@@ -640,8 +641,9 @@ def dp_sync_exposed_s(
     chunk_sync_s = sync_s / v
     tail_s = chunk_sync_s * min(1.0, bucket_elements / (grad_elements / v))
     clock = float("-inf")
+    f = overlap_fraction  # the share of every window that hides communication (0: none starts early)
     for j in reversed(range(v)):  # the chunk finishing first drains first
-        end_j = -j * pp * chunk_backward_s  # its last backward ends here
-        start_j = end_j - overlap_fraction * chunk_backward_s
+        end_j = -f * j * pp * chunk_backward_s  # its last backward ends here
+        start_j = end_j - f * chunk_backward_s
         clock = max(max(clock, start_j) + chunk_sync_s, end_j + tail_s)
     return max(0.0, clock)
