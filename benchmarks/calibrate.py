@@ -45,10 +45,10 @@ GRIDS = {
 }
 #: The V100 cluster preset serves only the network-bound FFT cases: its two network
 #: efficiencies (host-staged PCIe inside a node, FDR between nodes) are its global factors.
-FFT_GRID = {"pcie": [0.25, 0.35, 0.5], "ib": [0.5, 0.8]}
+FFT_GRID = {"pcie": [0.15, 0.18, 0.2], "ib": [0.3, 0.35, 0.4]}
 if QUICK:
     GRIDS = {"dgx_a100": {"matmul.bf16": [0.65]}, "dgx_h100": {"matmul.bf16": [0.75]}}
-    FFT_GRID = {"pcie": [0.35], "ib": [0.8]}
+    FFT_GRID = {"pcie": [0.18], "ib": [0.35]}
 
 DATASETS = {
     "dgx_a100": ("megatron_a100.yaml", {"attention": "unfused"}),

@@ -326,8 +326,8 @@ class FamilyCase(Strict):
 #: are covered by the prediction range.
 HPL_NB = {"A100": 288, "H100": 1024}
 #: Fraction of the machine's HBM the HPL matrix fills when N is not published (NVIDIA's sample
-#: HPL.dat files size N to ~85-90 % of GPU memory; the range covers 70 %).
-HPL_MEMORY_FRACTIONS = (0.9, 0.7)
+#: HPL.dat files size N to ~85-90 % of GPU memory; the range covers 70 % and 50 %).
+HPL_MEMORY_FRACTIONS = (0.9, 0.7, 0.5)
 
 
 def load_family_cases(path: str | Path) -> list[FamilyCase]:

@@ -390,7 +390,6 @@ class GraphModel:
         self.trains = bool(self.grad_outputs)
         self.params_total = g.params()
         self.kbk = system.chip.execution != "dataflow"
-        eff = self.chip.efficiency
         floor = 0.0
         for k in g.kernels:
             if k.kind == KernelKind.comm or k.flop == 0:
