@@ -228,12 +228,16 @@ def validate(
     """Predicted vs measured iteration time for published runs, with their mappings fixed.
 
     For every knob a case leaves out, the table shows the value the optimizer picked."""
-    from dfmodel.validate import summary, validate_cases
+    from dfmodel.validate import is_family_file, summary, validate_cases, validate_family_cases
 
     if attention not in (None, "flash", "unfused"):
         raise InputError(f"must be flash or unfused, got {attention!r}", field="--attention")
-    rows = validate_cases(cases, system, free=free, ranges=ranges,
-                          workload_overrides={"attention": attention} if attention else None)
+    if is_family_file(cases):  # DLRM / HPL / FFT cases (other_families.yaml)
+        rows = validate_family_cases(cases, system)
+        ranges = ranges or any(r.range_s for r in rows)
+    else:
+        rows = validate_cases(cases, system, free=free, ranges=ranges,
+                              workload_overrides={"attention": attention} if attention else None)
     table = Table("case", "chips", "mapping", "predicted", "measured", "error", "picked (unknown knobs)",
                   title=f"fidelity on {system}")
     if ranges:

@@ -330,6 +330,17 @@ HPL_NB = {"A100": 288, "H100": 1024}
 HPL_MEMORY_FRACTIONS = (0.9, 0.7, 0.5)
 
 
+def is_family_file(path: str | Path) -> bool:
+    """Whether a cases file holds DLRM / HPL / FFT cases (entries with a ``family`` key)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # the LLM loader reports the problem with the file and field
+    return isinstance(data, list) and bool(data) and isinstance(data[0], dict) and "family" in data[0]
+
+
 def load_family_cases(path: str | Path) -> list[FamilyCase]:
     import yaml
     from pydantic import ValidationError

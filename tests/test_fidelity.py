@@ -371,3 +371,21 @@ def test_dp_sync_exposed_closed_forms_and_monotonicity():
     # the last bucket of the last chunk is always exposed
     tail = dp_sync_exposed_s(sync_s=1.0, chunk_backward_s=100.0, interleave=2, overlap_fraction=1.0, **kw)
     assert tail == pytest.approx(0.5 * 4e7 / 5e8)
+
+
+def test_cli_validate_reads_family_case_files(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    from dfmodel.validate import is_family_file
+
+    fam = tmp_path / "f.yaml"
+    fam.write_text(yaml.safe_dump([{
+        "id": "fft4", "family": "fft", "value": 1000.0, "units": "ms",
+        "workload": {"grid": [64, 64, 64], "iterations": 5}, "system": {"chip": "V100-32GB", "chip_count": 4}}]))
+    assert is_family_file(fam) and not is_family_file(tmp_path / "missing.yaml")
+    proc = subprocess.run([sys.executable, "-m", "dfmodel.cli", "validate", str(fam)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "1/1 cases" in proc.stdout
