@@ -383,7 +383,7 @@ class GraphModel:
         self.costs = CostTable(system)
         self.N = system.num_chips
         self.chip = system.chip
-        self.capacity = float(system.chip.memory.capacity_bytes)
+        self.capacity = float(system.chip.memory.usable_bytes)  # capacity minus the reserve
         self.bpe = float(self.precision.bytes)
         g = self.graph
         self.grad_outputs = {(t.name, t.producer): t.bytes for t in g.tensors if is_weight_grad_output(g, t)}
