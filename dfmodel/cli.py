@@ -274,20 +274,39 @@ def validate(
     cases: str = typer.Argument(
         ..., help="A shipped data set (megatron_a100, h100_training, other_families) or a cases YAML file."
     ),
-    system: str = typer.Option("dgx_a100", "--system", "-s", help="System YAML or preset name."),
+    system: str = typer.Option("auto", "--system", "-s",
+                               help="System YAML or preset name; auto = the preset of each case's chip."),
     free: bool = typer.Option(False, "--free", help="Also optimise with nothing fixed and compare."),
+    ranges: bool = typer.Option(False, "--range", help="Also the best..worst prediction over the knobs a case leaves out."),
+    attention: Optional[str] = typer.Option(None, "--attention",
+                                            help="flash | unfused for every case (default: the case's, else the system's)."),
 ) -> None:
-    """Predicted vs measured iteration time for published runs, with their mappings fixed."""
-    from dfmodel.validate import summary, validate_cases
+    """Predicted vs measured iteration time for published runs, with their mappings fixed.
 
-    rows = validate_cases(cases, system, free=free)
-    table = Table("case", "chips", "mapping", "predicted", "measured", "error", title=f"fidelity on {system}")
+    For every knob a case leaves out, the table shows the value the optimizer picked."""
+    from dfmodel.validate import is_family_file, summary, validate_cases, validate_family_cases
+
+    if attention not in (None, "flash", "unfused"):
+        raise InputError(f"must be flash or unfused, got {attention!r}", field="--attention")
+    if is_family_file(cases):  # DLRM / HPL / FFT cases (other_families.yaml)
+        rows = validate_family_cases(cases, system)
+        ranges = ranges or any(r.range_s for r in rows)
+    else:
+        rows = validate_cases(cases, system, free=free, ranges=ranges,
+                              workload_overrides={"attention": attention} if attention else None)
+    table = Table("case", "chips", "mapping", "predicted", "measured", "error", "picked (unknown knobs)",
+                  title=f"fidelity on {system}")
+    if ranges:
+        table.add_column("range best..worst")
     if free:
         table.add_column("free optimum")
         table.add_column("free mapping")
     for r in rows:
         cells = [r.id, str(r.num_chips), r.mapping or r.message, fmt_time(r.predicted_s) if r.predicted_s else "-",
-                 fmt_time(r.measured_s), f"{r.error:+.1%}" if r.error is not None else "-"]
+                 fmt_time(r.measured_s), f"{r.error:+.1%}" if r.error is not None else "-",
+                 " ".join(f"{k}={v}" for k, v in r.chosen.items()) or "-"]
+        if ranges:
+            cells.append(f"{fmt_time(r.range_s[0])}..{fmt_time(r.range_s[1])}" if r.range_s else "-")
         if free:
             cells += [fmt_time(r.free_predicted_s) if r.free_predicted_s else "-", r.free_mapping or "-"]
         table.add_row(*cells)

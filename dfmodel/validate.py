@@ -13,9 +13,10 @@ published (expert) mapping.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -34,6 +35,10 @@ class CaseModel(Strict):
     ffn_hidden: int | None = Field(default=None, gt=0)
     vocab_size: int = Field(default=0, ge=0)
     num_kv_heads: int | None = Field(default=None, gt=0)
+    ffn_type: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
+    attention: Literal["flash", "unfused"] | None = None
+    dropout: bool | None = None
+    tie_embeddings: bool | None = None
 
 
 class CaseTraining(Strict):
@@ -49,13 +54,17 @@ class CaseSystem(Strict):
 
 
 class CaseParallelism(Strict):
+    """The published mapping; a knob left out (None) is unknown: the optimizer picks it and the
+    report says which value it picked (an unknown knob must not silently tune a case)."""
+
     tp: int = Field(gt=0)
     pp: int = Field(gt=0)
     dp: int = Field(gt=0)
-    activation_recompute: str = "none"
-    sequence_parallel: bool = False
+    cp: int = Field(default=1, gt=0)
+    activation_recompute: Literal["none", "selective", "full"] | None = None
+    sequence_parallel: bool | None = None
     virtual_pipeline: int | None = Field(default=None, gt=0)
-    distributed_optimizer: bool = False
+    distributed_optimizer: bool | None = None
 
 
 class CaseMeasured(Strict):
@@ -75,7 +84,11 @@ class Case(Strict):
 
 @dataclass
 class Row:
-    """One case's outcome (times in seconds; error = predicted / measured - 1)."""
+    """One case's outcome (times in seconds; error = predicted / measured - 1).
+
+    ``chosen``: the value the optimizer picked for every knob the case leaves out;
+    ``range_s``: (best, worst) prediction over every value of those knobs that fits (when asked).
+    """
 
     id: str
     num_chips: int
@@ -87,6 +100,9 @@ class Row:
     free_predicted_s: float | None = None
     free_mapping: str | None = None
     message: str = ""
+    system: str = ""
+    chosen: dict = field(default_factory=dict)
+    range_s: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -138,9 +154,7 @@ NOT_YET_EVALUABLE = [
     lambda c: (f"family {c['family']}: validate evaluates LLM training cases only"
                if c.get("family") not in (None, "llm", "llm_training") else None),
     lambda c: (f"needs context parallelism (cp={_get(c, 'parallelism', 'cp')})"
-               if (_get(c, "parallelism", "cp") or 1) > 1 else None),
-    lambda c: (f"needs the {_get(c, 'model', 'ffn_type')} MLP (ffn_type)"
-               if _get(c, "model", "ffn_type") not in (None, "gelu") else None),
+               if (_get(c, "parallelism", "cp") or 1) > 1 and not supports_knob("cp") else None),
 ]
 
 
@@ -172,18 +186,63 @@ def resolve_cases(name_or_path: str | Path) -> Path:
     return path
 
 
+#: Preset per chip a case names (matched on the chip name's first word; GB200 before B200).
+CHIP_PRESETS = (("GB200", "gb200_nvl72"), ("A100", "dgx_a100"), ("H100", "dgx_h100"), ("H200", "dgx_h200"),
+                ("H800", "dgx_h800"), ("B200", "dgx_b200"), ("MI300X", "mi300x"), ("V100", "v100_fdr"))
+
+
+def system_of(case_chip: str, system: Any = None) -> Any:
+    """The system a case runs on: ``system`` when given (not ``auto``), else the preset of the
+    case's chip (:data:`CHIP_PRESETS`), else the A100 preset.
+
+    >>> system_of("H200-SXM5-141GB (HBM3e 141 GB; otherwise as H100 SXM5)")
+    'dgx_h200'
+    """
+    if system not in (None, "auto"):
+        return system
+    name = (case_chip.split() or [""])[0].lower()
+    for key, preset in CHIP_PRESETS:
+        if key.lower() in name:
+            return preset
+    return DEFAULT_SYSTEM
+
+
 def workload_of(case: Case) -> dict[str, Any]:
-    """The ``kind: llm`` workload dict of a case (Megatron GPT: GELU MLP, tied embeddings)."""
+    """The ``kind: llm`` workload dict of a case.
+
+    Architecture defaults where a case is silent, by the framework recipe of its MLP type:
+    GELU models are Megatron GPT (tied embeddings, hidden/attention dropout 0.1); SwiGLU
+    (Llama 3.1) and squared-ReLU (Nemotron-4) models are NeMo recipes with untied embeddings and
+    no dropout (NeMo llama31_* / nemotron4_* recipes: hidden_dropout = attention_dropout = 0,
+    share_embeddings_and_output_weights = False). ``attention`` left out is decided by the
+    system (flash on GPUs). Mixed 16-bit precision is modelled as bf16.
+    """
     model = {k: v for k, v in case.model.model_dump().items() if v is not None}
+    gpt = case.model.ffn_type == "gelu"
+    model.setdefault("dropout", gpt)
+    model.setdefault("tie_embeddings", gpt)
+    if case.model.ffn_type != "gelu":
+        model.setdefault("position_embedding", "rotary")
     precision = "bf16" if "bf16" in case.training.precision or "fp16" in case.training.precision else case.training.precision
     training = {"global_batch": case.training.global_batch, "precision": precision}
     return {"kind": "llm", "name": case.id, "model": model, "training": training}
 
 
+#: Knobs a case may leave out, and the values the range of predictions covers.
+UNKNOWN_KNOB_VALUES = {
+    "recompute": ("none", "selective", "full"),
+    "sequence_parallel": (False, True),
+    "distributed_optimizer": (False, True),
+}
+
+
 def knobs_of(case: Case) -> dict[str, Any]:
-    """The mapping the case published, as ``optimize`` keyword arguments."""
+    """The mapping the case published, as ``optimize`` keyword arguments (None = unknown).
+
+    ``cp`` is passed only when it is not 1 (builds without context parallelism cannot take it).
+    """
     p = case.parallelism
-    return {
+    knobs = {
         "tp": p.tp,
         "pp": p.pp,
         "dp": p.dp,
@@ -193,6 +252,48 @@ def knobs_of(case: Case) -> dict[str, Any]:
         "interleave": p.virtual_pipeline,
         "distributed_optimizer": p.distributed_optimizer,
     }
+    if p.cp != 1:
+        knobs["cp"] = p.cp
+    return knobs
+
+
+def supports_knob(name: str) -> bool:
+    """Whether this build's ``optimize`` takes the knob (context parallelism lands separately)."""
+    import inspect
+
+    from dfmodel.optimizer import optimize
+
+    return name in inspect.signature(optimize).parameters
+
+
+def chosen_values(knobs: dict[str, Any], parallelism) -> dict[str, Any]:
+    """What the optimizer picked for every knob the case left out."""
+    attr = {"micro_batch": "micro_batch", "recompute": "recompute", "sequence_parallel": "sequence_parallel",
+            "interleave": "interleave", "distributed_optimizer": "distributed_optimizer"}
+    return {k: getattr(parallelism, attr[k]) for k, v in knobs.items() if v is None and k in attr}
+
+
+def prediction_range(w: dict, system: Any, n: int, knobs: dict[str, Any], picked_mb: int) -> tuple[float, float] | None:
+    """(best, worst) iteration time over every value of the unknown knobs that fits.
+
+    The micro-batch is held at the optimizer's pick when the case leaves it out (it is an
+    optimizer choice, not an unknown of the published run's physics, in every case file here).
+    """
+    import itertools
+
+    from dfmodel.optimizer import optimize
+
+    unknown = [k for k in UNKNOWN_KNOB_VALUES if knobs.get(k) is None]
+    times = []
+    for values in itertools.product(*(UNKNOWN_KNOB_VALUES[k] for k in unknown)):
+        fixed = {**knobs, **dict(zip(unknown, values))}
+        if fixed.get("micro_batch") is None:
+            fixed["micro_batch"] = picked_mb
+        try:
+            times.append(optimize(w, system, num_chips=n, **fixed).iteration_time_s)
+        except DFModelError:
+            continue
+    return (min(times), max(times)) if times else None
 
 
 def describe(parallelism) -> str:
@@ -201,18 +302,34 @@ def describe(parallelism) -> str:
             f"{' SP' if p.sequence_parallel else ''}")
 
 
-def evaluate_case(case: Case, system: Any = DEFAULT_SYSTEM, *, free: bool = False) -> Row:
-    """Predict one case with its published mapping (and, with ``free``, with none fixed)."""
+def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges: bool = False,
+                  workload_overrides: dict | None = None) -> Row:
+    """Predict one case with its published mapping (and, with ``free``, with none fixed).
+
+    ``system`` None or ``auto``: the preset of the case's chip. ``ranges``: also the best and
+    worst prediction over the unknown knobs. ``workload_overrides`` update the workload's
+    ``model`` block (e.g. ``{"attention": "unfused"}`` for runs that predate FlashAttention).
+    """
     from dfmodel.optimizer import optimize
 
+    system = system_of(case.system.chip, system)
     w, n = workload_of(case), case.system.num_chips
+    w["model"].update(workload_overrides or {})
     measured = case.measured.iteration_time_s
+    sname = system if isinstance(system, str) else getattr(system, "name", "")
+    knobs = knobs_of(case)
+    missing = [k for k in knobs if k not in ("tp", "pp", "dp") and not supports_knob(k)]
+    if missing:
+        return Row(case.id, n, "", 0, None, measured, None, system=sname,
+                   message=f"skipped: needs {', '.join(f'{k}={knobs[k]}' for k in missing)}, not in this build")
     try:
-        r = optimize(w, system, num_chips=n, **knobs_of(case))
+        r = optimize(w, system, num_chips=n, **knobs)
     except DFModelError as exc:
-        return Row(case.id, n, "", 0, None, measured, None, message=str(exc))
+        return Row(case.id, n, "", 0, None, measured, None, message=str(exc), system=sname)
     row = Row(case.id, n, describe(r.parallelism), r.parallelism.micro_batch, r.iteration_time_s, measured,
-              r.iteration_time_s / measured - 1)
+              r.iteration_time_s / measured - 1, system=sname, chosen=chosen_values(knobs, r.parallelism))
+    if ranges:
+        row.range_s = prediction_range(w, system, n, knobs, r.parallelism.micro_batch)
     if free:
         try:
             best = optimize(w, system, num_chips=n)
@@ -222,13 +339,16 @@ def evaluate_case(case: Case, system: Any = DEFAULT_SYSTEM, *, free: bool = Fals
     return row
 
 
-def validate_cases(path: str | Path, system: Any = DEFAULT_SYSTEM, *, free: bool = False) -> list[Row]:
-    """Evaluate every case in ``path`` on ``system`` (default: the dgx_a100 preset)."""
+def validate_cases(path: str | Path, system: Any = None, *, free: bool = False, ranges: bool = False,
+                   workload_overrides: dict | None = None) -> list[Row]:
+    """Evaluate every case in ``path`` on ``system`` (default: the preset of each case's chip);
+    a case the model cannot evaluate yet becomes a row saying why."""
     path, data = read_case_items(path)
     rows = []
     for i, item in enumerate(data):
         reason = not_evaluable(item)
-        rows.append(skipped_row(item, reason) if reason else evaluate_case(parse_case(item, path, i), system, free=free))
+        rows.append(skipped_row(item, reason) if reason else evaluate_case(
+            parse_case(item, path, i), system, free=free, ranges=ranges, workload_overrides=workload_overrides))
     return rows
 
 
@@ -241,3 +361,175 @@ def summary(rows: list[Row]) -> dict[str, float]:
         "mean_abs_error": sum(errors) / len(errors) if errors else float("nan"),
         "max_abs_error": max(errors) if errors else float("nan"),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# DLRM, HPL and FFT cases (../shared/calibration/other_families.yaml)
+# --------------------------------------------------------------------------------------------
+
+
+class FamilyCase(Strict):
+    """One published DLRM / HPL / FFT measurement (the other_families.yaml schema)."""
+
+    model_config = Strict.model_config | {"extra": "ignore"}
+    id: str
+    family: Literal["dlrm_training", "hpl", "fft"]
+    value: float = Field(gt=0)
+    units: str
+    workload: dict = Field(default_factory=dict)
+    system: dict = Field(default_factory=dict)
+    extra_measured: list[dict] | None = None
+
+
+#: HPL block size when a case does not publish it: NVIDIA's HPL for A100/H100 (HPC-Benchmarks
+#: container) uses NB = 288 (A100) and 1024 (H100) in its sample HPL.dat files; other values
+#: are covered by the prediction range.
+HPL_NB = {"A100": 288, "H100": 1024}
+#: Fraction of the machine's HBM the HPL matrix fills when N is not published (NVIDIA's sample
+#: HPL.dat files size N to ~85-90 % of GPU memory; the range covers 70 % and 50 %).
+HPL_MEMORY_FRACTIONS = (0.9, 0.7, 0.5)
+
+
+def is_family_file(path: str | Path) -> bool:
+    """Whether a cases file holds DLRM / HPL / FFT cases (entries with a ``family`` key)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(resolve_cases(path).read_text())
+    except (OSError, yaml.YAMLError, InputError):
+        return False  # the LLM loader reports the problem with the file and field
+    return isinstance(data, list) and bool(data) and isinstance(data[0], dict) and "family" in data[0]
+
+
+def load_family_cases(path: str | Path) -> list[FamilyCase]:
+    import yaml
+    from pydantic import ValidationError
+
+    path = resolve_cases(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read file ({exc.strerror or exc})", source=str(path)) from None
+    if not isinstance(data, list):
+        raise InputError("expected a YAML list of cases", source=str(path), field="<root>")
+    out = []
+    for i, item in enumerate(data):
+        try:
+            out.append(FamilyCase.model_validate(item))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise InputError(validation_message(err), source=str(path), field=f"{i}.{field_path(err['loc'])}") from None
+    return out
+
+
+def _ints(text) -> list[int]:
+    """Integers of a list or of a text such as '[1, 2]' or '1024-1024-512-256-1 (note)'."""
+    import re
+
+    if isinstance(text, list):
+        return [int(x) for x in text]
+    head = str(text).split("(")[0]
+    return [int(x) for x in re.findall(r"\d+", head)]
+
+
+def _chips(case: FamilyCase) -> int:
+    s = case.system
+    return int(s.get("chip_count") or s.get("gpus") or s.get("num_chips"))
+
+
+def _extra(case: FamilyCase, metric_word: str) -> float | None:
+    for m in case.extra_measured or []:
+        if metric_word in str(m.get("metric", "")):
+            return float(m["value"])
+    return None
+
+
+def family_case_inputs(case: FamilyCase) -> list[tuple[dict, float, dict]]:
+    """[(workload dict, measured seconds, knobs the case left out and their values)] -- one
+    entry per value of the unknown knobs (the first is the nominal choice)."""
+    chip = str(case.system.get("chip", ""))
+    n = _chips(case)
+    if case.family == "dlrm_training":
+        w = case.workload
+        rows = _ints(w["table_rows"])
+        workload = {"kind": "dlrm", "name": case.id,
+                    # MLPerf v2.0 DLRM on Criteo 1TB: one-hot categorical features (one look-up
+                    # per table and sample)
+                    "embedding": {"num_tables": int(w["embedding_tables"]), "rows_per_table": rows,
+                                  "dim": int(w["embedding_dim"]), "lookups_per_table": 1},
+                    "dense_features": int(w["dense_features"]), "bottom_mlp": _ints(w["bottom_mlp"]),
+                    "top_mlp": _ints(w["top_mlp"]), "interaction": "dot",
+                    "training": {"global_batch": int(w["global_batch"]), "precision": "fp16",
+                                 "optimizer": str(w.get("optimizer", "sgd")).lower()}}
+        throughput = _extra(case, "throughput")
+        if throughput is None:
+            raise InputError("a DLRM case needs a 'median logged throughput' in extra_measured", field=case.id)
+        return [(workload, int(w["global_batch"]) / throughput, {})]
+    if case.family == "fft":
+        w = case.workload
+        grid = _ints(w["grid"])
+        per_transform = case.value / 1000.0 / (2 * int(w.get("iterations", 1)))  # fwd + bwd per iteration
+        workload = {"kind": "fft", "name": case.id, "dims": grid, "batch": 1, "precision": "fp64",
+                    "decomposition": "pencil"}
+        return [(workload, per_transform, {})]
+    # HPL: Rmax -> time of the factorisation; N, NB, P x Q are not published
+    from dfmodel.inter_chip.hpl import hpl_useful_flop
+    from dfmodel.yamlio import read_yaml
+    from dfmodel.presets import resolve
+
+    preset = read_yaml(resolve(system_of(chip), "systems"))
+    capacity = _capacity_of(chip, preset)
+    rate = case.value * (1e15 if "PFLOP" in case.units else 1e12)
+    nb = next((v for k, v in HPL_NB.items() if k in chip), 512)
+    p = int(math.isqrt(n))
+    while n % p:
+        p -= 1
+    out = []
+    for frac in HPL_MEMORY_FRACTIONS:
+        order = int(math.sqrt(frac * n * capacity / 8) // nb * nb)
+        workload = {"kind": "hpl", "name": case.id, "n": order, "nb": nb, "p": p, "q": n // p}
+        out.append((workload, hpl_useful_flop(order) / rate, {"n": order, "nb": nb, "p": p, "q": n // p,
+                                                               "memory_fraction": frac}))
+    return out
+
+
+def _capacity_of(chip: str, preset: dict) -> float:
+    """HBM bytes of the case's chip (the 40 GB A100 of Selene 2020 differs from the preset's)."""
+    import re
+
+    from dfmodel.system.units import parse_quantity
+
+    m = re.search(r"(\d+)\s*GB", chip)
+    if m:
+        return float(m.group(1)) * 1e9
+    return parse_quantity(preset["chip"]["memory"]["capacity_bytes"], "bytes")
+
+
+def evaluate_family_case(case: FamilyCase, system: Any = None) -> Row:
+    """Predict one DLRM / HPL / FFT case on the preset of its chip (or ``system``)."""
+    from dfmodel.optimizer import optimize
+
+    target = system_of(str(case.system.get("chip", "")), system)
+    n = _chips(case)
+    sname = target if isinstance(target, str) else getattr(target, "name", "")
+    rows = []
+    for workload, measured, picked in family_case_inputs(case):
+        try:
+            r = optimize(workload, target, num_chips=n)
+        except DFModelError as exc:
+            rows.append(Row(case.id, n, "", 0, None, measured, None, message=str(exc), system=sname, chosen=picked))
+            continue
+        p = r.parallelism
+        rows.append(Row(case.id, n, f"TP{p.tp} PP{p.pp} DP{p.dp} mb{p.micro_batch}", p.micro_batch,
+                        r.iteration_time_s, measured, r.iteration_time_s / measured - 1, system=sname,
+                        chosen=picked))
+    done = [r for r in rows if r.predicted_s is not None]
+    first = done[0] if done else rows[0]  # the nominal choice, or the first one that fits
+    if len(rows) > 1 and done:
+        errs = [r.predicted_s / r.measured_s for r in done]
+        first.range_s = (min(errs) * first.measured_s, max(errs) * first.measured_s)
+    return first
+
+
+def validate_family_cases(path: str | Path, system: Any = None) -> list[Row]:
+    return [evaluate_family_case(c, system) for c in load_family_cases(path)]

@@ -174,7 +174,7 @@ def test_mfu_flop_identity_and_breakdown(wname):
     assert sum(r.breakdown_s.values()) == pytest.approx(r.iteration_time_s, rel=1e-12)
     assert all(v >= 0 for v in r.breakdown_s.values())
     mem = r.memory_per_chip_bytes
-    assert set(mem) == {"weights", "gradients", "optimizer", "activations", "total", "capacity"}
+    assert set(mem) == {"weights", "gradients", "optimizer", "activations", "total", "capacity", "reserve"}
     assert mem["total"] == pytest.approx(mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"])
     assert mem["total"] <= mem["capacity"]
     assert r.bottleneck in BREAKDOWN_KEYS and r.breakdown_s[r.bottleneck] == max(r.breakdown_s.values())

@@ -81,7 +81,7 @@ def test_breakdown_adds_up_and_keys_are_stable():
                 "cost_usd", "power_w"):
         assert key in r
     assert set(r["breakdown_s"]) == {"compute", "memory", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "input", "checkpoint"}
-    assert set(r["memory_per_chip_bytes"]) >= {"weights", "gradients", "optimizer", "activations", "total", "capacity"}
+    assert set(r["memory_per_chip_bytes"]) >= {"weights", "gradients", "optimizer", "activations", "total", "capacity", "reserve"}
     p = r["parallelism"]
     assert p["tp"] * p["pp"] * p["dp"] == r["num_chips"]
     assert p["micro_batch"] * p["num_micro_batches"] * p["dp"] == 16

@@ -227,7 +227,7 @@ def test_megatron_bf16_fp32_grads_18_bytes():
 def test_breakdown_dict_keys_and_fit():
     m = MemoryBreakdown(1.0, 2.0, 3.0, 4.0, capacity_bytes=10.0)
     d = m.to_dict()
-    assert list(d) == ["weights", "gradients", "optimizer", "activations", "total", "capacity"]
+    assert list(d) == ["weights", "gradients", "optimizer", "activations", "total", "capacity", "reserve"]
     assert d["total"] == 10.0 and m.fits and m.shortfall_bytes == 0
     json.dumps(d)
     tight = MemoryBreakdown(1.0, 2.0, 3.0, 4.5, capacity_bytes=10.0)

@@ -40,7 +40,9 @@ def test_preset_loads_and_is_plausible(name):
         assert s.num_chips == EXPECTED_CHIPS[name]
     chip = s.chip
     assert isinstance(chip.peak_flops, dict) and chip.peak_flops
-    for eff in (chip.efficiency.matmul, chip.efficiency.vector, chip.efficiency.memory):
+    matmul = chip.efficiency.matmul  # one number, or one per precision (issue 11)
+    matmul = list(matmul.values()) if isinstance(matmul, dict) else [matmul]
+    for eff in (*matmul, chip.efficiency.vector, chip.efficiency.memory):
         assert 0 < eff <= 1
     assert all(0 < d.efficiency <= 1 for d in s.network)
     assert chip.price_usd > 0 and chip.power_w > 0

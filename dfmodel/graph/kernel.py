@@ -36,7 +36,9 @@ class Kernel:
     when fused); ``output_bytes`` the size of its result; ``extra_memory_bytes`` explicit DRAM
     traffic beyond inputs/outputs/weights (embedding rows gathered, optimizer reads);
     ``params`` the number of trainable parameters it owns (counted on forward kernels only, so
-    the graph's parameter count is a plain sum). Communication kernels (``kind=comm``) name a
+    the graph's parameter count is a plain sum). ``precision`` overrides the workload precision
+    for this kernel's math; ``efficiency`` names the chip efficiency factor it runs at when it is
+    neither a plain matmul nor a vector kernel (``"attention"``: fused attention). Communication kernels (``kind=comm``) name a
     collective (``all_reduce``, ``all_to_all``, ``broadcast``, ...), its bytes and the group.
 
     >>> k = Kernel("qkv", KernelKind.matmul, {"m": 2048, "n": 3 * 1024, "k": 1024},
@@ -59,6 +61,12 @@ class Kernel:
     collective: str | None = None
     comm_bytes: float = 0.0
     comm_group: str | None = None
+    # Math precision of this kernel when it differs from the workload's (Transformer Engine FP8
+    # runs only the linear-layer GEMMs in FP8; attention, norms and element-wise stay 16-bit).
+    precision: str | None = None
+    # Efficiency factor of the chip spec that applies instead of matmul/vector ("attention": a
+    # fused FlashAttention kernel).
+    efficiency: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

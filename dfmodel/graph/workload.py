@@ -13,10 +13,12 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       num_layers: 96
       seq_len: 2048
       ffn_hidden: 49152                # default 4 * hidden
-      ffn_type: gelu                   # gelu | swiglu (swiglu: gate and up projections)
+      ffn_type: gelu                   # gelu | swiglu (gate and up projections) | squared_relu
+      dropout: true                    # hidden/attention dropout masks kept for the backward
       vocab_size: 51200                # default 0 = no embedding / LM head graphs
       tie_embeddings: true             # LM head reuses the token embedding (Megatron default)
       position_embedding: learned      # learned (seq_len x hidden table) | rotary (no params)
+      attention: null                  # flash | unfused | null (= flash on GPUs, unfused on dataflow)
     training:
       global_batch: 1536               # sequences per iteration
       micro_batch: null                # optional fixed micro-batch (sequences); must divide it
@@ -25,6 +27,8 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       input_bytes_per_sample: 8192     # bytes read by the input pipeline per sample (0 = ignore)
       data: {...}                      # optional input pipeline (dfmodel.graph.data_pipeline)
       checkpoint: {...}                # optional checkpointing (same module)
+      grad_reduce: null                # fp32 | bf16 | fp16 (null: fp32 for bf16/fp8, Megatron)
+      fp8: {attention: false, fp8_allgather: false, fp8_weights: false, amax_history_len: 1024}
 
     kind: dlrm
     embedding: {num_tables: 26, rows_per_table: [..26 ints..] or one int, dim: 128,
@@ -114,11 +118,42 @@ class _Base(Strict):
         return self._source
 
 
+class FP8Recipe(Strict):
+    """How FP8 training runs (``training.precision: fp8``), with Transformer Engine's defaults.
+
+    Transformer Engine (TE) ``DelayedScaling`` (transformer_engine/common/recipe/__init__.py,
+    NVIDIA/TransformerEngine @ d0067d0: ``fp8_format=HYBRID`` (E4M3 forward, E5M2 gradients),
+    ``amax_history_len=1024``, ``reduce_amax=True``, ``fp8_dpa=False``, ``fp8_mha=False``)
+    runs only the linear layers' GEMMs (QKV, attention projection, FC1, FC2: forward, data- and
+    weight-gradient) in FP8. Attention's batched matmuls, softmax, norms and element-wise ops
+    stay 16-bit, activations are stored and exchanged in 16 bit, and every FP8 GEMM operand is
+    first cast (with an amax reduction) by a kernel that reads 16 bit and writes 8 bit.
+
+    - ``attention``: attention in FP8 too (TE ``fp8_dpa``; default off);
+    - ``fp8_allgather``: TP/SP all-gathers move the FP8-cast activations (1 byte) instead of
+      16-bit ones (TE userbuffers with FP8 communication; default off);
+    - ``fp8_weights``: the model keeps its parameters only in FP8 (TE ``fp8_model_init`` /
+      Megatron ``--fp8-param-gather``): 1 byte/param instead of a 16-bit weight plus a cached
+      FP8 copy and its transpose (2 + 2 bytes/param); default off;
+    - ``amax_history_len``: the per-tensor amax history TE keeps (fp32 each) for delayed scaling.
+    """
+
+    attention: bool = False
+    fp8_allgather: bool = False
+    fp8_weights: bool = False
+    amax_history_len: PositiveInt = 1024
+
+
 class Training(Strict):
     """How a network family is trained: batch, precision, optimizer and input pipeline.
 
     ``input_bytes_per_sample`` is what the input pipeline reads from storage per sample (a
     sequence for an LLM, a record for DLRM); 0 means the input pipeline is not modelled.
+    ``grad_reduce``: precision of the data-parallel gradient reduction and of the main gradient
+    buffer. Default (null): fp32 for bf16 and fp8 (Megatron-LM: "bfloat16 requires gradient
+    accumulation and all-reduce to be done in fp32", megatron/training/arguments.py,
+    ``accumulate_allreduce_grads_in_fp32``), the training precision otherwise. ``fp8``: the FP8
+    recipe (only read when ``precision`` is fp8).
     """
 
     global_batch: PositiveInt
@@ -129,6 +164,20 @@ class Training(Strict):
     # optional input pipeline and checkpointing (dfmodel.graph.data_pipeline; issue 8)
     data: DataPipeline | None = None
     checkpoint: Checkpointing | None = None
+    grad_reduce: Literal["fp32", "bf16", "fp16"] | None = None
+    fp8: FP8Recipe = FP8Recipe()
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per element of the main gradients and of their data-parallel reduction."""
+        if self.grad_reduce is not None:
+            return Precision(self.grad_reduce).bytes
+        return 4 if self.precision in (Precision.bf16, Precision.fp8) else self.precision.bytes
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per stored / exchanged activation element: FP8 training keeps them in 16 bit."""
+        return 2 if self.precision == Precision.fp8 else self.precision.bytes
 
     @field_validator("micro_batch")
     @classmethod
@@ -152,9 +201,18 @@ class LLMModel(Strict):
     ffn_hidden: PositiveInt | None = None  # filled with 4 * hidden when absent
     vocab_size: Annotated[int, Field(ge=0)] = 0
     num_kv_heads: PositiveInt | None = None  # filled with num_heads when absent
-    ffn_type: Literal["gelu", "swiglu"] = "gelu"
+    ffn_type: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
     tie_embeddings: bool = True
     position_embedding: Literal["learned", "rotary"] = "learned"
+    # flash: one fused attention kernel per direction, no s x s tensor in memory (FlashAttention,
+    # Dao et al. 2022; FA-2, Dao 2023); unfused: score, softmax and context as separate kernels.
+    # null = decided by the system: flash on kernel-by-kernel chips (GPUs: every current
+    # framework), unfused on dataflow chips (their compiler fuses the separate kernels itself).
+    attention: Literal["flash", "unfused"] | None = None
+    # hidden and attention dropout (GPT-3 / Megatron GPT: 0.1, which keeps 1-byte masks for the
+    # backward); Llama and Nemotron recipes train without dropout (NeMo llama31 / nemotron4:
+    # hidden_dropout = attention_dropout = 0)
+    dropout: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -517,4 +575,25 @@ def load_workload(spec: str | Path | dict[str, Any] | AnyWorkload) -> AnyWorkloa
         from dfmodel.graph.builders.explicit import build_explicit
 
         build_explicit(w)
+    return w
+
+
+def resolve_attention(workload: AnyWorkload, execution: str) -> AnyWorkload:
+    """The workload with ``model.attention`` decided for a chip of this ``execution`` style.
+
+    An explicit ``flash`` / ``unfused`` is kept. ``null`` becomes ``flash`` on kernel-by-kernel
+    chips (GPUs, TPUs: FlashAttention or an equivalent fused kernel is the default of
+    Megatron-Core / Transformer Engine, PyTorch SDPA and JAX on TPU) and ``unfused`` on dataflow
+    chips, whose compiler fuses the separate score / softmax / context kernels itself (the
+    intra-chip pass does that fusion). Other families are returned unchanged.
+
+    >>> w = load_workload("gpt3_175b")
+    >>> resolve_attention(w, "kernel_by_kernel").model.attention, resolve_attention(w, "dataflow").model.attention
+    ('flash', 'unfused')
+    """
+    if not isinstance(workload, LLMWorkload) or workload.model.attention is not None:
+        return workload
+    w = workload.model_copy(deep=True)
+    w._source = workload._source
+    w.model.attention = "flash" if execution == "kernel_by_kernel" else "unfused"
     return w

@@ -239,7 +239,7 @@ class DLRMModel(FamilyModel):
         base = build_graphs(workload, batch=1).layer
         self.mlp_params = float(sum(k.params for k in base.kernels if k.kind != KernelKind.embedding))
         self.dense_state, self.dense_traffic = dense_optimizer_bytes(self.optimizer, self.p)
-        self.capacity = float(system.chip.memory.capacity_bytes)
+        self.capacity = float(system.chip.memory.usable_bytes)  # capacity minus the reserve
         self._graphs: dict[int, object] = {}
         self._loads: dict[tuple, PlanLoads] = {}
         self._plans: dict[int, dict[str, Plan]] = {}

@@ -102,7 +102,7 @@ class FFTModel(FamilyModel):
         self.points = math.prod(self.dims)
         self.pb = workload.point_bytes
         self.N = system.num_chips
-        self.capacity = float(system.chip.memory.capacity_bytes)
+        self.capacity = float(system.chip.memory.usable_bytes)  # capacity minus the reserve
         self.sram_points = system.chip.sram_bytes / (2 * self.pb)  # double-buffered
         self._graphs: dict[tuple, object] = {}
 

@@ -116,7 +116,7 @@ from dfmodel.intra_chip.cost import combine_times
 from dfmodel.intra_chip.dp import TooLarge, ideal_masks
 from dfmodel.netmodels import CostTable, split_dims
 from dfmodel.result import Parallelism
-from dfmodel.system.processor import compute_time_s, memory_time_s
+from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, memory_time_s
 from dfmodel.system.schema import System
 
 #: Above this many ideals of the (sharded) graph the exact stage partition is not attempted.
@@ -383,20 +383,18 @@ class GraphModel:
         self.costs = CostTable(system)
         self.N = system.num_chips
         self.chip = system.chip
-        self.capacity = float(system.chip.memory.capacity_bytes)
+        self.capacity = float(system.chip.memory.usable_bytes)  # capacity minus the reserve
         self.bpe = float(self.precision.bytes)
         g = self.graph
         self.grad_outputs = {(t.name, t.producer): t.bytes for t in g.tensors if is_weight_grad_output(g, t)}
         self.trains = bool(self.grad_outputs)
         self.params_total = g.params()
         self.kbk = system.chip.execution != "dataflow"
-        eff = self.chip.efficiency
         floor = 0.0
         for k in g.kernels:
             if k.kind == KernelKind.comm or k.flop == 0:
                 continue
-            rate = self.chip.peak(self.precision) * eff.matmul if k.kind.is_matrix else \
-                self.chip.vector_peak(self.precision) * eff.vector
+            rate = achieved_rate_Fps(self.chip, k, self.precision)
             floor += k.flop / rate  # compute_time_s without padding: never more than a shard x tp
         self.compute_floor_s = floor
         self.misfits = MisfitTracker()

@@ -116,7 +116,7 @@ class HPLModel(FamilyModel):
         self.p = self.precision.bytes
         self.n, self.nb = workload.n, workload.nb
         self.N = system.num_chips
-        self.capacity = float(system.chip.memory.capacity_bytes)
+        self.capacity = float(system.chip.memory.usable_bytes)  # capacity minus the reserve
         self.graph = build_graphs(workload).layer
         self.groups = self._groups()
         solve = next(k for k in self.graph.kernels if k.kind == KernelKind.matmul and k.name == "solve")

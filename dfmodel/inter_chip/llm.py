@@ -16,6 +16,7 @@ from functools import cached_property, lru_cache
 from dfmodel.graph.build import build_graphs
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
+from dfmodel.graph.workload import resolve_attention
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import pipeline as pipe
 from dfmodel.inter_chip.config import Mapping
@@ -24,7 +25,7 @@ from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
 from dfmodel.netmodels import CostTable
-from dfmodel.system.processor import compute_time_s, memory_time_s
+from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, memory_time_s
 from dfmodel.system.schema import Precision, System
 
 #: Adam step DRAM traffic per parameter: read fp32 master, m, v and the gradient, write master,
@@ -134,6 +135,7 @@ def _is_attention_core(kernel) -> bool:
         and "attention" in kernel.group
         and kernel.weight_bytes == 0
         and kernel.kind in (KernelKind.matmul, KernelKind.reduction)
+        and kernel.efficiency != "attention"  # FlashAttention's backward recomputes on its own
     )
 
 
@@ -148,13 +150,13 @@ class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
     def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
-        self.workload = workload
+        self.workload = resolve_attention(workload, system.chip.execution)
         self.system = system
         self.solver = solver
         self.time_limit_s = time_limit_s
         self.costs = CostTable(system)
-        self.model = workload.model
-        self.training = workload.training
+        self.model = self.workload.model
+        self.training = self.workload.training
         self.precision = Precision(self.training.precision)
         self._graphs: dict[int, object] = {}
         self._blocks: dict[tuple, BlockTimes | None] = {}
@@ -173,7 +175,8 @@ class LLMModel:
         return self._blocks[key]
 
     def _solve_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool) -> BlockTimes:
-        sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver)
+        sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver,
+                        megatron_layouts=True)  # time and memory from the same (Megatron) layouts
         g = sharded.graph
         by_phase = {
             "fwd": [k.name for k in g.kernels if k.phase == Phase.forward],
@@ -209,12 +212,7 @@ class LLMModel:
             for k in graph.kernels:
                 if not pred(k) or k.kind == KernelKind.comm:
                     continue
-                rate = (
-                    chip.peak(self.precision) * chip.efficiency.matmul
-                    if k.kind.is_matrix
-                    else chip.vector_peak(self.precision) * chip.efficiency.vector
-                )
-                total += k.flop / rate
+                total += k.flop / achieved_rate_Fps(chip, k, self.precision)
             return total
 
         layer = floor(gs.layer)
@@ -276,34 +274,20 @@ class LLMModel:
         )
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int]) -> "mem.MemoryBreakdown":
-        """Worst stage's memory per chip (weights, grads, optimizer, activations in flight)."""
-        act_layer = mem.activation_bytes_per_layer(
-            seq_len=self.model.seq_len,
-            micro_batch=m.micro_batch,
-            hidden=self.model.hidden,
-            num_heads=self.model.num_heads,
-            tp=m.tp,
-            sequence_parallel=m.sequence_parallel,
-            recompute=m.recompute,
-            ffn_hidden=self.model.ffn_hidden,
-            num_kv_heads=self.model.num_kv_heads,
-            bytes_per_element=self.precision.bytes,
-        )
-        worst = None
-        for stage, (params, layers) in enumerate(zip(params_per_stage, layers_per_stage)):
-            in_flight = mem.in_flight_micro_batches(m.pp, stage, m.num_micro_batches, m.interleave)
-            b = mem.memory_per_chip(
-                params_per_chip=params,
-                dp=m.dp,
-                distributed_optimizer=m.distributed_optimizer,
-                activation_bytes_per_layer=act_layer,
-                layers_on_chip=layers,
-                in_flight_micro_batches=in_flight,
-                capacity_bytes=self.system.chip.memory.capacity_bytes,
-            )
-            if worst is None or b.total_bytes > worst.total_bytes:
-                worst = b
-        return worst
+        """Worst stage's memory per chip (weights, grads, optimizer, activations in flight,
+        reserve): :func:`memory.llm_memory_per_chip`. ``params_per_stage`` holds the layer
+        parameters plus the embedding (first stage) and head and tied copy (last stage)."""
+        layer_params = self.block("layer", m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel).params_per_chip
+        first = params_per_stage[0] - layers_per_stage[0] * layer_params
+        last = params_per_stage[-1] - layers_per_stage[-1] * layer_params if m.pp > 1 else 0.0
+        chip_memory = self.system.chip.memory
+        return mem.llm_memory_per_chip(
+            model=self.model, training=self.training, attention=self.model.attention or "unfused",
+            tp=m.tp, pp=m.pp, dp=m.dp, micro_batch=m.micro_batch, num_micro_batches=m.num_micro_batches,
+            interleave=m.interleave, recompute=m.recompute, sequence_parallel=m.sequence_parallel,
+            distributed_optimizer=m.distributed_optimizer, layer_params_per_chip=layer_params,
+            first_params=first, last_params=last, layers_per_stage=layers_per_stage,
+            capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes)
 
     # -- the full evaluation ----------------------------------------------------------------------
     def evaluate(self, m: Mapping) -> Evaluation:
@@ -336,19 +320,25 @@ class LLMModel:
         params_stage = [n * layer.params_per_chip for n in stages]
         params_stage[0] += emb.params_per_chip if emb else 0.0
         params_stage[-1] += head.params_per_chip if head else 0.0
+        params_stage[-1] += mem.tied_embedding_copy_params(
+            vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp, pp=m.pp,
+            tie_embeddings=self.model.tie_embeddings)
         worst_params = max(params_stage)
 
         dp_exposed = 0.0
         if m.dp > 1:
-            grad_bytes = worst_params * self.precision.bytes
-            if m.distributed_optimizer:
+            grad_bytes = worst_params * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
+            if m.distributed_optimizer:  # gradients reduce-scattered, 16-bit params all-gathered
                 sync = self.costs.time_s("reduce_scatter", grad_bytes, dp_group) + self.costs.time_s(
-                    "all_gather", grad_bytes, dp_group
+                    "all_gather", worst_params * self.training.activation_bytes, dp_group
                 )
             else:
                 sync = self.costs.time_s("all_reduce", grad_bytes, dp_group)
             # stage 0 runs the last backward of the iteration: its gradients sync last
-            dp_exposed = pipe.dp_sync_time(grad_bytes, sync, stage_bwd[0], self.system.dp_overlap)
+            dp_exposed = pipe.dp_sync_exposed_s(
+                sync_s=sync, grad_elements=worst_params, chunk_backward_s=stage_bwd[0] / m.interleave,
+                interleave=m.interleave, pp=m.pp, overlap_fraction=self.system.dp_overlap,
+                bucket_elements=pipe.megatron_bucket_elements(m.dp))
         opt_s = self.optimizer_s(m, worst_params)
         step_s = pt.total_s + dp_exposed + opt_s
         io = io_terms(self.system, self.training, self.training.global_batch, step_s, self.checkpoint_state(m),

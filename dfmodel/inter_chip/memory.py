@@ -54,6 +54,7 @@ def activation_bytes_per_layer(
     bytes_per_element: float = 2,
     dropout: bool = True,
     gated_mlp: bool = False,
+    attention: Literal["flash", "unfused"] = "unfused",
 ) -> float:
     """Activation bytes one transformer layer keeps per chip for one micro-batch (until its backward).
 
@@ -83,8 +84,11 @@ def activation_bytes_per_layer(
     Without dropout the three dropout rows vanish and the softmax output itself is the input of
     attention x V (kept once). For GPT (``f = 4h``, ``h_kv = h``, ``e = 2``, dropout) this
     is Table 2: ``sbh(10 + 24/t + 5as/(ht))`` without SP, ``sbh/t(34 + 5as/h)`` with SP;
-    selective recomputation drops the ``s^2`` rows (``sbh(10 + 24/t)``, ``34 sbh/t``); FlashAttention
-    never stores them either, so model it as ``"selective"``. Full recomputation keeps only the
+    selective recomputation drops the ``s^2`` rows (``sbh(10 + 24/t)``, ``34 sbh/t``).
+    ``attention="flash"`` (FlashAttention: Dao et al. 2022, sec. 3.1) never stores them either,
+    nor a dropout mask (it regenerates it from the RNG state); it keeps the fp32 row
+    log-sum-exp, ``4 a s b / t`` bytes, and the attention output it already shares with the
+    projection. Full recomputation keeps only the
     layer input, ``e s b h`` (``/t`` with SP); the one layer being recomputed during backward is
     a transient that Table 2 omits (see ``working_activation_bytes`` of :func:`memory_per_chip`).
 
@@ -124,7 +128,9 @@ def activation_bytes_per_layer(
         + (2 if gated_mlp else 1) * e * s * b * f / t  # activation-function input (FC1 output)
         + e * s * b * f / t  # FC2 input
     )
-    if recompute == "selective":
+    if attention == "flash":
+        quadratic = 4.0 * a * s * b / t  # fp32 log-sum-exp per query row and head
+    elif recompute == "selective":
         quadratic = 0.0
     else:
         per_score = e + (mask + e if dropout else 0)  # softmax out (+ mask + dropout out)
@@ -274,10 +280,12 @@ class MemoryBreakdown:
     activations_bytes: float
     capacity_bytes: float
     labels: dict[str, str] = field(default_factory=dict)
+    reserve_bytes: float = 0.0  # runtime, communication buffers, workspaces, fragmentation
 
     @property
     def total_bytes(self) -> float:
-        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.reserve_bytes)
 
     @property
     def fits(self) -> bool:
@@ -297,6 +305,7 @@ class MemoryBreakdown:
             "activations": self.activations_bytes,
             "total": self.total_bytes,
             "capacity": self.capacity_bytes,
+            "reserve": self.reserve_bytes,
         }
 
     def summary(self) -> str:
@@ -308,7 +317,7 @@ class MemoryBreakdown:
         g = 2.0**30
         parts = [
             f"{self.labels.get(kind, kind)} {getattr(self, kind + '_bytes') / g:.1f}"
-            for kind in ("weights", "gradients", "optimizer", "activations")
+            for kind in ("weights", "gradients", "optimizer", "activations", "reserve")
             if getattr(self, kind + "_bytes") > 0
         ]
         s = (f"needs {self.total_bytes / g:.1f} GiB per chip ({', '.join(parts) or 'nothing'}), "
@@ -425,3 +434,149 @@ def memory_lower_bound_bytes(
     a = bytes_per_element * seq_len * micro_batch * hidden / tp  # full recompute + SP
     inv = sum(1.0 / (w + a * min(pp - i, num_micro_batches)) for i in range(pp))
     return num_layers / inv
+
+
+# --------------------------------------------------------------------------------------------
+# LLM training as the frameworks lay it out (Megatron-LM / Transformer Engine)
+# --------------------------------------------------------------------------------------------
+
+#: Token ids held per token for the embedding's backward: int64 (Megatron-LM
+#: theoretical_memory_usage.py, "Input to embedding": ``8 s b`` per micro-batch in flight).
+TOKEN_ID_BYTES = 8
+
+#: Optimizer state per parameter besides the fp32 master copy: Adam's two fp32 moments (8);
+#: SGD's fp32 momentum (4); Adagrad's fp32 accumulator (4).
+OPTIMIZER_STATE_BYTES = {"adam": 8, "sgd": 4, "adagrad": 4}
+
+#: Transformer Engine keeps, next to each 16-bit linear weight, its FP8 copy and the FP8
+#: transpose the data-gradient GEMM reads (1 + 1 bytes/param), cached across micro-batches
+#: (TE Linear ``is_first_microbatch``); with FP8 parameters (``fp8_model_init``) the weight is the
+#: FP8 copy and only the transpose is extra.
+FP8_WEIGHT_CACHE_BYTES = 2
+
+
+@dataclass(frozen=True)
+class StateBytesPerParam:
+    """Bytes per parameter of model weights, main gradients and optimizer state (incl. master)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @classmethod
+    def of(cls, *, precision: str, grad_bytes: float, optimizer: str = "adam", fp8_weights: bool = False,
+           linear: bool = True) -> "StateBytesPerParam":
+        """Megatron-LM's mixed-precision layout (theoretical_memory_usage.py: "bf16 model params,
+        fp32 main gradients, fp32 main params, and fp32 Adam states", 18 bytes/param, or
+        ``6 + 12/d`` with the distributed optimizer).
+
+        16-bit weights (2; fp32 training: 4) plus, for FP8 linear layers, the FP8 weight cache;
+        main gradients of ``grad_bytes``; optimizer: an fp32 master copy when the weights are not
+        fp32 (4) plus the optimizer's own state.
+
+        >>> StateBytesPerParam.of(precision="bf16", grad_bytes=4)
+        StateBytesPerParam(weights=2, gradients=4, optimizer=12)
+        >>> StateBytesPerParam.of(precision="fp8", grad_bytes=4).weights
+        4
+        """
+        weights = 4 if precision == "fp32" else 2
+        if precision == "fp8" and linear:
+            weights = FP8_WEIGHT_CACHE_BYTES if fp8_weights else weights + FP8_WEIGHT_CACHE_BYTES
+        master = 0 if precision == "fp32" else 4
+        return cls(weights, grad_bytes, master + OPTIMIZER_STATE_BYTES[optimizer])
+
+
+def tied_embedding_copy_params(*, vocab: int, hidden: int, tp: int, pp: int, tie_embeddings: bool) -> float:
+    """Parameters of the word-embedding copy the last pipeline stage holds for a tied LM head.
+
+    Megatron-LM keeps the output layer's weight on the last stage as its own copy of the
+    (vocabulary-parallel) word embeddings and all-reduces the two copies' gradients between the
+    first and last stage (``shared_embedding_or_output_weight``). With one stage, or untied
+    embeddings (the head owns its parameters), there is no copy.
+
+    >>> tied_embedding_copy_params(vocab=1000, hidden=64, tp=4, pp=2, tie_embeddings=True)
+    16000.0
+    """
+    return vocab * hidden / tp if (tie_embeddings and pp > 1 and vocab > 0) else 0.0
+
+
+def llm_memory_per_chip(
+    *,
+    model,
+    training,
+    attention: str,
+    tp: int,
+    pp: int,
+    dp: int,
+    micro_batch: int,
+    num_micro_batches: int,
+    interleave: int,
+    recompute: Recompute,
+    sequence_parallel: bool,
+    distributed_optimizer: bool,
+    layer_params_per_chip: float,
+    first_params: float,
+    last_params: float,
+    layers_per_stage: list[int],
+    capacity_bytes: float,
+    reserve_bytes: float = 0.0,
+) -> MemoryBreakdown:
+    """The worst stage's memory per chip of LLM training, every term wired as Megatron lays it out.
+
+    - model state per parameter from :class:`StateBytesPerParam` (fp32 main gradients,
+      optimizer sharded over ``dp`` with the distributed optimizer); the layer parameters of an
+      FP8 run also hold the FP8 weight cache; ``first_params`` / ``last_params`` are the
+      embedding / head (and tied-copy) parameters of the first / last stage;
+    - activations per layer (:func:`activation_bytes_per_layer`: SwiGLU's two FC1 outputs,
+      FlashAttention's absence of ``s^2`` tensors, dropout masks only with dropout), times the
+      micro-batches the stage holds (:func:`in_flight_micro_batches`); the first stage adds the
+      embedding activations (token ids, dropout mask: :func:`embedding_activation_bytes`), the
+      last the head's (fp32 logits: :func:`head_activation_bytes`);
+    - with full recomputation, the one layer whose activations are rebuilt during its backward
+      (the working buffer Table 2 of Korthikanti et al. omits);
+    - the chip's ``reserve_bytes`` (runtime and library memory the model cannot use).
+    """
+    m, t = model, tp
+    e = training.activation_bytes
+    common = dict(seq_len=m.seq_len, micro_batch=micro_batch, hidden=m.hidden, num_heads=m.num_heads, tp=t,
+                  sequence_parallel=sequence_parallel, ffn_hidden=m.ffn, num_kv_heads=m.kv_heads,
+                  bytes_per_element=e, dropout=getattr(m, "dropout", True), gated_mlp=m.ffn_type == "swiglu",
+                  attention=attention)
+    act_layer = activation_bytes_per_layer(recompute=recompute, **common)
+    working = activation_bytes_per_layer(recompute="none", **common) if recompute == "full" else 0.0
+    fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
+    layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
+                                        optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True)
+    other_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
+                                        optimizer=training.optimizer, linear=False)
+    sbt = m.seq_len * micro_batch
+    emb_act = TOKEN_ID_BYTES * sbt + embedding_activation_bytes(
+        seq_len=m.seq_len, micro_batch=micro_batch, hidden=m.hidden, tp=t, sequence_parallel=sequence_parallel,
+        dropout=getattr(m, "dropout", True))
+    head_act = head_activation_bytes(seq_len=m.seq_len, micro_batch=micro_batch, hidden=m.hidden,
+                                     vocab=m.vocab_size, tp=t, sequence_parallel=sequence_parallel,
+                                     bytes_per_element=e) if m.vocab_size else 0.0
+    worst = None
+    for stage, layers in enumerate(layers_per_stage):
+        extra_params = (first_params if stage == 0 else 0.0) + (last_params if stage == pp - 1 else 0.0)
+        extra_act = (emb_act if stage == 0 else 0.0) + (head_act if stage == pp - 1 else 0.0)
+        state = model_state_bytes(layers * layer_params_per_chip, dp=dp, distributed_optimizer=distributed_optimizer,
+                                  bytes_per_param_weights=layer_state.weights,
+                                  bytes_per_param_grads=layer_state.gradients,
+                                  bytes_per_param_optimizer=layer_state.optimizer)
+        extra = model_state_bytes(extra_params, dp=dp, distributed_optimizer=distributed_optimizer,
+                                  bytes_per_param_weights=other_state.weights,
+                                  bytes_per_param_grads=other_state.gradients,
+                                  bytes_per_param_optimizer=other_state.optimizer)
+        in_flight = in_flight_micro_batches(pp, stage, num_micro_batches, interleave)
+        b = MemoryBreakdown(
+            weights_bytes=state.weights_bytes + extra.weights_bytes,
+            gradients_bytes=state.gradients_bytes + extra.gradients_bytes,
+            optimizer_bytes=state.optimizer_bytes + extra.optimizer_bytes,
+            activations_bytes=(act_layer * layers + extra_act) * in_flight + working,
+            capacity_bytes=float(capacity_bytes),
+            reserve_bytes=float(reserve_bytes),
+        )
+        if worst is None or b.total_bytes > worst.total_bytes:
+            worst = b
+    return worst

@@ -581,3 +581,69 @@ def dp_sync_time(
         return 0.0
     tail = allreduce_s * min(1.0, bucket_bytes / grad_bytes_per_chip)
     return max(allreduce_s - overlap_fraction * backward_s, tail)
+
+
+#: Megatron-LM's default DDP bucket: ``max(40,000,000, 1,000,000 * dp)`` gradient elements
+#: (megatron/core/distributed, ``bucket_size`` of the DDP config / training ``--ddp-bucket-size``).
+MEGATRON_BUCKET_ELEMENTS = 40_000_000
+
+
+def megatron_bucket_elements(dp: int) -> int:
+    """Megatron-LM's default gradient-bucket size in elements for ``dp`` replicas.
+
+    >>> megatron_bucket_elements(8), megatron_bucket_elements(64)
+    (40000000, 64000000)
+    """
+    return max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * dp)
+
+
+def dp_sync_exposed_s(
+    *,
+    sync_s: float,
+    grad_elements: float,
+    chunk_backward_s: float,
+    interleave: int,
+    pp: int,
+    overlap_fraction: float,
+    bucket_elements: float,
+) -> float:
+    """Exposed time of the data-parallel gradient sync of one stage after its last backward.
+
+    ``sync_s``: the collective time for all this chip's gradients (reduce-scatter + all-gather
+    with the distributed optimizer, else all-reduce), in the precision the framework reduces in
+    (fp32 for bf16 / fp8 Megatron-LM); ``chunk_backward_s``: one micro-batch's backward through
+    ONE model chunk of the stage (the whole stage when ``interleave == 1``).
+
+    With ``overlap_grad_reduce`` the buckets of a chunk are reduced while that chunk's LAST
+    backward still runs (Megatron-LM DDP hooks). With interleaving (``v`` chunks), chunk ``j``
+    (0 = the last to finish) runs its last backward about ``j * pp`` chunk-backwards before the
+    end of the cooldown (interleaved 1F1B drains the chunks in groups of ``pp`` micro-batches;
+    Narayanan et al. SC21 sec. 2.2), so its ``1/v`` of the gradients may start then. The
+    network runs one bucket at a time; the last bucket of each chunk cannot start before the
+    chunk's backward ends (the tail). Simulated chunk by chunk, times relative to the end of the
+    backward; only ``overlap_fraction`` of each window hides communication (0: the sync starts
+    after the backward, as without ``overlap_grad_reduce``):
+
+    >>> dp_sync_exposed_s(sync_s=1.0, grad_elements=1e9, chunk_backward_s=0.4, interleave=1, pp=4,
+    ...                   overlap_fraction=1.0, bucket_elements=1e8)
+    0.6
+    >>> dp_sync_exposed_s(sync_s=1.0, grad_elements=1e9, chunk_backward_s=10.0, interleave=1, pp=4,
+    ...                   overlap_fraction=1.0, bucket_elements=1e8)  # the last bucket: 10 %
+    0.1
+    """
+    if min(sync_s, grad_elements, chunk_backward_s, bucket_elements) < 0 or interleave < 1 or pp < 1:
+        raise ValueError("dp_sync_exposed_s: times and sizes must be >= 0, interleave and pp >= 1")
+    if not 0.0 <= overlap_fraction <= 1.0:
+        raise ValueError(f"overlap_fraction must be in [0, 1], got {overlap_fraction}")
+    if sync_s == 0 or grad_elements == 0:
+        return 0.0
+    v = interleave
+    chunk_sync_s = sync_s / v
+    tail_s = chunk_sync_s * min(1.0, bucket_elements / (grad_elements / v))
+    clock = float("-inf")
+    f = overlap_fraction  # the share of every window that hides communication (0: none starts early)
+    for j in reversed(range(v)):  # the chunk finishing first drains first
+        end_j = -f * j * pp * chunk_backward_s  # its last backward ends here
+        start_j = end_j - f * chunk_backward_s
+        clock = max(max(clock, start_j) + chunk_sync_s, end_j + tail_s)
+    return max(0.0, clock)

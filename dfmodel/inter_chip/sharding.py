@@ -58,12 +58,45 @@ def role(graph: DataflowGraph, t: Tensor) -> str:
     return "g" if t.operand in ("g", "dy", "grad") or t.name.startswith("d") else "x"
 
 
+def is_between_blocks(kernel: Kernel) -> bool:
+    """Norms and residual adds: the kernels Megatron's sequence parallelism splits along the
+    sequence (Korthikanti et al. 2022, sec. 4.2.2), replicated without it."""
+    return kernel.group == "norm" or "residual" in kernel.name
+
+
+def megatron_options(kernel: Kernel, names: list[str], sequence_parallel: bool) -> list[str]:
+    """The strategies Megatron-LM's tensor parallelism uses, among ``names``.
+
+    - linear layers (matmuls with weights) are column- or row-parallel: their weights are always
+      split over the TP group (Shoeybi et al. 2019, sec. 3), never replicated, so a token-split
+      matmul that would hold the whole weight on every member (and blow its memory) is excluded;
+    - norms and residual adds are sequence-split with sequence parallelism and replicated
+      without it, exactly the layouts :mod:`dfmodel.inter_chip.memory` counts, so time and
+      memory come from the same layouts.
+    Attention cores, activations and the vocabulary-parallel head keep every valid option.
+
+    >>> from dfmodel.graph.kernel import Kernel, KernelKind
+    >>> ln = Kernel("fwd.ln1", KernelKind.reduction, {"m": 8, "n": 4}, flop=1, output_bytes=1, group="norm")
+    >>> megatron_options(ln, ["tok", "rep"], True), megatron_options(ln, ["rep"], False)
+    (['tok'], ['rep'])
+    """
+    if kernel.kind == KernelKind.matmul and kernel.weight_bytes > 0:
+        kept = [n for n in names if n in ("col", "row")]
+    elif is_between_blocks(kernel):
+        kept = [n for n in names if n == ("tok" if sequence_parallel else "rep")]
+    else:
+        kept = names
+    return kept or names
+
+
 class ShardingProblem:
     """Everything the sharding MILP and its oracle need about one graph on one TP group."""
 
-    def __init__(self, graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, tokens_split: bool):
+    def __init__(self, graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, tokens_split: bool,
+                 megatron_layouts: bool = False):
         self.graph, self.system, self.group, self.costs = graph, system, group, cost_table
         self.tokens_split = tokens_split and group.size > 1
+        self.megatron_layouts = megatron_layouts
         self.precision = graph.meta.get("precision", "bf16")
         self.groups: dict[str, list[Kernel]] = defaultdict(list)
         for k in graph.kernels:
@@ -80,6 +113,10 @@ class ShardingProblem:
             for k in ks[1:]:
                 valid = {s.name for s in strategies(k, tokens_split=self.tokens_split)}
                 names = [n for n in names if n in valid]
+            if ks[0].group == "vocab_embedding":  # always vocabulary-parallel (strategies.py)
+                names = [n for n in names if n != "rep"]
+            if self.megatron_layouts and self.group.size > 1:
+                names = megatron_options(ks[0], names, self.tokens_split)
             out[g] = names if self.group.size > 1 else ["rep"]
         return out
 
@@ -351,11 +388,13 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
 
 
 def shard(graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, sequence_parallel: bool = True,
-          solver: str = "auto", time_limit_s: float | None = None) -> ShardedGraph:
+          solver: str = "auto", time_limit_s: float | None = None, megatron_layouts: bool = False) -> ShardedGraph:
     """Optimal sharding of ``graph`` over ``group`` and the per-chip graph it yields.
 
     ``sequence_parallel`` allows the token-split layout ``T`` (Megatron sequence parallelism and
     token-split matmuls); without it layouts are replicated, feature-split or partial.
+    ``megatron_layouts`` restricts the choice to Megatron-LM's layouts (:func:`megatron_options`).
     """
-    problem = ShardingProblem(graph, system, group, cost_table, tokens_split=sequence_parallel)
+    problem = ShardingProblem(graph, system, group, cost_table, tokens_split=sequence_parallel,
+                              megatron_layouts=megatron_layouts)
     return apply_sharding(problem, solve_sharding(problem, solver=solver, time_limit_s=time_limit_s))

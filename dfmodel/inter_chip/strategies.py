@@ -97,6 +97,11 @@ EMBEDDING = (
     _s("tok", {"*": "T"}, "T", dim="m"),
     _s("rep", {"*": "R"}, "R", work=False),
 )
+# Megatron-LM's token embedding is always vocabulary-parallel (VocabParallelEmbedding): the
+# table is split by rows over the TP group and the partial look-ups are summed. Replicating it
+# would look free (a look-up streams no weights) while holding the whole table on every member.
+# ("rep" stays listed only for a group of one, where nothing is split.)
+VOCAB_PARALLEL = (_s("vocab", {"*": "R"}, "P", weight=True, dim="k"), _s("rep", {"*": "R"}, "R", work=False))
 PASS_THROUGH = (_s("rep", {"*": "R"}, "R", work=False),)
 
 FEATURE_SPLITTABLE_GROUPS = ("attention", "head", "loss")
@@ -119,7 +124,7 @@ def strategies(kernel: Kernel, *, tokens_split: bool) -> tuple[Strategy, ...]:
         feat_ok = any(g in kernel.group for g in FEATURE_SPLITTABLE_GROUPS)
         table = ELEMENTWISE if feat_ok else ROW_REDUCTION
     elif kernel.kind == KernelKind.embedding:
-        table = EMBEDDING
+        table = VOCAB_PARALLEL if kernel.group == "vocab_embedding" else EMBEDDING
     else:
         table = PASS_THROUGH
     return tuple(s for s in table if tokens_split or "T" not in (s.output, *dict(s.inputs).values()))

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from dfmodel.netmodels import formulas as f
 from dfmodel.netmodels.group import GroupDim, NetworkGroupError, resolve_group
-from dfmodel.netmodels.topologies import COLLECTIVES, PRETTY, candidates, ring_directions
+from dfmodel.netmodels.topologies import COLLECTIVES, PRETTY, dim_candidates, ring_directions
 from dfmodel.system.schema import System
 
 # Beyond this many dimensions only innermost-first and outermost-first orders are tried.
@@ -103,8 +103,7 @@ def _check_bytes(message_bytes: float) -> float:
 def _step(collective: str, gd: GroupDim, message_bytes: float) -> StepCost:
     """Fastest 1-D algorithm for one phase on one dimension of the group."""
     dim = gd.dim
-    options = candidates(dim.topology, collective, gd.members, message_bytes,
-                         dim.effective_bandwidth_Bps, dim.latency_s, dim.bidirectional)
+    options = dim_candidates(dim, collective, gd.members, message_bytes)
     name, t = min(options, key=lambda o: o[1])
     return StepCost(collective, gd.label, gd.members, message_bytes, name, t)
 
@@ -208,8 +207,7 @@ def algorithms(system: System, collective: str, message_bytes: float, group) -> 
         return [CollectiveCost(0.0, "none (single member)", ())]
     if len(dims) == 1:
         gd = dims[0]
-        options = candidates(gd.dim.topology, collective, gd.members, S,
-                             gd.dim.effective_bandwidth_Bps, gd.dim.latency_s, gd.dim.bidirectional)
+        options = dim_candidates(gd.dim, collective, gd.members, S)
         out = []
         for name, t in options:
             step = StepCost(collective, gd.label, gd.members, S, name, t)

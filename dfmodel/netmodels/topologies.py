@@ -122,3 +122,25 @@ def candidates(
     if not out:
         raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
     return out
+
+
+def dim_candidates(dim, collective: str, members: int, message_bytes: float) -> list[tuple[str, float]]:
+    """:func:`candidates` on one network dimension, plus what its spec enables: NCCL's protocols
+    as choices (``nccl_protocols``: every algorithm also with LL and LL128, see
+    :mod:`dfmodel.netmodels.nccl`) and NVLink SHARP all-reduce on a switch (``nvls_efficiency``).
+    """
+    from dfmodel.netmodels import nccl
+
+    B, a = dim.effective_bandwidth_Bps, dim.latency_s
+
+    def base(bw: float, lat: float) -> list[tuple[str, float]]:
+        return candidates(dim.topology, collective, members, message_bytes, bw, lat, dim.bidirectional)
+
+    if dim.nccl_protocols and members > 1 and collective != "p2p":
+        out = [(f"{name} {pr.name}", t) for pr in nccl.PROTOCOLS
+               for name, t in base(B * pr.bandwidth_fraction, a * pr.latency_fraction)]
+    else:
+        out = base(B, a)
+    if dim.nvls_efficiency and dim.topology == "switch" and collective == "all_reduce" and members > 1:
+        out.append(("NVLS", nccl.nvls_all_reduce_s(message_bytes, dim.link_bandwidth_Bps, dim.nvls_efficiency)))
+    return out

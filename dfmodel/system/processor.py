@@ -29,19 +29,35 @@ def padding_factor(kernel: Kernel, tile: tuple[int, int, int]) -> float:
     return factor
 
 
-def compute_time_s(chip: Chip, kernel: Kernel, precision: Precision | str) -> float:
-    """Time for ``kernel``'s arithmetic on the whole chip: ``FLOP / (peak * efficiency)``.
+def achieved_rate_Fps(chip: Chip, kernel: Kernel, precision: Precision | str) -> float:
+    """Achieved FLOP/s of ``kernel`` on the whole chip (before tile padding).
 
-    Matmuls run on the matrix units at ``peak(precision) * efficiency.matmul`` after padding to
-    ``efficiency.matmul_tile``; every other kind on the vector units at
-    ``vector_flops * efficiency.vector``. Communication kernels do no arithmetic here.
+    The kernel's own precision (``kernel.precision``, e.g. an FP8 GEMM of a bf16-stored
+    Transformer Engine layer) overrides the workload's. Matmuls run on the matrix units at
+    ``peak(p) * efficiency.matmul_at(p)``; a fused attention kernel (``efficiency="attention"``)
+    at ``peak(p) * efficiency.attention``; every other kind on the vector units at
+    ``vector_flops(p) * efficiency.vector``.
+    """
+    p = kernel.precision or precision
+    eff = chip.efficiency
+    if kernel.kind.is_matrix:
+        factor = eff.attention_at(p) if kernel.efficiency == "attention" else eff.matmul_at(p)
+        return chip.peak(p) * factor
+    return chip.vector_peak(p) * eff.vector
+
+
+def compute_time_s(chip: Chip, kernel: Kernel, precision: Precision | str) -> float:
+    """Time for ``kernel``'s arithmetic on the whole chip: ``FLOP / achieved rate``.
+
+    Matmuls are padded to ``efficiency.matmul_tile`` first (see :func:`achieved_rate_Fps` for
+    the rates). Communication kernels do no arithmetic here.
     """
     if kernel.kind == KernelKind.comm or kernel.flop == 0:
         return 0.0
-    eff = chip.efficiency
+    rate = achieved_rate_Fps(chip, kernel, precision)
     if kernel.kind.is_matrix:
-        return kernel.flop * padding_factor(kernel, eff.matmul_tile) / (chip.peak(precision) * eff.matmul)
-    return kernel.flop / (chip.vector_peak(precision) * eff.vector)
+        return kernel.flop * padding_factor(kernel, chip.efficiency.matmul_tile) / rate
+    return kernel.flop / rate
 
 
 def memory_time_s(chip: Chip, num_bytes: float) -> float:

@@ -9,10 +9,12 @@ A spec mirrors these classes one to one::
       vector_flops: 39 TFLOPS         # non-matrix (element-wise, reductions); default = peak
       sram_bytes: 40 MiB
       compute_tiles: 108              # SMs / PCUs / cores shared by fused kernels
-      memory: {kind: HBM2e, capacity_bytes: 80 GiB, bandwidth_Bps: 2039 GB/s}
+      memory: {kind: HBM2e, capacity_bytes: 80 GiB, bandwidth_Bps: 2039 GB/s,
+               reserve_bytes: 3 GiB}  # context, NCCL buffers, workspaces, fragmentation
       execution: kernel_by_kernel     # or dataflow (kernels fuse into partitions)
       overlap: true                   # compute/memory/network of a partition overlap (max) or add
-      efficiency: {matmul: 0.8, vector: 0.6, memory: 0.85, matmul_tile: [128, 128, 64],
+      efficiency: {matmul: 0.8, vector: 0.6,   # matmul also {bf16: .., fp8: .., fp64: ..}
+                   attention: 0.55,              # fused (Flash) attention; default = matmul memory: 0.85, matmul_tile: [128, 128, 64],
                    kernel_overhead_s: 5 us}
       price_usd: 15000
       power_w: 400
@@ -45,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from dfmodel.system.units import (
     Bytes,
+    BytesOrZero,
     BytesPerSec,
     Fraction,
     FlopsPerSec,
@@ -83,24 +86,56 @@ class Memory(Strict):
     bandwidth_Bps: BytesPerSec
     price_usd: NonNegativeFloat = 0.0
     power_w: NonNegativeFloat = 0.0
+    # Memory a chip cannot give to the model: runtime context, communication buffers, library
+    # workspaces and allocator fragmentation. Mappings must fit in capacity minus this.
+    reserve_bytes: BytesOrZero = 0.0
+
+    @property
+    def usable_bytes(self) -> float:
+        """Capacity left for weights, gradients, optimizer state and activations."""
+        return max(0.0, self.capacity_bytes - self.reserve_bytes)
 
 
 class Efficiency(Strict):
     """Achieved fractions of peak, all physically plausible (in (0, 1]).
 
     - ``matmul``: fraction of matrix peak reached by a large matmul once its dims are padded
-      to ``matmul_tile`` (systolic array / MMA tile shape: padding is the shape penalty);
+      to ``matmul_tile`` (systolic array / MMA tile shape: padding is the shape penalty). One
+      number for every precision, or one per precision (``{bf16: 0.75, fp8: 0.6, fp64: 0.8}``):
+      FP8 GEMMs reach a smaller fraction of their doubled peak than BF16 ones (the tensor cores
+      finish first and the same epilogue, scaling and memory traffic remain), and DGEMM at fp64
+      reaches its own (HPL Rmax/Rpeak). A precision missing from the table is an error;
+    - ``attention``: fraction of the 16-bit matrix peak reached by a fused attention kernel
+      (FlashAttention: both attention matmuls and the online softmax in one kernel, so the
+      softmax's exponentials and the causal-mask bookkeeping share the SMs with the MMAs; FA-2,
+      Dao 2023, reports 50-73 % of A100 peak forward, less backward). Default: the matmul
+      efficiency;
     - ``vector``: fraction of ``vector_flops`` reached by element-wise and reduction kernels;
     - ``memory``: fraction of DRAM bandwidth reached by streaming kernels;
     - ``kernel_overhead_s``: fixed time per kernel launch (kernel-by-kernel) or per partition
       (dataflow: reconfiguration) -- the small-op penalty.
     """
 
-    matmul: Fraction = 1.0
+    matmul: Fraction | dict[Precision, Fraction] = 1.0
+    attention: Fraction | None = None
     vector: Fraction = 1.0
     memory: Fraction = 1.0
     matmul_tile: tuple[PositiveInt, PositiveInt, PositiveInt] = (1, 1, 1)
     kernel_overhead_s: Seconds = 0.0
+
+    def matmul_at(self, precision: "Precision | str") -> float:
+        """Matmul efficiency at ``precision`` (one number = every precision)."""
+        if not isinstance(self.matmul, dict):
+            return float(self.matmul)
+        p = Precision(precision)
+        if p not in self.matmul:
+            allowed = ", ".join(k.value for k in self.matmul)
+            raise ValueError(f"efficiency.matmul has no entry for {p.value} (has {allowed})")
+        return float(self.matmul[p])
+
+    def attention_at(self, precision: "Precision | str") -> float:
+        """Fused-attention efficiency (FlashAttention runs in 16 bit; see the class doc)."""
+        return float(self.attention) if self.attention is not None else self.matmul_at(precision)
 
 
 class Chip(Strict):
@@ -154,6 +189,11 @@ class NetworkDim(Strict):
     switch_radix: PositiveInt | None = None
     switch_price_usd: NonNegativeFloat = 0.0
     switch_power_w: NonNegativeFloat = 0.0
+    # NVLink SHARP (in-switch reduction, NVSwitch Gen3+): NCCL's NVLS efficiency on this switch
+    # (tuning.cc nvlsEfficiency: Hopper 0.85, Blackwell 0.74); null = no in-network reduction.
+    nvls_efficiency: Fraction | None = None
+    # NCCL's LL / LL128 / Simple protocols as choices per collective (latency_s is Simple's).
+    nccl_protocols: bool = False
 
     @property
     def effective_bandwidth_Bps(self) -> float:

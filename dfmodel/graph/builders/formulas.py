@@ -26,7 +26,8 @@ import math
 #: - GELU (tanh approximation) forward 8, backward 16; SwiGLU silu(gate) * up forward 5
 #:   (sigmoid 3, two multiplies), backward 10;
 #: - residual add 1 (its backward is a copy, 0); bias add 1, bias gradient 1 (a column sum);
-#: - ReLU 1, its backward (mask) 1;
+#: - ReLU 1, its backward (mask) 1; squared ReLU (Nemotron-4, So et al. 2021 "Primer")
+#:   max(x, 0)^2 forward 2, backward (mask, 2x, times the gradient) 3;
 #: - cross-entropy forward per logit (max, subtract, exp, sum) 4, backward (normalise, subtract
 #:   one-hot) 2; the same counts are used for DLRM's sigmoid + binary cross-entropy;
 #: - embedding pooling: 1 add per gathered element; scatter-add of the gradient: 1.
@@ -44,6 +45,8 @@ VECTOR_FLOP_PER_ELEMENT: dict[str, int] = {
     "bias_grad": 1,
     "relu": 1,
     "relu_bwd": 1,
+    "squared_relu": 2,
+    "squared_relu_bwd": 3,
     "cross_entropy": 4,
     "cross_entropy_bwd": 2,
     "embedding_pool": 1,

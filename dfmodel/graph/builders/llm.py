@@ -47,6 +47,40 @@ def layernorm_params(h: int) -> int:
     return 2 * h
 
 
+#: Block size along the sequence of FlashAttention's tiles (FA-2 uses 64-128 row/column blocks;
+#: cuDNN's fused attention on Hopper 128): with a causal mask only tiles on or below the diagonal
+#: are computed.
+FLASH_BLOCK = 128
+
+#: Extra DRAM bytes per element of an FP8 GEMM's activation or gradient operand: a Transformer
+#: Engine cast(-transpose) kernel reads the 16-bit tensor (2) and writes its FP8 copy (1), which
+#: the GEMM then reads (1) instead of the 16-bit tensor the edge already charges (2). Charged on
+#: forward and data-gradient GEMMs; the weight-gradient GEMM reuses the FP8 copies they made.
+FP8_CAST_EXTRA_BYTES = 2
+
+
+def causal_fraction(seq_len: int, block: int = FLASH_BLOCK) -> float:
+    """Fraction of the s x s score tiles a causal fused-attention kernel computes.
+
+    With ``n = ceil(s / block)`` tiles per side, the tiles on or below the diagonal are
+    ``n (n + 1) / 2`` of ``n^2`` (FlashAttention-2, Dao 2023, sec. 3.1.1: blocks above the
+    diagonal are skipped, which is its 1.7-1.8x causal speed-up).
+    Megatron-LM's own FLOP count (``num_floating_point_operations`` in
+    megatron/training/training.py) likewise halves the core-attention term for the causal mask.
+
+    >>> causal_fraction(128), causal_fraction(8192)
+    (1.0, 0.5078125)
+    """
+    n = -(-seq_len // block)
+    return (n + 1) / (2 * n)
+
+
+def attention_mode(w: LLMWorkload) -> str:
+    """``flash`` or ``unfused``; an unresolved workload (``model.attention: null``) builds the
+    unfused graph (the system decides: :func:`dfmodel.graph.workload.resolve_attention`)."""
+    return w.model.attention or "unfused"
+
+
 def _meta(w: LLMWorkload, batch: int, part: str) -> dict:
     m = w.model
     return {
@@ -67,7 +101,33 @@ def _meta(w: LLMWorkload, batch: int, part: str) -> dict:
         "tie_embeddings": m.tie_embeddings,
         "precision": w.precision.value,
         "bytes_per_element": w.precision.bytes,
+        "activation_bytes_per_element": w.training.activation_bytes,
+        "grad_bytes_per_element": w.training.grad_bytes,
+        "attention": attention_mode(w),
     }
+
+
+class _Precisions:
+    """Bytes per element and per-kernel precisions of one LLM workload.
+
+    bf16 / fp16 / fp32: everything in the training precision, gradients in ``grad_bytes``.
+    fp8 (Transformer Engine defaults, :class:`~dfmodel.graph.workload.FP8Recipe`): the linear
+    GEMMs run in FP8 and read cached FP8 weights (1 byte); attention (unless ``fp8.attention``),
+    norms and element-wise kernels run in bf16; activations are stored and exchanged in bf16
+    (the layernorm outputs TP all-gathers in FP8 with ``fp8.fp8_allgather``).
+    """
+
+    def __init__(self, w: LLMWorkload) -> None:
+        t = w.training
+        self.fp8 = w.precision.value == "fp8"
+        self.act = t.activation_bytes
+        self.weight = self.act  # 16-bit parameters of norms and embeddings
+        self.grad = t.grad_bytes
+        self.linear_weight = 1 if self.fp8 else w.precision.bytes
+        self.allgather = 1 if self.fp8 and t.fp8.fp8_allgather else self.act
+        self.linear_kw = {"precision": "fp8"} if self.fp8 else {}
+        self.attention_kw = {"precision": "bf16"} if self.fp8 and not t.fp8.attention else {}
+        self.vector_kw = {"precision": "bf16"} if self.fp8 else {}
 
 
 def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
@@ -89,102 +149,144 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     """
     m = w.model
     b, s, h, a, kv, d, f = batch, m.seq_len, m.hidden, m.num_heads, m.kv_heads, m.head_dim, m.ffn
-    T, p, ba = b * s, w.precision.bytes, batch * m.num_heads
+    T, ba = b * s, batch * m.num_heads
     nqkv = (a + 2 * kv) * d
-    f_in = f if m.ffn_type == "gelu" else 2 * f  # swiglu: gate and up projections fused
+    f_in = 2 * f if m.ffn_type == "swiglu" else f  # swiglu: gate and up projections fused
     act, act_bwd = m.ffn_type, f"{m.ffn_type}_bwd"
     qkv_p, out_p = linear_params(h, nqkv), linear_params(a * d, h)
     fc1_p, fc2_p, ln_p = linear_params(h, f_in), linear_params(f, h), layernorm_params(h)
     tok = T * h  # elements of one token-by-hidden activation
+    pr = _Precisions(w)
+    p, pw, gb = pr.act, pr.linear_weight, pr.grad  # activation, linear-weight and gradient bytes
+    lin, att, vec = pr.linear_kw, pr.attention_kw, pr.vector_kw
+    flash = attention_mode(w) == "flash"
     g = GraphBuilder()
 
     def weights(params: int) -> dict:
-        return {"params": params, "weight_bytes": params * p}
+        return {"params": params, "weight_bytes": params * pw, **lin}
+
+    def cast(elements: int) -> dict:
+        """Cast traffic of an FP8 GEMM's activation/gradient operand (nothing in 16 bit)."""
+        return {"extra_memory_bytes": FP8_CAST_EXTRA_BYTES * elements} if pr.fp8 else {}
+
+    def wgrad(params: int) -> dict:
+        # accumulates into the main-gradient buffer (gb bytes/param): read-modify-write
+        return {"weight_bytes": params * gb, **lin}
 
     # ---- forward ------------------------------------------------------------------------------
     g.kernel("fwd.ln1", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", tok), output_bytes=tok * p,
-             group="norm", **weights(ln_p))
+             group="norm", params=ln_p, weight_bytes=ln_p * pr.weight, **vec)
     g.kernel("fwd.qkv", MM, {"m": T, "n": nqkv, "k": h}, flop=matmul_flop(1, T, nqkv, h),
-             output_bytes=T * nqkv * p, group="attention", **weights(qkv_p))
-    # GQA: each of the a query heads attends to its group's shared K/V head; FLOP as for MHA
-    g.kernel("fwd.attn_score", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=matmul_flop(ba, s, s, d),
-             output_bytes=ba * s * s * p, group="attention")
-    g.kernel("fwd.softmax", RED, {"m": ba * s, "n": s}, flop=vector_flop("softmax", ba * s * s),
-             output_bytes=ba * s * s * p, group="attention")
-    g.kernel("fwd.attn_v", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
-             output_bytes=T * a * d * p, group="attention")
+             output_bytes=T * nqkv * p, group="attention", **weights(qkv_p), **cast(tok))
+    if flash:
+        # one fused kernel: S = QK^T, online softmax, O = PV; only O and the row log-sum-exp
+        # (fp32) reach HBM (FlashAttention, Dao et al. 2022, Algorithm 1; FA-2 Algorithm 1)
+        cf = causal_fraction(s)
+        fa_fwd = cf * (matmul_flop(ba, s, s, d) + matmul_flop(ba, s, d, s))
+        g.kernel("fwd.flash_attn", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=fa_fwd,
+                 output_bytes=T * a * d * p + ba * s * LOSS_BYTES, group="attention",
+                 efficiency="attention", **att)
+    else:
+        # GQA: each of the a query heads attends to its group's shared K/V head; FLOP as for MHA
+        g.kernel("fwd.attn_score", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=matmul_flop(ba, s, s, d),
+                 output_bytes=ba * s * s * p, group="attention", **att)
+        g.kernel("fwd.softmax", RED, {"m": ba * s, "n": s}, flop=vector_flop("softmax", ba * s * s),
+                 output_bytes=ba * s * s * p, group="attention", **vec)
+        g.kernel("fwd.attn_v", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
+                 output_bytes=T * a * d * p, group="attention", **att)
     g.kernel("fwd.out_proj", MM, {"m": T, "n": h, "k": a * d}, flop=matmul_flop(1, T, h, a * d),
-             output_bytes=tok * p, group="attention", **weights(out_p))
+             output_bytes=tok * p, group="attention", **weights(out_p), **cast(T * a * d))
     g.kernel("fwd.residual1", EW, {"m": T, "n": h}, flop=vector_flop("residual", tok) + vector_flop("bias", tok),
-             output_bytes=tok * p, group="attention")
+             output_bytes=tok * p, group="attention", **vec)
     g.kernel("fwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", tok), output_bytes=tok * p,
-             group="norm", **weights(ln_p))
+             group="norm", params=ln_p, weight_bytes=ln_p * pr.weight, **vec)
     g.kernel("fwd.fc1", MM, {"m": T, "n": f_in, "k": h}, flop=matmul_flop(1, T, f_in, h),
-             output_bytes=T * f_in * p, group="mlp", **weights(fc1_p))
+             output_bytes=T * f_in * p, group="mlp", **weights(fc1_p), **cast(tok))
     g.kernel("fwd.act", EW, {"m": T, "n": f}, flop=vector_flop(act, T * f) + vector_flop("bias", T * f_in),
-             output_bytes=T * f * p, group="mlp")
+             output_bytes=T * f * p, group="mlp", **vec)
     g.kernel("fwd.fc2", MM, {"m": T, "n": h, "k": f}, flop=matmul_flop(1, T, h, f), output_bytes=tok * p,
-             group="mlp", **weights(fc2_p))
+             group="mlp", **weights(fc2_p), **cast(T * f))
     g.kernel("fwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("residual", tok) + vector_flop("bias", tok),
-             output_bytes=tok * p, group="mlp")
+             output_bytes=tok * p, group="mlp", **vec)
 
     # ---- backward (data gradients) and weight gradients, in execution order --------------------
     # Weight-gradient kernels also carry weight_bytes: with gradient accumulation over
-    # micro-batches they read and write the dW buffer (output_bytes = the weight bytes).
+    # micro-batches they read and write the dW buffer (output_bytes = the weight bytes), which
+    # holds the main gradients (fp32 for bf16/fp8 training: Megatron-LM's gradient-accumulation
+    # fusion accumulates the wgrad GEMM's result into main_grad directly).
     g.kernel("bwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("bias_grad", tok), output_bytes=tok * p,
-             phase=BWD, group="mlp")
+             phase=BWD, group="mlp", **vec)
     g.kernel("bwd.fc2", MM, {"m": T, "n": f, "k": h}, flop=matmul_flop(1, T, f, h), output_bytes=T * f * p,
-             phase=BWD, group="mlp", weight_bytes=fc2_p * p)
-    g.kernel("wgrad.fc2", MM, {"m": f, "n": h, "k": T}, flop=matmul_flop(1, f, h, T), output_bytes=fc2_p * p,
-             phase=WG, group="mlp", weight_bytes=fc2_p * p)
+             phase=BWD, group="mlp", weight_bytes=fc2_p * pw, **lin, **cast(tok))
+    g.kernel("wgrad.fc2", MM, {"m": f, "n": h, "k": T}, flop=matmul_flop(1, f, h, T), output_bytes=fc2_p * gb,
+             phase=WG, group="mlp", **wgrad(fc2_p))
     g.kernel("bwd.act", EW, {"m": T, "n": f}, flop=vector_flop(act_bwd, T * f) + vector_flop("bias_grad", T * f_in),
-             output_bytes=T * f_in * p, phase=BWD, group="mlp")
+             output_bytes=T * f_in * p, phase=BWD, group="mlp", **vec)
     g.kernel("bwd.fc1", MM, {"m": T, "n": h, "k": f_in}, flop=matmul_flop(1, T, h, f_in), output_bytes=tok * p,
-             phase=BWD, group="mlp", weight_bytes=fc1_p * p)
+             phase=BWD, group="mlp", weight_bytes=fc1_p * pw, **lin, **cast(T * f_in))
     g.kernel("wgrad.fc1", MM, {"m": h, "n": f_in, "k": T}, flop=matmul_flop(1, h, f_in, T),
-             output_bytes=fc1_p * p, phase=WG, group="mlp", weight_bytes=fc1_p * p)
+             output_bytes=fc1_p * gb, phase=WG, group="mlp", **wgrad(fc1_p))
     g.kernel("bwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,
-             phase=BWD, group="norm", weight_bytes=ln_p * p)
+             phase=BWD, group="norm", weight_bytes=ln_p * pr.weight, **vec)
     g.kernel("bwd.residual1", EW, {"m": T, "n": h},
              flop=vector_flop("residual", tok) + vector_flop("bias_grad", tok), output_bytes=tok * p,
-             phase=BWD, group="attention")
+             phase=BWD, group="attention", **vec)
     g.kernel("bwd.out_proj", MM, {"m": T, "n": a * d, "k": h}, flop=matmul_flop(1, T, a * d, h),
-             output_bytes=T * a * d * p, phase=BWD, group="attention", weight_bytes=out_p * p)
+             output_bytes=T * a * d * p, phase=BWD, group="attention", weight_bytes=out_p * pw, **lin, **cast(tok))
     g.kernel("wgrad.out_proj", MM, {"m": a * d, "n": h, "k": T}, flop=matmul_flop(1, a * d, h, T),
-             output_bytes=out_p * p, phase=WG, group="attention", weight_bytes=out_p * p)
-    # attention has no weights: each forward matmul has two data-gradient matmuls
-    g.kernel("bwd.attn_v.dp", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=matmul_flop(ba, s, s, d),
-             output_bytes=ba * s * s * p, phase=BWD, group="attention")  # dP = dCtx V^T
-    g.kernel("bwd.attn_v.dv", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
-             output_bytes=T * kv * d * p, phase=BWD, group="attention")  # dV = P^T dCtx (summed per KV group)
-    g.kernel("bwd.softmax", RED, {"m": ba * s, "n": s}, flop=vector_flop("softmax_bwd", ba * s * s),
-             output_bytes=ba * s * s * p, phase=BWD, group="attention")
-    g.kernel("bwd.attn_score.dq", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
-             output_bytes=T * a * d * p, phase=BWD, group="attention")  # dQ = dS K
-    g.kernel("bwd.attn_score.dk", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
-             output_bytes=T * kv * d * p, phase=BWD, group="attention")  # dK = dS^T Q
+             output_bytes=out_p * gb, phase=WG, group="attention", **wgrad(out_p))
+    if flash:
+        # FA-2 backward (Dao 2023, sec. 3.2 / Algorithm 2): recompute S = QK^T and P from the
+        # saved log-sum-exp, then dV = P^T dO, dP = dO V^T, dS = P * (dP - D), dQ = dS K,
+        # dK = dS^T Q: five s x s x d matmuls against the forward's two, 2.5x its FLOP.
+        g.kernel("bwd.flash_attn", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=2.5 * fa_fwd,
+                 output_bytes=(T * a * d + 2 * T * kv * d) * p, phase=BWD, group="attention",
+                 efficiency="attention", **att)
+    else:
+        # attention has no weights: each forward matmul has two data-gradient matmuls
+        g.kernel("bwd.attn_v.dp", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=matmul_flop(ba, s, s, d),
+                 output_bytes=ba * s * s * p, phase=BWD, group="attention", **att)  # dP = dCtx V^T
+        g.kernel("bwd.attn_v.dv", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
+                 output_bytes=T * kv * d * p, phase=BWD, group="attention", **att)  # dV = P^T dCtx
+        g.kernel("bwd.softmax", RED, {"m": ba * s, "n": s}, flop=vector_flop("softmax_bwd", ba * s * s),
+                 output_bytes=ba * s * s * p, phase=BWD, group="attention", **vec)
+        g.kernel("bwd.attn_score.dq", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
+                 output_bytes=T * a * d * p, phase=BWD, group="attention", **att)  # dQ = dS K
+        g.kernel("bwd.attn_score.dk", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
+                 output_bytes=T * kv * d * p, phase=BWD, group="attention", **att)  # dK = dS^T Q
     g.kernel("bwd.qkv", MM, {"m": T, "n": h, "k": nqkv}, flop=matmul_flop(1, T, h, nqkv), output_bytes=tok * p,
-             phase=BWD, group="attention", weight_bytes=qkv_p * p)
+             phase=BWD, group="attention", weight_bytes=qkv_p * pw, **lin, **cast(T * nqkv))
     g.kernel("wgrad.qkv", MM, {"m": h, "n": nqkv, "k": T}, flop=matmul_flop(1, h, nqkv, T),
-             output_bytes=qkv_p * p, phase=WG, group="attention", weight_bytes=qkv_p * p)
+             output_bytes=qkv_p * gb, phase=WG, group="attention", **wgrad(qkv_p))
     g.kernel("bwd.ln1", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,
-             phase=BWD, group="norm", weight_bytes=ln_p * p)
+             phase=BWD, group="norm", weight_bytes=ln_p * pr.weight, **vec)
 
     # ---- tensors ------------------------------------------------------------------------------
     act_shape = (b, s, h)
+    ag = pr.allgather  # bytes of the layernorm outputs TP all-gathers (1 with FP8 all-gather)
     g.tensor("x", None, ["fwd.ln1", "fwd.residual1", "bwd.ln1"], tok * p, ["x", "residual", "saved"], act_shape)
-    g.tensor("ln1_out", "fwd.ln1", ["fwd.qkv", "wgrad.qkv"], tok * p, "a", act_shape)
-    g.tensor("q", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dk"], T * a * d * p, ["a", "b"], (b, s, a, d))
-    g.tensor("k", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dq"], T * kv * d * p, "b", (b, s, kv, d))
-    g.tensor("v", "fwd.qkv", ["fwd.attn_v", "bwd.attn_v.dp"], T * kv * d * p, "b", (b, s, kv, d))
-    g.tensor("scores", "fwd.attn_score", "fwd.softmax", ba * s * s * p, "x", (b, a, s, s))
-    g.tensor("probs", "fwd.softmax", ["fwd.attn_v", "bwd.softmax", "bwd.attn_v.dv"], ba * s * s * p,
-             ["a", "saved", "a"], (b, a, s, s))
-    g.tensor("ctx", "fwd.attn_v", ["fwd.out_proj", "wgrad.out_proj"], T * a * d * p, "a", (b, s, a, d))
+    g.tensor("ln1_out", "fwd.ln1", ["fwd.qkv", "wgrad.qkv"], tok * ag, "a", act_shape)
+    if flash:
+        g.tensor("q", "fwd.qkv", ["fwd.flash_attn", "bwd.flash_attn"], T * a * d * p, ["a", "saved"], (b, s, a, d))
+        g.tensor("k", "fwd.qkv", ["fwd.flash_attn", "bwd.flash_attn"], T * kv * d * p, ["b", "saved"],
+                 (b, s, kv, d))
+        g.tensor("v", "fwd.qkv", ["fwd.flash_attn", "bwd.flash_attn"], T * kv * d * p, ["b", "saved"],
+                 (b, s, kv, d))
+        g.tensor("ctx", "fwd.flash_attn", ["fwd.out_proj", "wgrad.out_proj", "bwd.flash_attn"], T * a * d * p,
+                 ["a", "a", "saved"], (b, s, a, d))
+        g.tensor("lse", "fwd.flash_attn", "bwd.flash_attn", ba * s * LOSS_BYTES, "saved", (b, a, s))
+    else:
+        g.tensor("q", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dk"], T * a * d * p, ["a", "b"], (b, s, a, d))
+        g.tensor("k", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dq"], T * kv * d * p, "b", (b, s, kv, d))
+        g.tensor("v", "fwd.qkv", ["fwd.attn_v", "bwd.attn_v.dp"], T * kv * d * p, "b", (b, s, kv, d))
+        g.tensor("scores", "fwd.attn_score", "fwd.softmax", ba * s * s * p, "x", (b, a, s, s))
+        g.tensor("probs", "fwd.softmax", ["fwd.attn_v", "bwd.softmax", "bwd.attn_v.dv"], ba * s * s * p,
+                 ["a", "saved", "a"], (b, a, s, s))
+        g.tensor("ctx", "fwd.attn_v", ["fwd.out_proj", "wgrad.out_proj"], T * a * d * p, "a", (b, s, a, d))
     g.tensor("attn_out", "fwd.out_proj", "fwd.residual1", tok * p, "x", act_shape)
     g.tensor("r1", "fwd.residual1", ["fwd.ln2", "fwd.residual2", "bwd.ln2"], tok * p, ["x", "residual", "saved"],
              act_shape)
-    g.tensor("ln2_out", "fwd.ln2", ["fwd.fc1", "wgrad.fc1"], tok * p, "a", act_shape)
+    g.tensor("ln2_out", "fwd.ln2", ["fwd.fc1", "wgrad.fc1"], tok * ag, "a", act_shape)
     g.tensor("fc1_out", "fwd.fc1", ["fwd.act", "bwd.act"], T * f_in * p, ["x", "saved"], (b, s, f_in))
     g.tensor("act_out", "fwd.act", ["fwd.fc2", "wgrad.fc2"], T * f * p, "a", (b, s, f))
     g.tensor("mlp_out", "fwd.fc2", "fwd.residual2", tok * p, "x", act_shape)
@@ -194,25 +296,32 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     g.tensor("d_y", "bwd.residual2", ["bwd.fc2", "wgrad.fc2", "bwd.residual1"], tok * p,
              ["a", "b", "grad_skip"], act_shape)
     g.tensor("d_act", "bwd.fc2", "bwd.act", T * f * p, "grad", (b, s, f))
-    g.tensor("dW.fc2", "wgrad.fc2", None, fc2_p * p, "x")
+    g.tensor("dW.fc2", "wgrad.fc2", None, fc2_p * gb, "x")
     g.tensor("d_fc1", "bwd.act", ["bwd.fc1", "wgrad.fc1"], T * f_in * p, ["a", "b"], (b, s, f_in))
-    g.tensor("dW.fc1", "wgrad.fc1", None, fc1_p * p, "x")
+    g.tensor("dW.fc1", "wgrad.fc1", None, fc1_p * gb, "x")
     g.tensor("d_ln2_out", "bwd.fc1", "bwd.ln2", tok * p, "grad", act_shape)
-    g.tensor("dW.ln2", "bwd.ln2", None, ln_p * p, "x")
+    g.tensor("dW.ln2", "bwd.ln2", None, ln_p * gb, "x")
     g.tensor("d_ln2_in", "bwd.ln2", "bwd.residual1", tok * p, "grad", act_shape)
     g.tensor("d_r1", "bwd.residual1", ["bwd.out_proj", "wgrad.out_proj", "bwd.ln1"], tok * p,
              ["a", "b", "grad_skip"], act_shape)
-    g.tensor("dW.out_proj", "wgrad.out_proj", None, out_p * p, "x")
-    g.tensor("d_ctx", "bwd.out_proj", ["bwd.attn_v.dp", "bwd.attn_v.dv"], T * a * d * p, ["a", "b"], (b, s, a, d))
-    g.tensor("d_probs", "bwd.attn_v.dp", "bwd.softmax", ba * s * s * p, "grad", (b, a, s, s))
-    g.tensor("dv", "bwd.attn_v.dv", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
-    g.tensor("d_scores", "bwd.softmax", ["bwd.attn_score.dq", "bwd.attn_score.dk"], ba * s * s * p, "a",
-             (b, a, s, s))
-    g.tensor("dq", "bwd.attn_score.dq", ["bwd.qkv", "wgrad.qkv"], T * a * d * p, ["a", "b"], (b, s, a, d))
-    g.tensor("dk", "bwd.attn_score.dk", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
+    g.tensor("dW.out_proj", "wgrad.out_proj", None, out_p * gb, "x")
+    if flash:
+        g.tensor("d_ctx", "bwd.out_proj", "bwd.flash_attn", T * a * d * p, "grad", (b, s, a, d))
+        g.tensor("dq", "bwd.flash_attn", ["bwd.qkv", "wgrad.qkv"], T * a * d * p, ["a", "b"], (b, s, a, d))
+        g.tensor("dk", "bwd.flash_attn", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
+        g.tensor("dv", "bwd.flash_attn", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
+    else:
+        g.tensor("d_ctx", "bwd.out_proj", ["bwd.attn_v.dp", "bwd.attn_v.dv"], T * a * d * p, ["a", "b"],
+                 (b, s, a, d))
+        g.tensor("d_probs", "bwd.attn_v.dp", "bwd.softmax", ba * s * s * p, "grad", (b, a, s, s))
+        g.tensor("dv", "bwd.attn_v.dv", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
+        g.tensor("d_scores", "bwd.softmax", ["bwd.attn_score.dq", "bwd.attn_score.dk"], ba * s * s * p, "a",
+                 (b, a, s, s))
+        g.tensor("dq", "bwd.attn_score.dq", ["bwd.qkv", "wgrad.qkv"], T * a * d * p, ["a", "b"], (b, s, a, d))
+        g.tensor("dk", "bwd.attn_score.dk", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
     g.tensor("d_ln1_out", "bwd.qkv", "bwd.ln1", tok * p, "grad", act_shape)
-    g.tensor("dW.qkv", "wgrad.qkv", None, qkv_p * p, "x")
-    g.tensor("dW.ln1", "bwd.ln1", None, ln_p * p, "x")
+    g.tensor("dW.qkv", "wgrad.qkv", None, qkv_p * gb, "x")
+    g.tensor("dW.ln1", "bwd.ln1", None, ln_p * gb, "x")
     g.tensor("dx", "bwd.ln1", None, tok * p, "x", act_shape)
     return g.build(f"{w.name}.layer", _meta(w, batch, "layer"))
 
@@ -233,20 +342,28 @@ def build_llm_embedding(w: LLMWorkload, batch: int) -> DataflowGraph | None:
     m = w.model
     if m.vocab_size == 0:
         return None
-    T, h, p, V = batch * m.seq_len, m.hidden, w.precision.bytes, m.vocab_size
+    T, h, V = batch * m.seq_len, m.hidden, m.vocab_size
+    pr = _Precisions(w)
+    p = pr.act
     tables = 2 if m.position_embedding == "learned" else 1  # rows gathered per token
     params = V * h + (m.seq_len * h if tables == 2 else 0)
     gathered = tables * T * h * p
     g = GraphBuilder()
-    g.kernel("fwd.embed", EMB, {"m": T, "n": h}, flop=vector_flop("embedding_pool", (tables - 1) * T * h),
-             output_bytes=T * h * p, extra_memory_bytes=gathered, params=params, group="embedding")
+    # Vocabulary-parallel (Megatron-LM VocabParallelEmbedding, Shoeybi et al. 2019 sec. 3): each
+    # TP member holds V/t rows, looks up the tokens that fall in its range, and the partial
+    # outputs are all-reduced (reduce-scattered with sequence parallelism). Both kernels name
+    # the table as their weight so they share that one strategy (strategies.VOCAB_PARALLEL).
+    g.kernel("fwd.embed", EMB, {"m": T, "n": h, "k": V}, flop=vector_flop("embedding_pool", (tables - 1) * T * h),
+             output_bytes=T * h * p, extra_memory_bytes=gathered, params=params, group="vocab_embedding",
+             weight="embed.table", **pr.vector_kw)
     # scatter-add of the gradient rows: read-modify-write of every touched row
-    g.kernel("wgrad.embed", EMB, {"m": T, "n": h}, flop=vector_flop("embedding_scatter", tables * T * h),
-             output_bytes=T * h * p, extra_memory_bytes=2 * gathered, phase=WG, group="embedding")
+    g.kernel("wgrad.embed", EMB, {"m": T, "n": h, "k": V}, flop=vector_flop("embedding_scatter", tables * T * h),
+             output_bytes=T * h * p, extra_memory_bytes=2 * gathered, phase=WG, group="vocab_embedding",
+             weight="embed.table", **pr.vector_kw)
     g.tensor("tokens", None, ["fwd.embed", "wgrad.embed"], T * INDEX_BYTES, "index", (batch, m.seq_len))
     g.tensor("emb", "fwd.embed", None, T * h * p, "x", (batch, m.seq_len, h))
     g.tensor("d_emb", None, "wgrad.embed", T * h * p, "grad", (batch, m.seq_len, h))
-    g.tensor("dW.embed", "wgrad.embed", None, T * h * p, "x")
+    g.tensor("dW.embed", "wgrad.embed", None, T * h * pr.grad, "x")
     return g.build(f"{w.name}.embedding", _meta(w, batch, "embedding"))
 
 
@@ -264,24 +381,26 @@ def build_llm_head(w: LLMWorkload, batch: int) -> DataflowGraph | None:
     m = w.model
     if m.vocab_size == 0:
         return None
-    b, s, h, V, p = batch, m.seq_len, m.hidden, m.vocab_size, w.precision.bytes
+    b, s, h, V = batch, m.seq_len, m.hidden, m.vocab_size
+    pr = _Precisions(w)
+    p, gb = pr.act, pr.grad  # the output layer stays 16-bit under FP8 (Megatron: not a TE layer)
     T, ln_p = b * s, layernorm_params(h)
     head_p = 0 if m.tie_embeddings else linear_params(h, V, bias=False)
     g = GraphBuilder()
     g.kernel("fwd.ln_f", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", T * h), output_bytes=T * h * p,
-             group="norm", params=ln_p, weight_bytes=ln_p * p)
+             group="norm", params=ln_p, weight_bytes=ln_p * p, **pr.vector_kw)
     g.kernel("fwd.lm_head", MM, {"m": T, "n": V, "k": h}, flop=matmul_flop(1, T, V, h), output_bytes=T * V * p,
-             group="head", params=head_p, weight_bytes=V * h * p)
+             group="head", params=head_p, weight_bytes=V * h * p, **pr.vector_kw)
     g.kernel("fwd.loss", RED, {"m": T, "n": V}, flop=vector_flop("cross_entropy", T * V),
-             output_bytes=T * LOSS_BYTES, group="head")
+             output_bytes=T * LOSS_BYTES, group="head", **pr.vector_kw)
     g.kernel("bwd.loss", EW, {"m": T, "n": V}, flop=vector_flop("cross_entropy_bwd", T * V),
-             output_bytes=T * V * p, phase=BWD, group="head")
+             output_bytes=T * V * p, phase=BWD, group="head", **pr.vector_kw)
     g.kernel("bwd.lm_head", MM, {"m": T, "n": h, "k": V}, flop=matmul_flop(1, T, h, V), output_bytes=T * h * p,
-             phase=BWD, group="head", weight_bytes=V * h * p)
+             phase=BWD, group="head", weight_bytes=V * h * p, **pr.vector_kw)
     g.kernel("wgrad.lm_head", MM, {"m": h, "n": V, "k": T}, flop=matmul_flop(1, h, V, T),
-             output_bytes=V * h * p, phase=WG, group="head", weight_bytes=V * h * p)
+             output_bytes=V * h * gb, phase=WG, group="head", weight_bytes=V * h * gb, **pr.vector_kw)
     g.kernel("bwd.ln_f", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", T * h), output_bytes=T * h * p,
-             phase=BWD, group="norm", weight_bytes=ln_p * p)
+             phase=BWD, group="norm", weight_bytes=ln_p * p, **pr.vector_kw)
 
     g.tensor("y_last", None, ["fwd.ln_f", "bwd.ln_f"], T * h * p, ["x", "saved"], (b, s, h))
     g.tensor("lnf_out", "fwd.ln_f", ["fwd.lm_head", "wgrad.lm_head"], T * h * p, "a", (b, s, h))
@@ -292,7 +411,7 @@ def build_llm_head(w: LLMWorkload, batch: int) -> DataflowGraph | None:
     g.tensor("lse", "fwd.loss", "bwd.loss", T * LOSS_BYTES, "saved", (b, s))
     g.tensor("d_logits", "bwd.loss", ["bwd.lm_head", "wgrad.lm_head"], T * V * p, ["a", "b"], (b, s, V))
     g.tensor("d_lnf_out", "bwd.lm_head", "bwd.ln_f", T * h * p, "grad", (b, s, h))
-    g.tensor("dW.lm_head", "wgrad.lm_head", None, V * h * p, "x")
-    g.tensor("dW.ln_f", "bwd.ln_f", None, ln_p * p, "x")
+    g.tensor("dW.lm_head", "wgrad.lm_head", None, V * h * gb, "x")
+    g.tensor("dW.ln_f", "bwd.ln_f", None, ln_p * gb, "x")
     g.tensor("dy_last", "bwd.ln_f", None, T * h * p, "x", (b, s, h))
     return g.build(f"{w.name}.head", _meta(w, batch, "head"))

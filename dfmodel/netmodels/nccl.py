@@ -1,0 +1,131 @@
+"""NCCL's protocols, NVLink SHARP (NVLS), compute slowdown under overlapped communication, and
+Megatron's TP-communication overlap: pure functions the collective table and the LLM
+evaluation can call.
+
+Sources (read, not copied):
+
+- NCCL ``src/graph/tuning.cc`` (github.com/NVIDIA/nccl @ 5067397): per-protocol bandwidth
+  factors (LL: half of the link, 8-byte lines carrying 4 bytes of data plus a flag; LL128:
+  120 of every 128 bytes, ``* 0.92``; Simple: all of it), per-step hardware latencies on NVLink
+  (ring LL 0.6 us, LL128 1.9 us, Simple 3.4 us; NVLS Simple 25 us) and the NVLS efficiency
+  factor (``nvlsEfficiency``: Hopper 0.85, Blackwell 0.74). NCCL converts bus bandwidth to
+  algorithm bandwidth with ``nRanks / nsteps``, ``nsteps = 2 (nRanks - 1)`` for all-reduce.
+- NVLink SHARP (NVSwitch Gen3+, "NVLS", NCCL 2.17+): the switch reduces and multicasts, so each
+  GPU sends its buffer once and receives the result once: ``S / B`` instead of a ring's
+  ``2 (p-1)/p S / B``.
+- AutoCCL (Xu et al., NSDI'25): NCCL's protocol / channel choices are tunables, and the channels
+  (one CTA each) an overlapped collective takes slow the compute it hides behind.
+- Megatron-LM ``--tp-comm-overlap`` (Transformer Engine userbuffers): the all-gather before a
+  column-parallel GEMM and the reduce-scatter after a row-parallel GEMM are split into chunks
+  exchanged peer to peer while the GEMM runs on the chunks already present (Wang et al.,
+  "Overlap communication with dependent computation via decomposition", ASPLOS'23).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One NCCL protocol: the fraction of link bandwidth it delivers and its per-step latency
+    relative to Simple's (NCCL tuning.cc, NVLink ring hwLatencies LL/LL128/Simple =
+    0.6/1.9/3.4 us)."""
+
+    name: str
+    bandwidth_fraction: float
+    latency_fraction: float
+
+
+PROTOCOLS = (
+    Protocol("LL", 0.5, 0.6 / 3.4),
+    Protocol("LL128", 0.92, 1.9 / 3.4),
+    Protocol("Simple", 1.0, 1.0),
+)
+
+#: NVLS per-collective latency on NVLink (NCCL tuning.cc hwLatencies, NVLS Simple): 25 us.
+NVLS_LATENCY_S = 25e-6
+#: NVLS efficiency relative to the link bandwidth (NCCL tuning.cc ``nvlsEfficiency``).
+NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
+
+
+def with_protocols(time_fn, bandwidth_Bps: float, latency_s: float) -> tuple[str, float]:
+    """Fastest protocol for an algorithm whose alpha-beta time is ``time_fn(bandwidth, latency)``.
+
+    Each protocol scales the bandwidth and the per-step latency; NCCL picks the fastest per
+    message size (LL for small, Simple for large messages).
+
+    >>> from dfmodel.netmodels.formulas import ring_all_reduce_s
+    >>> with_protocols(lambda b, a: ring_all_reduce_s(8, 1e3, b, a), 1e11, 3.4e-6)[0]
+    'LL'
+    >>> with_protocols(lambda b, a: ring_all_reduce_s(8, 1e9, b, a), 1e11, 3.4e-6)[0]
+    'Simple'
+    """
+    best = min(PROTOCOLS, key=lambda p: time_fn(bandwidth_Bps * p.bandwidth_fraction, latency_s * p.latency_fraction))
+    return best.name, time_fn(bandwidth_Bps * best.bandwidth_fraction, latency_s * best.latency_fraction)
+
+
+def nvls_all_reduce_s(message_bytes: float, link_bandwidth_Bps: float, nvls_efficiency: float,
+                      latency_s: float = NVLS_LATENCY_S) -> float:
+    """NVLink SHARP all-reduce on one NVSwitch domain: ``a + S / (B e)``.
+
+    Every member pushes its ``S`` bytes into the switch once (the switch adds them) and reads
+    the reduced ``S`` back once by multicast, against ``2 (p-1)/p S`` each way for a ring. ``B``
+    is the member's link bandwidth (one direction), ``e`` NCCL's NVLS efficiency.
+
+    >>> nvls_all_reduce_s(4.5e9, 450e9, 0.85, 0.0) == 4.5e9 / (450e9 * 0.85)
+    True
+    """
+    return latency_s + message_bytes / (link_bandwidth_Bps * nvls_efficiency)
+
+
+def contended_kernel_s(compute_s: float, memory_s: float, *, comm_channels: int, sms: int,
+                       comm_hbm_Bps: float, hbm_Bps: float) -> float:
+    """Time of a kernel while an overlapped collective runs on the same GPU.
+
+    The collective holds ``comm_channels`` SMs (NCCL runs one CTA per channel; AutoCCL,
+    NSDI'25) and moves ``comm_hbm_Bps`` of HBM traffic (every byte sent is read from HBM and
+    every byte received written; reductions read once more). The kernel keeps
+    ``sms - comm_channels`` SMs and ``hbm_Bps - comm_hbm_Bps`` of bandwidth:
+
+        max(compute_s * sms / (sms - c), memory_s * hbm / (hbm - comm_hbm))
+
+    >>> contended_kernel_s(1.0, 0.2, comm_channels=32, sms=132, comm_hbm_Bps=0, hbm_Bps=3e12)
+    1.32
+    """
+    if not 0 <= comm_channels < sms:
+        raise ValueError(f"comm_channels must be in [0, {sms}), got {comm_channels}")
+    if not 0 <= comm_hbm_Bps < hbm_Bps:
+        raise ValueError(f"comm_hbm_Bps must be in [0, {hbm_Bps}), got {comm_hbm_Bps}")
+    return max(compute_s * sms / (sms - comm_channels), memory_s * hbm_Bps / (hbm_Bps - comm_hbm_Bps))
+
+
+def tp_comm_overlap_s(gemm_s: float, comm_s: float, chunks: int, *, gemm_slowdown: float = 1.0) -> float:
+    """Time of a GEMM and its TP all-gather or reduce-scatter overlapped the way Megatron's
+    ``tp_comm_overlap`` (Transformer Engine userbuffers, ring exchange) runs them.
+
+    The GEMM is split into ``chunks`` pieces (the TP degree) and the collective into the
+    ``chunks - 1`` peer-to-peer transfers it consists of. All-gather: the local shard is
+    multiplied first while the next arrives; reduce-scatter: the first partial is computed
+    before anything can be sent, then each send overlaps the next piece. Either way one GEMM
+    piece is exposed and the other ``n - 1`` steps take the slower of a piece and a transfer:
+
+        g + (n - 1) max(g, c),  g = gemm_s * slowdown / n,  c = comm_s / (n - 1)
+
+    (the GEMM loses the SMs the exchange uses: ``gemm_slowdown``, see
+    :func:`contended_kernel_s`). With one chunk nothing overlaps: ``gemm_s + comm_s``. The
+    result lies between ``max(gemm, comm)`` and ``gemm + comm`` (tested).
+
+    >>> tp_comm_overlap_s(8.0, 3.0, 4)    # 2 + 3 * max(2, 1)
+    8.0
+    >>> tp_comm_overlap_s(2.0, 6.0, 4)    # 0.5 + 3 * max(0.5, 2)
+    6.5
+    >>> tp_comm_overlap_s(8.0, 4.0, 1)
+    12.0
+    """
+    if chunks < 1:
+        raise ValueError(f"chunks must be >= 1, got {chunks}")
+    if chunks == 1:
+        return gemm_s + comm_s
+    g, c = gemm_s * gemm_slowdown / chunks, comm_s / (chunks - 1)
+    return g + (chunks - 1) * max(g, c)
