@@ -9,7 +9,7 @@ For each preset a small grid of global factors is evaluated once on every case o
   grid point fitted on the OTHER families predicts the held-out family's cases; the figures are
   the mean / max |error| of those held-out predictions.
 
-Datasets (../shared/calibration, or the paths given):
+Datasets (the shipped calibration/ folder, or the folder given):
 - dgx_a100: megatron_a100.yaml (18 Megatron-LM runs, 2021-2022). Those runs predate
   FlashAttention in Megatron-LM (Narayanan et al. SC21; Korthikanti et al. 2022 use the unfused
   core attention with a fused scale-mask-softmax kernel), so they are evaluated with
@@ -36,7 +36,7 @@ from dfmodel.yamlio import read_yaml
 
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 QUICK = "--quick" in sys.argv
-DATA = Path(ARGS[0]) if ARGS else Path(__file__).resolve().parents[2] / "shared" / "calibration"
+DATA = Path(ARGS[0]) if ARGS else Path(__file__).resolve().parents[1] / "calibration"
 
 #: Global factors searched per preset (chip.efficiency keys; matmul per precision as "matmul.fp8").
 GRIDS = {

@@ -364,7 +364,7 @@ def summary(rows: list[Row]) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------
-# DLRM, HPL and FFT cases (../shared/calibration/other_families.yaml)
+# DLRM, HPL and FFT cases (calibration/other_families.yaml, shipped)
 # --------------------------------------------------------------------------------------------
 
 
