@@ -10,7 +10,7 @@ published (expert) mapping.
 >>> cases = load_cases("megatron_a100")           # a shipped data set, by name
 >>> len(cases), cases[0].id
 (18, 'meg21-gpt-1.7B')
->>> rows = validate_cases("megatron_a100")          # doctest: +SKIP  (18 optimisations, ~20 s)
+>>> rows = validate_cases("megatron_a100")          # doctest: +SKIP
 """
 
 from __future__ import annotations
