@@ -35,14 +35,23 @@ out = Console(width=console_width(sys.stdout))
 err = Console(stderr=True, width=console_width(sys.stderr))
 
 
-def writable(path: Optional[Path | str], option: str) -> None:
-    """Fail fast (exit 2, one line) when ``path`` cannot be written, before any solving starts."""
+def writable(path: Optional[Path | str], option: str, *, makes_dirs: bool = False) -> None:
+    """Fail fast (exit 2, one line) when ``path`` cannot be written, before any solving starts.
+
+    ``makes_dirs``: the command creates missing directories (``sweep --out``), so the nearest
+    existing ancestor must be a writable directory instead.
+    """
     if path is None or str(path) == "-":
         return
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise InputError("is a directory, expected a file path", source=str(p), field=option)
+    if makes_dirs:
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise InputError(f"{str(parent)!r} is not a directory", source=str(p), field=option)
     if not parent.is_dir():
         raise InputError(f"directory {str(parent)!r} does not exist", source=str(p), field=option)
     import os
@@ -333,7 +342,7 @@ def sweep(
     from dfmodel.sweeps import summary, sweep as run_sweep
 
     target = out_path or spec.with_suffix(".jsonl")
-    writable(target, "--out")
+    writable(target, "--out", makes_dirs=True)
     records = run_sweep(spec, out=target, workers=workers, resume=resume, executor=executor, address=address)
     out.print(summary(records, target), highlight=False)
 

@@ -7,8 +7,10 @@ mapping fixed; a knob the case leaves out (often the micro-batch) is chosen by t
 ``free=True`` also runs the optimizer with nothing fixed, to compare the optimum with the
 published (expert) mapping.
 
->>> rows = validate_cases("megatron_a100")                                # doctest: +SKIP
->>> summary(rows)["mean_abs_error"]                                       # doctest: +SKIP
+>>> cases = load_cases("megatron_a100")           # a shipped data set, by name
+>>> len(cases), cases[0].id
+(18, 'meg21-gpt-1.7B')
+>>> rows = validate_cases("megatron_a100")          # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -75,7 +75,6 @@ def test_output_path_that_is_a_directory(tmp_path):
 # -- markup: install hints keep their brackets --------------------------------------------------------
 
 def test_install_hint_keeps_its_extra():
-    pytest.importorskip("rich")
     try:
         import gurobipy  # noqa: F401
         pytest.skip("gurobipy installed: the hint is not shown")

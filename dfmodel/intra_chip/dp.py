@@ -8,8 +8,13 @@ a partition-count limit, a shortest path over ``(ideal, partitions used)``. Tran
 are narrow DAGs with few ideals, so this is exact and fast; a guard on the number of ideals and
 of (ideal, superset) pairs sends larger graphs to the MILP.
 
->>> from dfmodel.intra_chip.cost import CostModel          # doctest: +SKIP
->>> plan, t = solve_dp(CostModel(graph, chip))              # doctest: +SKIP
+>>> from dfmodel.graph.build import build_graphs
+>>> from dfmodel.intra_chip.cost import CostModel
+>>> from dfmodel.system import load_system
+>>> cm = CostModel(build_graphs("tiny_mlp").layer, load_system("sn30"))
+>>> plan, t = solve_dp(cm)
+>>> sorted(k for part in plan for k in part) == sorted(cm.names)   # every kernel in one partition
+True
 """
 
 from __future__ import annotations

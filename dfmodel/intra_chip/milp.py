@@ -46,8 +46,14 @@ families of valid inequalities make HiGHS prove the GPT-3 layer in seconds:
   ``U(p-1) + U(p) >= used[p]`` (additive SRAM charges over the capacity, plus kernel counts over
   the tiles), which also caps the partitions worth modelling.
 
->>> from dfmodel.intra_chip.cost import CostModel     # doctest: +SKIP
->>> out = solve_milp(CostModel(graph, chip), max_partitions=4)   # doctest: +SKIP
+>>> from dfmodel.graph.build import build_graphs
+>>> from dfmodel.intra_chip.cost import CostModel
+>>> from dfmodel.intra_chip.dp import solve_dp
+>>> from dfmodel.system import load_system
+>>> cm = CostModel(build_graphs("tiny_mlp").layer, load_system("sn30"))
+>>> out = solve_milp(cm, max_partitions=4)
+>>> out.status, abs(out.objective_s - solve_dp(cm)[1]) <= 1e-6 * out.objective_s   # the DP is the oracle
+('optimal', True)
 """
 
 from __future__ import annotations
