@@ -54,6 +54,8 @@ BREAKDOWN_COLORS = {
     "bubble": "#bbbbbb",
     "optimizer": "#937860",
     "input": "#da8bc3",
+    "cp_comm": "#ccb974",
+    "ep_comm": "#64b5cd",
 }
 FORWARD_COLOR = "#4c72b0"
 BACKWARD_COLOR = "#dd8452"

@@ -54,8 +54,13 @@ def activation_bytes_per_layer(
     bytes_per_element: float = 2,
     dropout: bool = True,
     gated_mlp: bool = False,
+    key_len: int | None = None,
 ) -> float:
     """Activation bytes one transformer layer keeps per chip for one micro-batch (until its backward).
+
+    ``key_len`` (default ``seq_len``) is the number of keys each query attends to: with context
+    parallelism a rank holds ``seq_len = s / cp`` queries against all ``s`` keys, so the
+    ``s^2`` rows become ``s/cp * s``.
 
     Korthikanti et al. 2022, sec. 4.1 and Table 2, generalised term by term. With ``e`` bytes
     per element, ``h_kv = num_kv_heads * h / a`` (GQA/MQA), ``f = ffn_hidden`` (default ``4h``),
@@ -128,7 +133,7 @@ def activation_bytes_per_layer(
         quadratic = 0.0
     else:
         per_score = e + (mask + e if dropout else 0)  # softmax out (+ mask + dropout out)
-        quadratic = per_score * a * s * s * b / t
+        quadratic = per_score * a * s * (s if key_len is None else key_len) * b / t
     return replicated + sharded + quadratic
 
 
@@ -232,8 +237,13 @@ def model_state_bytes(
     bytes_per_param_weights: float = 2,
     bytes_per_param_grads: float = 2,
     bytes_per_param_optimizer: float = 12,
+    zero_stage: int | None = None,
 ) -> ModelState:
     """Weights, gradients and optimizer state of ``params_per_chip`` parameters.
+
+    ``zero_stage`` (when given, it replaces ``distributed_optimizer``): ZeRO (Rajbhandari et al.
+    2020, sec. 5.1-5.3) shards over the ``dp`` ranks the optimizer state (stage >= 1), the
+    gradients (>= 2) and the weights (3).
 
     Mixed-precision Adam (Rajbhandari et al., ZeRO, SC 2020, sec. 3.1): 16-bit weights (2) and
     gradients (2) plus fp32 master weights, momentum and variance (12): 16 bytes/param. The
@@ -249,10 +259,13 @@ def model_state_bytes(
     if params_per_chip < 0:
         raise ValueError(f"params_per_chip must be >= 0, got {params_per_chip}")
     _positive(dp=dp)
-    shard = dp if distributed_optimizer else 1
+    stage = (1 if distributed_optimizer else 0) if zero_stage is None else zero_stage
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    shard = dp if stage >= 1 else 1
     return ModelState(
-        weights_bytes=params_per_chip * bytes_per_param_weights,
-        gradients_bytes=params_per_chip * bytes_per_param_grads,
+        weights_bytes=params_per_chip * bytes_per_param_weights / (dp if stage >= 3 else 1),
+        gradients_bytes=params_per_chip * bytes_per_param_grads / (dp if stage >= 2 else 1),
         optimizer_bytes=params_per_chip * bytes_per_param_optimizer / shard,
     )
 
@@ -331,6 +344,7 @@ def memory_per_chip(
     bytes_per_param_weights: float = 2,
     bytes_per_param_grads: float = 2,
     bytes_per_param_optimizer: float = 12,
+    zero_stage: int | None = None,
 ) -> MemoryBreakdown:
     """Assemble one chip's memory: model state plus activations of the micro-batches in flight.
 
@@ -360,6 +374,7 @@ def memory_per_chip(
         bytes_per_param_weights=bytes_per_param_weights,
         bytes_per_param_grads=bytes_per_param_grads,
         bytes_per_param_optimizer=bytes_per_param_optimizer,
+        zero_stage=zero_stage,
     )
     activations = (
         activation_bytes_per_layer * layers_on_chip + extra_activation_bytes_per_micro_batch
@@ -393,8 +408,12 @@ def memory_lower_bound_bytes(
     bytes_per_param_weights: float = 2,
     bytes_per_param_grads: float = 2,
     bytes_per_param_optimizer: float = 12,
+    zero_stage: int | None = None,
 ) -> float:
     """A lower bound on the peak memory per chip of any mapping with these (tp, pp, dp, b, m).
+
+    ``zero_stage`` given: the model state is sharded as that stage does (stage >= 1 as the
+    distributed optimizer below; stage 3 also weights and gradients).
 
     Valid for every recompute / sequence-parallel / optimizer-sharding choice, every layer split
     over stages and every interleaving: it takes the least memory of each choice (full
@@ -418,6 +437,7 @@ def memory_lower_bound_bytes(
         params_per_layer / tp,
         dp=dp,
         distributed_optimizer=True,
+        zero_stage=None if zero_stage is None else max(zero_stage, 1),
         bytes_per_param_weights=bytes_per_param_weights,
         bytes_per_param_grads=bytes_per_param_grads,
         bytes_per_param_optimizer=bytes_per_param_optimizer,
