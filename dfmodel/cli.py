@@ -181,6 +181,12 @@ def solve(
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel"),
     interleave: Optional[int] = typer.Option(None, help="Fix the pipeline interleaving (virtual stages)."),
     distributed_optimizer: Optional[bool] = typer.Option(None, "--distributed-optimizer/--no-distributed-optimizer"),
+    cp: Optional[int] = typer.Option(None, help="Fix the context-parallel degree."),
+    ep: Optional[int] = typer.Option(None, help="Fix the expert-parallel degree (MoE; carved out of dp x cp)."),
+    zero: Optional[int] = typer.Option(None, help="Fix the ZeRO stage: 0-3 (1 = distributed optimizer, 3 = FSDP)."),
+    cp_comm: Optional[str] = typer.Option(None, help="Context-parallel K/V exchange: ring | all_gather."),
+    overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce"),
+    overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather"),
     num_chips: Optional[int] = typer.Option(None, help="Resize the system's outermost dimension."),
     solver: str = typer.Option("auto", help="auto | highs | gurobi."),
     time_limit: Optional[float] = typer.Option(None, help="Seconds per MILP solve."),
@@ -197,7 +203,9 @@ def solve(
         workload, system, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
         sequence_parallel=sequence_parallel, interleave=interleave,
         distributed_optimizer=distributed_optimizer, num_chips=num_chips, solver=solver,
-        time_limit_s=time_limit,
+        time_limit_s=time_limit, cp=cp, ep=ep, zero=zero,
+        **{k: v for k, v in {"cp_comm": cp_comm, "overlap_grad_reduce": overlap_grad_reduce,
+                             "overlap_param_gather": overlap_param_gather}.items() if v is not None},
     )
     if plot_path:
         from dfmodel.plots import plot_result, save

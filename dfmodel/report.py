@@ -23,7 +23,10 @@ def render_result(r: Result, console: Console) -> None:
         "mapping",
         f"TP {p.tp} x PP {p.pp} x DP {p.dp}, micro-batch {p.micro_batch} x {p.num_micro_batches}, "
         f"interleave {p.interleave}, recompute {p.recompute}, sequence parallel {p.sequence_parallel}, "
-        f"distributed optimizer {p.distributed_optimizer}",
+        f"distributed optimizer {p.distributed_optimizer}"
+        + "".join(f", {k} {v}" for k, v in (("CP", getattr(p, "cp", 1)), ("EP", getattr(p, "ep", 1)),
+                                           ("ZeRO stage", getattr(p, "zero_stage", 0))) if v not in (0, 1))
+        + (f" ({p.cp_comm})" if getattr(p, "cp", 1) > 1 else ""),
     )
     head.add_row("placement", dims)
     head.add_row("bottleneck", r.bottleneck + (" (input-bound)" if r.input_bound else ""))

@@ -112,3 +112,13 @@ def cp_exchange(kind: str, cp: int, kv_bytes: float, attn_fwd_s: float, attn_bwd
         rs = costs.time_s("reduce_scatter", gathered, group)
         return CPExchange(ag, ag + rs)
     raise ValueError(f"cp_comm must be ring or all_gather, got {kind!r}")
+
+
+def with_params_of(graph: DataflowGraph | None, reference: DataflowGraph | None) -> DataflowGraph | None:
+    """``graph`` (built for ``s / cp`` tokens) with the parameter counts of ``reference`` (built
+    for all ``s``): a cp rank holds whole weights, e.g. the full learned position table."""
+    if graph is None or reference is None:
+        return graph
+    params = {k.name: k.params for k in reference.kernels}
+    kernels = [replace(k, params=params.get(k.name, k.params)) for k in graph.kernels]
+    return DataflowGraph(kernels, list(graph.tensors), name=graph.name, meta=dict(graph.meta))

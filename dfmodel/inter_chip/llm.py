@@ -19,7 +19,7 @@ from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import pipeline as pipe
 from dfmodel.inter_chip.config import DIM_NAMES, Mapping
-from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank
+from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.input_pipeline import input_exposed_s
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
@@ -147,8 +147,13 @@ class LLMModel:
             else:
                 local = self.model.seq_len // cp
                 w = self.workload.model_copy(update={"model": self.model.model_copy(update={"seq_len": local})})
-                gs = build_graphs(w, batch=micro_batch)
-                self._graphs[key] = replace(gs, layer=cp_rank_graph(gs.layer, cp, local))
+                gs, full = build_graphs(w, batch=micro_batch), self.graphs(1)
+                self._graphs[key] = replace(
+                    gs,
+                    layer=with_params_of(cp_rank_graph(gs.layer, cp, local), full.layer),
+                    embedding=with_params_of(gs.embedding, full.embedding),
+                    head=with_params_of(gs.head, full.head),
+                )
         return self._graphs[key]
 
     def block(self, which: str, micro_batch: int, tp: int, tp_group, sp: bool, cp: int = 1) -> BlockTimes | None:
