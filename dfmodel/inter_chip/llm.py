@@ -4,7 +4,10 @@ For a :class:`~dfmodel.inter_chip.config.Mapping`: shard the decoder layer (and 
 head) over the TP group, run the intra-chip pass on the forward and on the backward kernels
 (1F1B runs them at different times, so they never fuse), add recompute, balance layers over
 pipeline stages, compose the 1F1B pipeline, add the exposed data-parallel gradient sync, the
-optimizer step and the input pipeline, and check memory per chip. Inner results are cached by
+optimizer step and the input pipeline, and check memory per chip. Context parallelism runs the
+layer of one cp rank (:mod:`.context`: s/cp queries against all s keys) and adds the exposed
+K/V exchange (``cp_comm``); gradients are reduced and ZeRO shards over the dp x cp ranks
+(Megatron-Core); ZeRO-3 adds per-layer parameter gathers and gradient reduce-scatters. Inner results are cached by
 the knobs they depend on, so the search pays for each distinct layer solve once.
 """
 
