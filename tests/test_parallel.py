@@ -22,6 +22,9 @@ from dfmodel.inter_chip.search import search
 
 from test_inter_chip import SMALL_LLM, small_system
 
+#: long enough for the free search to try context parallelism (llm_space.CP_FREE_MIN_SEQ_LEN)
+LONG_LLM = {**SMALL_LLM, "name": "small_long", "model": {**SMALL_LLM["model"], "seq_len": 8192}}
+
 
 class RecordingCosts:
     """Collective costs as a linear function of bytes, recording every call (an oracle)."""
@@ -62,8 +65,14 @@ def test_every_interleave_the_layer_count_allows():
     assert interleaves(Knobs(interleave=3), 4, 8, 40) == []
 
 
+def test_free_cp_only_for_long_sequences_fixed_cp_always():
+    short = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    assert {m.cp for m in llm_candidates(short, Knobs())} == {1}
+    assert {m.cp for m in llm_candidates(short, Knobs(cp=2))} == {2}
+
+
 def test_candidates_cover_cp_and_zero_stages_and_respect_the_chip_count():
-    model = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    model = LLMModel(load_workload(LONG_LLM), load_system(small_system(4, 2)))
     cands = list(llm_candidates(model, Knobs()))
     assert {m.cp for m in cands} == {1, 2, 4, 8}
     assert {m.zero_stage for m in cands} == {0, 1, 2, 3}
@@ -107,10 +116,12 @@ def test_unknown_option_is_an_input_error():
 
 # -- exactness of the search -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("knobs", [Knobs(cp=2), Knobs(cp=4, recompute="selective"), Knobs(zero_stage=2),
-                                   Knobs(zero_stage=3), Knobs(cp=2, cp_comm="all_gather")])
-def test_search_equals_exhaustive_with_cp_and_zero(knobs):
-    w, s = load_workload(SMALL_LLM), load_system(small_system(4, 2))
+@pytest.mark.parametrize("workload,knobs", [(SMALL_LLM, Knobs(cp=2)), (SMALL_LLM, Knobs(cp=4, recompute="selective")),
+                                            (SMALL_LLM, Knobs(zero_stage=2)), (SMALL_LLM, Knobs(zero_stage=3)),
+                                            (SMALL_LLM, Knobs(cp=2, cp_comm="all_gather")),
+                                            (LONG_LLM, Knobs(micro_batch=1, recompute="selective"))])
+def test_search_equals_exhaustive_with_cp_and_zero(workload, knobs):
+    w, s = load_workload(workload), load_system(small_system(4, 2))
     fast = solve_llm(w, s, knobs)
     full = solve_llm(w, s, knobs, exhaustive=True)
     assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
@@ -118,7 +129,7 @@ def test_search_equals_exhaustive_with_cp_and_zero(knobs):
 
 
 def test_bounds_valid_for_cp_and_zero_candidates():
-    model = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    model = LLMModel(load_workload(LONG_LLM), load_system(small_system(4, 2)))
     cands = [m for m in llm_candidates(model, Knobs(micro_batch=1)) if m.cp > 1 or m.zero_stage >= 2]
     assert len(cands) > 50
     for m in cands[::5]:

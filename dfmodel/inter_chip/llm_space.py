@@ -44,10 +44,19 @@ def degree_triples(num_chips: int, knobs: Knobs, *, max_tp: int, max_pp: int, ba
             yield tp, pp, dp
 
 
+#: Shortest sequence for which the *free* search tries cp > 1. Context parallelism is the
+#: long-context tool (Llama 3: cp 16 at 128K; NeMo recipes: cp 2 at 8K, none below); on short
+#: sequences it splits the same work as dp, and trying it multiplies the inner solves (new
+#: per-rank graphs) for GPT-3-style 2K workloads by ~5x. A fixed ``cp`` is always honoured.
+CP_FREE_MIN_SEQ_LEN = 8192
+
+
 def cp_degrees(model, knobs: Knobs) -> list[int]:
     """Context-parallel degrees: the sequence splits into ``2 cp`` equal chunks (Megatron-Core's
     load-balanced causal split: rank ``r`` holds chunks ``r`` and ``2cp - 1 - r``)."""
     s, n = model.model.seq_len, model.system.num_chips
+    if knobs.cp is None and s < CP_FREE_MIN_SEQ_LEN:
+        return [1]
     return [c for c in _choices(knobs.cp, divisors(n)) if s % (2 * c) == 0 or c == 1]
 
 
