@@ -21,6 +21,11 @@ CASES = [
     ("GPT-3 175B fixed mapping (TP8 PP8 DP16, mb1)", "gpt3_175b", "dgx_a100", 1024,
      {"tp": 8, "pp": 8, "dp": 16, "micro_batch": 1, "recompute": "selective", "sequence_parallel": True,
       "interleave": 1, "distributed_optimizer": True}),
+    # issue 10: the NeMo Llama 3.1 405B recipe with context parallelism (dgxc-benchmarking, 576 H100)
+    ("Llama-3.1 405B cp2 recipe (TP8 PP9 CP2 DP4, v7, mb1)", "llama3_405b", "dgx_h100", 576,
+     {"tp": 8, "pp": 9, "cp": 2, "dp": 4, "interleave": 7, "micro_batch": 1}),
+    ("Llama-3.1 405B 128K (TP8 CP16 PP16 DP8)", "llama3_405b_128k", "dgx_h100", 16384,
+     {"tp": 8, "cp": 16, "pp": 16, "dp": 8, "micro_batch": 1}),
 ]
 
 
@@ -32,8 +37,8 @@ def main() -> None:
         r = optimize(w, s, num_chips=n, **knobs)
         wall = time.perf_counter() - t0
         p = r.parallelism
-        mapping = (f"TP{p.tp} PP{p.pp} DP{p.dp} mb{p.micro_batch}x{p.num_micro_batches} v{p.interleave} "
-                   f"{p.recompute} sp={p.sequence_parallel} dopt={p.distributed_optimizer}")
+        mapping = (f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} mb{p.micro_batch}x{p.num_micro_batches} v{p.interleave} "
+                   f"{p.recompute} sp={p.sequence_parallel} zero={p.zero_stage}")
         table.add_row(label, f"{wall:.2f}", f"{r.iteration_time_s:.3f}", mapping, f"{r.model_flops_utilization:.1%}",
                       r.solver.status, f"{r.solver.candidates_evaluated} / {r.solver.candidates_pruned}")
     Console(width=200).print(table)

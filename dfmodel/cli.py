@@ -232,6 +232,16 @@ def solve(
         None, "--distributed-optimizer/--no-distributed-optimizer",
         help="Fix optimizer-state sharding over DP replicas on or off (Megatron distributed optimizer).",
     ),
+    cp: Optional[int] = typer.Option(None, help="Fix the context-parallel degree."),
+    ep: Optional[int] = typer.Option(None, help="Fix the expert-parallel degree (MoE; carved out of dp x cp)."),
+    zero: Optional[int] = typer.Option(None, help="Fix the ZeRO stage: 0-3 (1 = distributed optimizer, 3 = FSDP)."),
+    cp_comm: Optional[str] = typer.Option(None, help="Context-parallel K/V exchange: ring | all_gather."),
+    overlap_grad_reduce: Optional[bool] = typer.Option(
+        None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+        help="Fix Megatron's overlap_grad_reduce (DP gradient reduction under the last backward) on or off."),
+    overlap_param_gather: Optional[bool] = typer.Option(
+        None, "--overlap-param-gather/--no-overlap-param-gather",
+        help="Fix Megatron's overlap_param_gather (distributed-optimizer parameter all-gather hidden) on or off."),
     num_chips: Optional[int] = typer.Option(None, help="Resize the system's outermost dimension."),
     precision: Optional[str] = typer.Option(
         None, help="Override the workload's precision: fp64 | fp32 | bf16 | fp16 | fp8 (e.g. bf16 for an fp32 workload on TPU v4)."
@@ -259,7 +269,9 @@ def solve(
     result = optimize(
         w, s, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
         sequence_parallel=sequence_parallel, interleave=interleave,
-        distributed_optimizer=distributed_optimizer, solver=solver, time_limit_s=time_limit,
+        distributed_optimizer=distributed_optimizer, solver=solver, time_limit_s=time_limit, cp=cp, ep=ep, zero=zero,
+        **{k: v for k, v in {"cp_comm": cp_comm, "overlap_grad_reduce": overlap_grad_reduce,
+                             "overlap_param_gather": overlap_param_gather}.items() if v is not None},
     )
     if plot_path:
         from dfmodel.plots import plot_result, save

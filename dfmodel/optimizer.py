@@ -13,7 +13,7 @@ from typing import Any
 
 from dfmodel.errors import InputError
 from dfmodel.graph.workload import load_workload
-from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.config import OPTION_NAMES, Knobs
 from dfmodel.result import Parallelism, Result, SolverInfo
 from dfmodel.system import load_system
 from dfmodel.system.cost import system_cost_usd, system_power_w
@@ -35,10 +35,18 @@ def optimize(
     solver: str = "auto",
     time_limit_s: float | None = None,
     precision: str | None = None,
+    cp: int | None = None,
+    ep: int | None = None,
+    zero: int | None = None,
+    **options: Any,
 ) -> Result:
     """Search every valid mapping of ``workload`` on ``system`` and return the fastest.
 
-    Any knob given is fixed; the others are searched. ``workload``/``system`` are paths, preset
+    Any knob given is fixed; the others are searched. ``cp``/``ep`` fix the context- and
+    expert-parallel degrees, ``zero`` the ZeRO stage (0-3; ``distributed_optimizer=True`` is
+    stage 1); further strategy options of the parallelism record (``cp_comm``,
+    ``overlap_grad_reduce``, ``overlap_param_gather``: :data:`dfmodel.inter_chip.config.OPTIONS`)
+    are keyword arguments of the same name. ``workload``/``system`` are paths, preset
     names, dicts or loaded objects. ``precision`` (fp64, fp32, bf16, fp16, fp8) overrides the
     workload's own (its ``training.precision`` or top-level ``precision``). Raises :class:`~dfmodel.errors.InputError` on bad input and
     :class:`~dfmodel.errors.InfeasibleError` when no mapping fits (with what did not fit).
@@ -49,7 +57,11 @@ def optimize(
     if precision is not None:
         w = with_precision(w, precision)
     s = load_system(system, num_chips=num_chips)
-    knobs = Knobs(tp, pp, dp, micro_batch, recompute, sequence_parallel, interleave, distributed_optimizer)
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise InputError(f"unknown option {unknown[0]!r}; the options are {', '.join(OPTION_NAMES)}", field=unknown[0])
+    knobs = Knobs(tp, pp, dp, micro_batch, recompute, sequence_parallel, interleave, distributed_optimizer,
+                  cp=cp, ep=ep, zero_stage=zero, **options)
     if w.kind == "llm":
         from dfmodel.inter_chip.llm_result import solve_llm
 

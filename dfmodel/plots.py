@@ -55,6 +55,8 @@ BREAKDOWN_COLORS = {
     "optimizer": "#937860",
     "checkpoint": "#8c8c3c",
     "input": "#da8bc3",
+    "cp_comm": "#ccb974",
+    "ep_comm": "#64b5cd",
 }
 FORWARD_COLOR = "#4c72b0"
 BACKWARD_COLOR = "#dd8452"

@@ -51,7 +51,10 @@ def _llm_rows(r: Result) -> list[tuple[str, str]]:
         ("MFU / HFU", f"{r.model_flops_utilization:.1%} / {r.hardware_flops_utilization:.1%}"),
         ("mapping", f"TP {p.tp} x PP {p.pp} x DP {p.dp}, micro-batch {p.micro_batch} x {p.num_micro_batches}, "
                     f"interleave {p.interleave}, recompute {p.recompute}, sequence parallel {p.sequence_parallel}, "
-                    f"distributed optimizer {p.distributed_optimizer}"),
+                    f"distributed optimizer {p.distributed_optimizer}"
+                    + "".join(f", {k} {v}" for k, v in (("CP", getattr(p, "cp", 1)), ("EP", getattr(p, "ep", 1)),
+                                                       ("ZeRO stage", getattr(p, "zero_stage", 0))) if v not in (0, 1))
+                    + (f" ({p.cp_comm})" if getattr(p, "cp", 1) > 1 else "")),
     ]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-BREAKDOWN_KEYS = ("compute", "memory", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "input", "checkpoint")
+BREAKDOWN_KEYS = ("compute", "memory", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "input", "checkpoint",
+                  "cp_comm", "ep_comm")
 
 
 @dataclass
@@ -20,6 +21,13 @@ class Parallelism:
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
     dims: dict[str, list[str]] = field(default_factory=dict)  # parallelism -> ["nvlink:8", "ib:4"]
+    # the record's other dimensions and strategy options (dfmodel.inter_chip.config DIMS/OPTIONS)
+    cp: int = 1
+    ep: int = 1
+    zero_stage: int = 0
+    cp_comm: str = "ring"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
 
 
 @dataclass

@@ -1,10 +1,72 @@
-"""Outer mapping knobs: one candidate of the inter-chip search."""
+"""The parallelism record: one candidate of the inter-chip search, and what the user fixed.
+
+Everything about LLM parallelism derives from the tables below. A parallel dimension is a
+:data:`DIMS` entry (its degree is a :class:`Mapping` field, its network group a ``placement``
+entry); a schedule/strategy option is an :data:`OPTIONS` entry. The candidate enumeration
+(:mod:`dfmodel.inter_chip.llm_space`), the ``optimize(...)`` keyword arguments, the CLI options,
+the ``parallelism`` JSON block and the breakdown keys (``<dim>_comm``) are generated from these
+tables, so a new dimension is: its entry here, its cost and memory terms, its tests.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 RECOMPUTE = ("none", "selective", "full")
+#: ZeRO stages (Rajbhandari et al., SC 2020, sec. 5): 0 replicated, 1 optimizer state sharded
+#: (P_os = Megatron's distributed optimizer), 2 also gradients (P_os+g), 3 also parameters
+#: (P_os+g+p = PyTorch FSDP FULL_SHARD).
+ZERO_STAGES = (0, 1, 2, 3)
+#: Context-parallel attention: Megatron-Core / Transformer Engine ``p2p`` ring (K/V blocks sent
+#: around the ring, overlapped with the attention of the block in hand), or the Llama 3
+#: ``all_gather`` of K/V before attention (Dubey et al. 2024, arXiv:2407.21783, sec. 3.3.2).
+CP_COMM = ("ring", "all_gather")
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A named parallel dimension: its name and what it does, for help texts and reports."""
+
+    name: str
+    help: str
+    #: True when it multiplies the chip count (ep does not: it is carved out of dp x cp ranks)
+    takes_chips: bool = True
+
+
+#: The parallel dimensions, innermost-first default nesting. Breakdown key: ``<name>_comm``.
+DIMS: tuple[Dim, ...] = (
+    Dim("tp", "tensor parallelism (Megatron-LM): each GEMM split over the group"),
+    Dim("cp", "context parallelism (Megatron-Core): the sequence split over the group"),
+    Dim("ep", "expert parallelism: MoE experts split over ep ranks carved out of dp x cp", takes_chips=False),
+    Dim("pp", "pipeline parallelism: layers split into stages (1F1B)"),
+    Dim("dp", "data parallelism: the batch split over replicas"),
+)
+DIM_NAMES = tuple(d.name for d in DIMS)
+#: dimensions whose degrees multiply to the chip count
+CHIP_DIMS = tuple(d.name for d in DIMS if d.takes_chips)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A schedule / strategy option: allowed values in search order, its neutral value, help."""
+
+    name: str
+    values: tuple
+    neutral: object
+    help: str
+
+
+#: Strategy options beyond degrees. ``values`` is what the free search tries (first = tie winner).
+OPTIONS: tuple[Option, ...] = (
+    Option("zero_stage", ZERO_STAGES, 0, "ZeRO stage 0-3 over the dp x cp ranks (1 = distributed optimizer, 3 = FSDP)"),
+    Option("cp_comm", CP_COMM, "ring", "context-parallel K/V exchange: ring (p2p, overlapped) | all_gather"),
+    # Overlap flags (Megatron-LM arguments of the same names). The free search tries both values
+    # only where the model gives "on" a cost as well as a gain; where "on" dominates (never
+    # slower, same memory) trying "off" cannot change the optimum, so the search fixes it on.
+    Option("overlap_grad_reduce", (True,), True, "hide the DP gradient reduction behind the last backward"),
+    Option("overlap_param_gather", (True,), True, "hide the distributed optimizer's parameter all-gather"),
+)
+OPTION_NAMES = tuple(o.name for o in OPTIONS)
 
 
 class Placed:
@@ -23,7 +85,10 @@ class Placed:
 class Mapping(Placed):
     """Parallel degrees, their network placement and the training-schedule knobs.
 
-    ``placement`` maps ``tp``/``pp``/``dp`` to ``(dim_name, members)`` tuples, innermost first.
+    ``placement`` maps every name of :data:`DIMS` to ``(dim_name, members)`` tuples, innermost
+    first (``tp``, ``pp``, ``dp`` first, as before cp/ep existed, so orderings are unchanged).
+    Field order is the tie-break order of equally fast mappings: the fields that existed before
+    cp/ep/ZeRO stages come first, so with cp = ep = 1 the winner is the one it always was.
     """
 
     tp: int
@@ -34,12 +99,38 @@ class Mapping(Placed):
     interleave: int = 1
     recompute: str = "none"
     sequence_parallel: bool = False
-    distributed_optimizer: bool = False
+    zero_stage: int = 0
     placement: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = field(default=(), compare=True)
+    cp: int = 1
+    ep: int = 1
+    cp_comm: str = "ring"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+
+    @property
+    def distributed_optimizer(self) -> bool:
+        """Megatron's distributed optimizer is ZeRO stage 1 (and is implied by 2 and 3)."""
+        return self.zero_stage >= 1
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in DIM_NAMES}
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks holding the same weights (Megatron-Core's data-parallel group with context
+        parallelism): gradients are reduced and ZeRO shards over them."""
+        return self.dp * self.cp
+
+    def options(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in OPTION_NAMES}
+
 
 @dataclass(frozen=True)
 class Knobs:
-    """What the user fixed (None = search it)."""
+    """What the user fixed (None = search it). Positional order of the first eight is the
+    historical one (``Knobs(tp, pp, dp, micro_batch, recompute, sequence_parallel, interleave,
+    distributed_optimizer)``); new fields are keyword-only in practice."""
 
     tp: int | None = None
     pp: int | None = None
@@ -49,6 +140,24 @@ class Knobs:
     sequence_parallel: bool | None = None
     interleave: int | None = None
     distributed_optimizer: bool | None = None
+    cp: int | None = None
+    ep: int | None = None
+    zero_stage: int | None = None
+    cp_comm: str | None = None
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+
+    def fixed(self) -> dict[str, object]:
+        """The knobs the user set."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+#: Every knob name, and the value meaning "not used" (accepted by every family).
+KNOB_NAMES = tuple(f.name for f in fields(Knobs))
+NEUTRAL: dict[str, object] = {
+    "pp": 1, "cp": 1, "ep": 1, "recompute": "none", "sequence_parallel": False, "interleave": 1,
+    "distributed_optimizer": False, **{o.name: o.neutral for o in OPTIONS},
+}
 
 
 def divisors(n: int) -> list[int]:

@@ -44,7 +44,7 @@ from dfmodel.errors import InfeasibleError, InputError
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import Phase, Tensor
 from dfmodel.inter_chip.memory import MemoryBreakdown
-from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.config import KNOB_NAMES, NEUTRAL, Knobs
 from dfmodel.intra_chip import partition
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S, combine_times
 from dfmodel.netmodels import CostTable
@@ -93,11 +93,9 @@ FamilyMemory = MemoryBreakdown
 # Knobs, precision
 # --------------------------------------------------------------------------------------------
 
-_KNOB_NAMES = ("tp", "pp", "dp", "micro_batch", "recompute", "sequence_parallel", "interleave",
-               "distributed_optimizer")
+_KNOB_NAMES = KNOB_NAMES
 #: the value of each knob that means "not used" (accepted by every family)
-_NEUTRAL = {"pp": 1, "recompute": "none", "sequence_parallel": False, "interleave": 1,
-            "distributed_optimizer": False}
+_NEUTRAL = NEUTRAL
 
 
 def reject_knobs(knobs: Knobs, family: str, allowed: tuple[str, ...], why: dict[str, str]) -> None:

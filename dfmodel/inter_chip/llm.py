@@ -4,13 +4,16 @@ For a :class:`~dfmodel.inter_chip.config.Mapping`: shard the decoder layer (and 
 head) over the TP group, run the intra-chip pass on the forward and on the backward kernels
 (1F1B runs them at different times, so they never fuse), add recompute, balance layers over
 pipeline stages, compose the 1F1B pipeline, add the exposed data-parallel gradient sync, the
-optimizer step and the input pipeline, and check memory per chip. Inner results are cached by
+optimizer step and the input pipeline, and check memory per chip. Context parallelism runs the
+layer of one cp rank (:mod:`.context`: s/cp queries against all s keys) and adds the exposed
+K/V exchange (``cp_comm``); gradients are reduced and ZeRO shards over the dp x cp ranks
+(Megatron-Core); ZeRO-3 adds per-layer parameter gathers and gradient reduce-scatters. Inner results are cached by
 the knobs they depend on, so the search pays for each distinct layer solve once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
 from dfmodel.graph.build import build_graphs
@@ -19,12 +22,13 @@ from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.graph.workload import resolve_attention
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import pipeline as pipe
-from dfmodel.inter_chip.config import Mapping
 from dfmodel.inter_chip.checkpoint import checkpoint_state
+from dfmodel.inter_chip.config import DIM_NAMES, Mapping
+from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
-from dfmodel.netmodels import CostTable
+from dfmodel.netmodels import CostTable, merge_groups
 from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, memory_time_s
 from dfmodel.system.schema import Precision, System
 
@@ -32,6 +36,8 @@ from dfmodel.system.schema import Precision, System
 #: m, v and the 16-bit weight (4+4+4+2 read, 4+4+4+2 written).
 OPTIMIZER_BYTES_PER_PARAM = 28.0
 COMPONENTS = ("compute", "memory", "tp_comm")
+#: exposed communication of each parallel dimension, one breakdown key each (``<dim>_comm``)
+COMM_KEYS = tuple(f"{d}_comm" for d in DIM_NAMES)
 
 
 @dataclass
@@ -93,6 +99,7 @@ class BlockTimes:
     fwd: PhaseTime
     bwd: PhaseTime
     attention_core: PhaseTime
+    attention_core_bwd: PhaseTime | None = None  # solved only for cp > 1 (hides the K/V ring)
 
     def backward_s(self, recompute: str) -> float:
         extra = {"none": 0.0, "selective": self.attention_core.time_s, "full": self.fwd.time_s}[recompute]
@@ -162,19 +169,32 @@ class LLMModel:
         self._blocks: dict[tuple, BlockTimes | None] = {}
 
     # -- graphs and inner solves (cached) ------------------------------------------------------
-    def graphs(self, micro_batch: int):
-        if micro_batch not in self._graphs:
-            self._graphs[micro_batch] = build_graphs(self.workload, batch=micro_batch)
-        return self._graphs[micro_batch]
+    def graphs(self, micro_batch: int, cp: int = 1):
+        """Graphs of one micro-batch on one cp rank (cp = 1: the whole sequence)."""
+        key = micro_batch if cp == 1 else (micro_batch, cp)
+        if key not in self._graphs:
+            if cp == 1:
+                self._graphs[key] = build_graphs(self.workload, batch=micro_batch)
+            else:
+                local = self.model.seq_len // cp
+                w = self.workload.model_copy(update={"model": self.model.model_copy(update={"seq_len": local})})
+                gs, full = build_graphs(w, batch=micro_batch), self.graphs(1)
+                self._graphs[key] = replace(
+                    gs,
+                    layer=with_params_of(cp_rank_graph(gs.layer, cp, local), full.layer),
+                    embedding=with_params_of(gs.embedding, full.embedding),
+                    head=with_params_of(gs.head, full.head),
+                )
+        return self._graphs[key]
 
-    def block(self, which: str, micro_batch: int, tp: int, tp_group, sp: bool) -> BlockTimes | None:
-        key = (which, micro_batch, tp, tp_group, sp)
+    def block(self, which: str, micro_batch: int, tp: int, tp_group, sp: bool, cp: int = 1) -> BlockTimes | None:
+        key = (which, micro_batch, tp, tp_group, sp) + ((cp,) if cp > 1 else ())
         if key not in self._blocks:
-            graph = getattr(self.graphs(micro_batch), which)
-            self._blocks[key] = None if graph is None else self._solve_block(graph, tp, tp_group, sp)
+            graph = getattr(self.graphs(micro_batch, cp), which)
+            self._blocks[key] = None if graph is None else self._solve_block(graph, tp, tp_group, sp, core_bwd=cp > 1)
         return self._blocks[key]
 
-    def _solve_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool) -> BlockTimes:
+    def _solve_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool, core_bwd: bool = False) -> BlockTimes:
         sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver,
                         megatron_layouts=True)  # time and memory from the same (Megatron) layouts
         g = sharded.graph
@@ -182,6 +202,7 @@ class LLMModel:
             "fwd": [k.name for k in g.kernels if k.phase == Phase.forward],
             "bwd": [k.name for k in g.kernels if k.phase != Phase.forward],
             "core": [k.name for k in g.kernels if _is_attention_core(k)],
+            "core_bwd": [k.name for k in g.kernels if k.phase != Phase.forward and is_attention_core(k)],
         }
         net = sharded.network_time_s
 
@@ -191,12 +212,19 @@ class LLMModel:
             sub = g.subgraph(names, name=f"{g.name}.{len(names)}")
             return PhaseTime.of(sub, self.system, {n: net[n] for n in names if n in net}, self.solver, self.time_limit_s)
 
-        return BlockTimes(sharded, run(by_phase["fwd"]), run(by_phase["bwd"]), run(by_phase["core"]))
+        return BlockTimes(sharded, run(by_phase["fwd"]), run(by_phase["bwd"]), run(by_phase["core"]),
+                          run(by_phase["core_bwd"]) if core_bwd else None)
 
     # -- bounds ---------------------------------------------------------------------------------
     @cached_property
     def num_layers(self) -> int:
         return self.model.num_layers
+
+    @cached_property
+    def num_experts(self) -> int:
+        """Routed experts per MoE layer (0 for a dense model)."""
+        moe = getattr(self.model, "moe", None)
+        return moe.num_experts if moe is not None else 0
 
     @lru_cache(maxsize=None)  # noqa: B019 -- one model per search; keys are small ints/strings
     def compute_floor_s(self, micro_batch: int, recompute: str) -> float:
@@ -227,17 +255,17 @@ class LLMModel:
         """Valid lower bound on ``evaluate(m).iteration_time_s``.
 
         Each chip does at least 1/tp of the compute floor of its stage, and a stage at least
-        the average; the 1F1B makespan ``m T* + (sum T - T*)/v`` grows with the bottleneck
+        the average (a cp rank does exactly 1/cp of the FLOP: see :mod:`.context`); the 1F1B makespan ``m T* + (sum T - T*)/v`` grows with the bottleneck
         ``T* >= avg``, so it is at least ``(m + (pp - 1)/v) avg``. The optimizer step is added
         with the fewest parameters a chip can hold."""
-        avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.pp)
+        avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.cp * m.pp)
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
     def refined_bound_s(self, m: Mapping) -> float | None:
         """A tighter valid bound once the candidate's blocks are solved (None before): the same
         pipeline argument with the exact per-micro-batch stage times summed over all stages."""
-        key = (m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel)
+        key = (m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel) + ((m.cp,) if m.cp > 1 else ())
         blocks = [self._blocks.get((w, *key), False) for w in ("layer", "embedding", "head")]
         if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
             return None
@@ -253,7 +281,7 @@ class LLMModel:
         return self.graphs(1).params() / (m.tp * m.pp) if hasattr(self.graphs(1), "params") else 0.0
 
     def optimizer_s(self, m: Mapping, params_per_chip: float) -> float:
-        shard_dp = m.dp if m.distributed_optimizer else 1
+        shard_dp = m.dp_cp if m.distributed_optimizer else 1
         return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * params_per_chip / shard_dp)
 
     # -- memory ---------------------------------------------------------------------------------
@@ -263,41 +291,54 @@ class LLMModel:
         return mem.memory_lower_bound_bytes(
             num_layers=self.num_layers,
             params_per_layer=self.graphs(1).layer.params(),
-            seq_len=self.model.seq_len,
+            seq_len=self.model.seq_len // m.cp,
             micro_batch=m.micro_batch,
             hidden=self.model.hidden,
             tp=m.tp,
             pp=m.pp,
-            dp=m.dp,
+            dp=m.dp_cp,
             num_micro_batches=m.num_micro_batches,
             bytes_per_element=self.precision.bytes,
+            zero_stage=m.zero_stage if m.zero_stage >= 2 else None,
         )
 
-    def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int]) -> "mem.MemoryBreakdown":
+    def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],
+                     layer_params: float) -> "mem.MemoryBreakdown":
         """Worst stage's memory per chip (weights, grads, optimizer, activations in flight,
         reserve): :func:`memory.llm_memory_per_chip`. ``params_per_stage`` holds the layer
-        parameters plus the embedding (first stage) and head and tied copy (last stage)."""
-        layer_params = self.block("layer", m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel).params_per_chip
+        parameters plus the embedding (first stage) and head and tied copy (last stage);
+        ``layer_params`` is one layer's parameters on a chip."""
         first = params_per_stage[0] - layers_per_stage[0] * layer_params
         last = params_per_stage[-1] - layers_per_stage[-1] * layer_params if m.pp > 1 else 0.0
         chip_memory = self.system.chip.memory
         return mem.llm_memory_per_chip(
             model=self.model, training=self.training, attention=self.model.attention or "unfused",
-            tp=m.tp, pp=m.pp, dp=m.dp, micro_batch=m.micro_batch, num_micro_batches=m.num_micro_batches,
+            tp=m.tp, pp=m.pp, dp=m.dp_cp, micro_batch=m.micro_batch, num_micro_batches=m.num_micro_batches,
             interleave=m.interleave, recompute=m.recompute, sequence_parallel=m.sequence_parallel,
             distributed_optimizer=m.distributed_optimizer, layer_params_per_chip=layer_params,
             first_params=first, last_params=last, layers_per_stage=layers_per_stage,
-            capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes)
+            capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes,
+            cp=m.cp, zero_stage=m.zero_stage)
 
     # -- the full evaluation ----------------------------------------------------------------------
     def evaluate(self, m: Mapping) -> Evaluation:
-        tp_group, pp_group, dp_group = m.group("tp"), m.group("pp"), m.group("dp")
-        layer = self.block("layer", m.micro_batch, m.tp, tp_group, m.sequence_parallel)
-        emb = self.block("embedding", m.micro_batch, m.tp, tp_group, m.sequence_parallel)
-        head = self.block("head", m.micro_batch, m.tp, tp_group, m.sequence_parallel)
-        t_f, t_b = layer.fwd.time_s, layer.backward_s(m.recompute)
+        tp_group, pp_group = m.group("tp"), m.group("pp")
+        dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))  # Megatron-Core dp x cp
+        key = (m.micro_batch, m.tp, tp_group, m.sequence_parallel)
+        layer = self.block("layer", *key, m.cp)
+        emb = self.block("embedding", *key, m.cp)
+        head = self.block("head", *key, m.cp)
+        # exposed communication per layer and micro-batch, by breakdown key: (forward, backward)
+        extra = self._layer_comm(m, layer, dp_group)
+        extra_f = sum(f for f, _ in extra.values())
+        extra_b = sum(b for _, b in extra.values())
+        t_f = layer.fwd.time_s + extra_f
+        t_b = layer.backward_s(m.recompute) + extra_b
         emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
         head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
+        if m.zero_stage == 3:  # their parameters are gathered like a layer's
+            emb_f, emb_b = self._fsdp_exposed(emb, emb_f, emb_b, m, dp_group)
+            head_f, head_b = self._fsdp_exposed(head, head_f, head_b, m, dp_group)
 
         layers = _balance(self.num_layers, m.pp, m.interleave, t_f + t_b, emb_f + emb_b, head_f + head_b)
         stages = self._stage_layers(layers, m)
@@ -310,7 +351,7 @@ class LLMModel:
 
         p2p_s = 0.0
         if m.pp > 1:
-            act_bytes = m.micro_batch * self.model.seq_len * self.model.hidden * self.precision.bytes / m.tp
+            act_bytes = m.micro_batch * (self.model.seq_len // m.cp) * self.model.hidden * self.training.activation_bytes / m.tp
             p2p_s = self.costs.time_s("p2p", act_bytes, pp_group)
         pt = pipe.pipeline_time(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
         if not pt.exact and m.interleave > 1:
@@ -325,20 +366,7 @@ class LLMModel:
             tie_embeddings=self.model.tie_embeddings)
         worst_params = max(params_stage)
 
-        dp_exposed = 0.0
-        if m.dp > 1:
-            grad_bytes = worst_params * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
-            if m.distributed_optimizer:  # gradients reduce-scattered, 16-bit params all-gathered
-                sync = self.costs.time_s("reduce_scatter", grad_bytes, dp_group) + self.costs.time_s(
-                    "all_gather", worst_params * self.training.activation_bytes, dp_group
-                )
-            else:
-                sync = self.costs.time_s("all_reduce", grad_bytes, dp_group)
-            # stage 0 runs the last backward of the iteration: its gradients sync last
-            dp_exposed = pipe.dp_sync_exposed_s(
-                sync_s=sync, grad_elements=worst_params, chunk_backward_s=stage_bwd[0] / m.interleave,
-                interleave=m.interleave, pp=m.pp, overlap_fraction=self.system.dp_overlap,
-                bucket_elements=pipe.megatron_bucket_elements(m.dp))
+        dp_exposed = self._dp_sync_s(m, worst_params, stage_fwd[0], stage_bwd[0], dp_group)
         opt_s = self.optimizer_s(m, worst_params)
         step_s = pt.total_s + dp_exposed + opt_s
         io = io_terms(self.system, self.training, self.training.global_batch, step_s, self.checkpoint_state(m),
@@ -348,18 +376,28 @@ class LLMModel:
 
         b = max(range(m.pp), key=lambda i: stage_fwd[i] + stage_bwd[i])
         busy = m.num_micro_batches * (stage_fwd[b] + stage_bwd[b])
+        # the bottleneck stage's busy time: exposed per-layer communication, the rest by component
+        comm = {k: m.num_micro_batches * stages[b] * (f + bw) for k, (f, bw) in extra.items()}
+        if m.zero_stage == 3:
+            for blk, f0, b0, here in ((emb, emb_f, emb_b, b == 0), (head, head_f, head_b, b == m.pp - 1)):
+                if blk and here:
+                    exposed = (f0 - blk.fwd.time_s) + (b0 - blk.backward_s("none"))
+                    comm["dp_comm"] = comm.get("dp_comm", 0.0) + m.num_micro_batches * exposed
         shares = self._stage_shares(stages[b], m, layer, emb if b == 0 else None, head if b == m.pp - 1 else None)
-        breakdown = {k: busy * shares[k] for k in COMPONENTS}
+        rest = busy - sum(comm.values())
+        breakdown = {k: rest * shares[k] for k in COMPONENTS}
         pp_comm = min(max(pt.total_s - busy, 0.0), pt.p2p_exposed_s)
         breakdown.update(
             pp_comm=pp_comm,
             bubble=max(pt.total_s - busy - pp_comm, 0.0),
-            dp_comm=dp_exposed,
+            dp_comm=dp_exposed + comm.pop("dp_comm", 0.0),
             optimizer=opt_s,
             input=input_s,
             checkpoint=io.checkpoint_s,
         )
-        memory = self.memory_check(m, params_stage, stages)
+        for k in COMM_KEYS:  # every dimension's key, 0 when it has none
+            breakdown[k] = breakdown.get(k, 0.0) + comm.pop(k, 0.0)
+        memory = self.memory_check(m, params_stage, stages, layer.params_per_chip)
         proven = layer.fwd.proven_optimal and layer.bwd.proven_optimal
         return Evaluation(
             m,
@@ -382,7 +420,76 @@ class LLMModel:
         if ckpt is None:
             return None
         return checkpoint_state(self.graphs(1).params(), num_chips=self.system.num_chips, tp=m.tp, pp=m.pp,
-                                dp=m.dp, checkpoint=ckpt)
+                                dp=m.dp_cp, checkpoint=ckpt)
+
+    # -- communication terms of the record's dimensions -----------------------------------------
+    def _layer_comm(self, m: Mapping, layer: BlockTimes, dp_group) -> dict[str, tuple[float, float]]:
+        """Exposed communication of one layer and micro-batch, (forward, backward) per key."""
+        out: dict[str, tuple[float, float]] = {}
+        if m.cp > 1:
+            kv = kv_bytes_per_rank(seq_len=self.model.seq_len, micro_batch=m.micro_batch, cp=m.cp, tp=m.tp,
+                                   num_kv_heads=self.model.num_kv_heads, head_dim=self.model.hidden // self.model.num_heads,
+                                   bytes_per_element=self.training.activation_bytes)
+            core_b = layer.attention_core_bwd.time_s if layer.attention_core_bwd else 0.0
+            x = cp_exchange(m.cp_comm, m.cp, kv, layer.attention_core.time_s, core_b, self.costs, m.group("cp"))
+            # recompute re-runs the forward attention, and with it the K/V exchange
+            again = x.fwd_s if m.recompute in ("selective", "full") else 0.0
+            out["cp_comm"] = (x.fwd_s, x.bwd_s + again)
+        if m.zero_stage == 3:
+            f, b = self._fsdp_exposed(layer, layer.fwd.time_s, layer.backward_s(m.recompute), m, dp_group)
+            out["dp_comm"] = (f - layer.fwd.time_s, b - layer.backward_s(m.recompute))
+        return out
+
+    def _fsdp_exposed(self, blk: BlockTimes | None, fwd_s: float, bwd_s: float, m: Mapping, group) -> tuple[float, float]:
+        """ZeRO-3 / FSDP times of one block per micro-batch: (forward, backward) with the
+        parameter gathers and gradient reduce-scatter.
+
+        Forward: all-gather the block's ``P e`` parameter bytes over the dp x cp ranks;
+        backward: all-gather them again and reduce-scatter the ``P e`` gradient bytes (PyTorch
+        FSDP ``FULL_SHARD``; Rajbhandari et al. 2020 sec. 5.3: 3x the traffic of a plain
+        all-reduce's half). With prefetch (``overlap_param_gather``) the gather of the next
+        block runs under this block's compute: only the excess is exposed, ``max(0, comm -
+        compute)``; without it the collectives are exposed whole.
+        """
+        if blk is None or m.dp_cp == 1:
+            return fwd_s, bwd_s
+        # 16-bit parameters gathered, gradients reduce-scattered in the framework's reduce precision
+        ag = self.costs.time_s("all_gather", blk.params_per_chip * self.training.activation_bytes, group)
+        rs = self.costs.time_s("reduce_scatter", blk.params_per_chip * self.training.grad_bytes, group)
+        if m.overlap_param_gather:
+            return max(fwd_s, ag), max(bwd_s, ag + rs)
+        return fwd_s + ag, bwd_s + ag + rs
+
+    def _dp_sync_s(self, m: Mapping, params: float, fwd0_s: float, bwd0_s: float, group) -> float:
+        """Exposed gradient synchronisation over the dp x cp ranks at the end of the iteration.
+
+        Stage 0 runs the last backward, so its gradients sync last (its backward is the window).
+        ZeRO 0: all-reduce; 1: reduce-scatter of gradients + all-gather of the updated parameters
+        (Megatron's distributed optimizer); 2: as 1, but the gradients are reduce-scattered
+        after every micro-batch's backward (DeepSpeed ZeRO-2 with gradient accumulation), the
+        first ``m - 1`` under the next micro-batch's backward; 3: the per-block collectives of
+        :meth:`_fsdp_exposed`, nothing at the end. A collective whose overlap flag is off is
+        exposed whole; the others share the window as :func:`pipeline.dp_sync_exposed_s` says.
+        """
+        if m.dp_cp == 1 or m.zero_stage == 3:
+            return 0.0
+        grad_bytes = params * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
+        if m.zero_stage == 0:
+            reduce_s, gather_s = self.costs.time_s("all_reduce", grad_bytes, group), 0.0
+        else:  # gradients reduce-scattered, 16-bit parameters all-gathered
+            reduce_s = self.costs.time_s("reduce_scatter", grad_bytes, group)
+            gather_s = self.costs.time_s("all_gather", params * self.training.activation_bytes, group)
+        hidden = (reduce_s if m.overlap_grad_reduce else 0.0) + (gather_s if m.overlap_param_gather else 0.0)
+        exposed = (reduce_s if not m.overlap_grad_reduce else 0.0) + (gather_s if not m.overlap_param_gather else 0.0)
+        if hidden:
+            exposed += pipe.dp_sync_exposed_s(
+                sync_s=hidden, grad_elements=params, chunk_backward_s=bwd0_s / m.interleave,
+                interleave=m.interleave, pp=m.pp, overlap_fraction=self.system.dp_overlap,
+                bucket_elements=pipe.megatron_bucket_elements(m.dp_cp))
+        if m.zero_stage == 2 and m.num_micro_batches > 1:
+            window = bwd0_s * self.system.dp_overlap if m.overlap_grad_reduce else 0.0
+            exposed += (m.num_micro_batches - 1) * max(0.0, reduce_s - window)
+        return exposed
 
     def _stage_layers(self, layers: tuple[int, ...], m: Mapping) -> list[int]:
         """Layers per physical stage (interleaved chunks summed)."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.config import DIM_NAMES, Knobs
 from dfmodel.inter_chip.io import io_report
 from dfmodel.inter_chip.llm import LLMModel
-from dfmodel.inter_chip.search import llm_candidates, search, validate_knobs
+from dfmodel.inter_chip.llm_space import llm_candidates, validate_knobs
+from dfmodel.inter_chip.search import search
 from dfmodel.result import Parallelism, Result, SolverInfo
 from dfmodel.system.cost import system_cost_usd, system_power_w
 
@@ -51,6 +52,7 @@ def to_result(model: LLMModel, ev, stats) -> Result:
         parallelism=Parallelism(
             m.tp, m.pp, m.dp, m.micro_batch, m.num_micro_batches, m.interleave, m.recompute,
             m.sequence_parallel, m.distributed_optimizer, m.dims_report(),
+            **{d: getattr(m, d) for d in DIM_NAMES if d not in ("tp", "pp", "dp")}, **m.options(),
         ),
         breakdown_s=breakdown,
         memory_per_chip_bytes=ev.memory.to_dict(),

@@ -55,8 +55,13 @@ def activation_bytes_per_layer(
     dropout: bool = True,
     gated_mlp: bool = False,
     attention: Literal["flash", "unfused"] = "unfused",
+    key_len: int | None = None,
 ) -> float:
     """Activation bytes one transformer layer keeps per chip for one micro-batch (until its backward).
+
+    ``key_len`` (default ``seq_len``) is the number of keys each query attends to: with context
+    parallelism a rank holds ``seq_len = s / cp`` queries against all ``s`` keys, so the
+    ``s^2`` rows become ``s/cp * s``.
 
     Korthikanti et al. 2022, sec. 4.1 and Table 2, generalised term by term. With ``e`` bytes
     per element, ``h_kv = num_kv_heads * h / a`` (GQA/MQA), ``f = ffn_hidden`` (default ``4h``),
@@ -134,7 +139,7 @@ def activation_bytes_per_layer(
         quadratic = 0.0
     else:
         per_score = e + (mask + e if dropout else 0)  # softmax out (+ mask + dropout out)
-        quadratic = per_score * a * s * s * b / t
+        quadratic = per_score * a * s * (s if key_len is None else key_len) * b / t
     return replicated + sharded + quadratic
 
 
@@ -238,8 +243,13 @@ def model_state_bytes(
     bytes_per_param_weights: float = 2,
     bytes_per_param_grads: float = 2,
     bytes_per_param_optimizer: float = 12,
+    zero_stage: int | None = None,
 ) -> ModelState:
     """Weights, gradients and optimizer state of ``params_per_chip`` parameters.
+
+    ``zero_stage`` (when given, it replaces ``distributed_optimizer``): ZeRO (Rajbhandari et al.
+    2020, sec. 5.1-5.3) shards over the ``dp`` ranks the optimizer state (stage >= 1), the
+    gradients (>= 2) and the weights (3).
 
     Mixed-precision Adam (Rajbhandari et al., ZeRO, SC 2020, sec. 3.1): 16-bit weights (2) and
     gradients (2) plus fp32 master weights, momentum and variance (12): 16 bytes/param. The
@@ -255,10 +265,13 @@ def model_state_bytes(
     if params_per_chip < 0:
         raise ValueError(f"params_per_chip must be >= 0, got {params_per_chip}")
     _positive(dp=dp)
-    shard = dp if distributed_optimizer else 1
+    stage = (1 if distributed_optimizer else 0) if zero_stage is None else zero_stage
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    shard = dp if stage >= 1 else 1
     return ModelState(
-        weights_bytes=params_per_chip * bytes_per_param_weights,
-        gradients_bytes=params_per_chip * bytes_per_param_grads,
+        weights_bytes=params_per_chip * bytes_per_param_weights / (dp if stage >= 3 else 1),
+        gradients_bytes=params_per_chip * bytes_per_param_grads / (dp if stage >= 2 else 1),
         optimizer_bytes=params_per_chip * bytes_per_param_optimizer / shard,
     )
 
@@ -340,6 +353,7 @@ def memory_per_chip(
     bytes_per_param_weights: float = 2,
     bytes_per_param_grads: float = 2,
     bytes_per_param_optimizer: float = 12,
+    zero_stage: int | None = None,
 ) -> MemoryBreakdown:
     """Assemble one chip's memory: model state plus activations of the micro-batches in flight.
 
@@ -369,6 +383,7 @@ def memory_per_chip(
         bytes_per_param_weights=bytes_per_param_weights,
         bytes_per_param_grads=bytes_per_param_grads,
         bytes_per_param_optimizer=bytes_per_param_optimizer,
+        zero_stage=zero_stage,
     )
     activations = (
         activation_bytes_per_layer * layers_on_chip + extra_activation_bytes_per_micro_batch
@@ -402,8 +417,12 @@ def memory_lower_bound_bytes(
     bytes_per_param_weights: float = 2,
     bytes_per_param_grads: float = 2,
     bytes_per_param_optimizer: float = 12,
+    zero_stage: int | None = None,
 ) -> float:
     """A lower bound on the peak memory per chip of any mapping with these (tp, pp, dp, b, m).
+
+    ``zero_stage`` given: the model state is sharded as that stage does (stage >= 1 as the
+    distributed optimizer below; stage 3 also weights and gradients).
 
     Valid for every recompute / sequence-parallel / optimizer-sharding choice, every layer split
     over stages and every interleaving: it takes the least memory of each choice (full
@@ -427,6 +446,7 @@ def memory_lower_bound_bytes(
         params_per_layer / tp,
         dp=dp,
         distributed_optimizer=True,
+        zero_stage=None if zero_stage is None else max(zero_stage, 1),
         bytes_per_param_weights=bytes_per_param_weights,
         bytes_per_param_grads=bytes_per_param_grads,
         bytes_per_param_optimizer=bytes_per_param_optimizer,
@@ -520,8 +540,17 @@ def llm_memory_per_chip(
     layers_per_stage: list[int],
     capacity_bytes: float,
     reserve_bytes: float = 0.0,
+    cp: int = 1,
+    zero_stage: int | None = None,
 ) -> MemoryBreakdown:
     """The worst stage's memory per chip of LLM training, every term wired as Megatron lays it out.
+
+    With context parallelism a rank keeps the activations of ``s / cp`` tokens against all
+    ``s`` keys (``key_len``); ``dp`` is then the dp x cp ranks that share weights and shard the
+    optimizer (Megatron-Core). ``zero_stage`` (when given, it replaces
+    ``distributed_optimizer``) shards the state as ZeRO does; stage 3 also holds, unsharded, the
+    16-bit weights of the layer running and of the one prefetched and one layer's gradients
+    until their reduce-scatter (PyTorch FSDP ``FULL_SHARD`` with backward prefetch): ``3 P_layer``.
 
     - model state per parameter from :class:`StateBytesPerParam` (fp32 main gradients,
       optimizer sharded over ``dp`` with the distributed optimizer); the layer parameters of an
@@ -538,22 +567,25 @@ def llm_memory_per_chip(
     """
     m, t = model, tp
     e = training.activation_bytes
-    common = dict(seq_len=m.seq_len, micro_batch=micro_batch, hidden=m.hidden, num_heads=m.num_heads, tp=t,
+    s_local = m.seq_len // cp
+    common = dict(seq_len=s_local, key_len=m.seq_len if cp > 1 else None, micro_batch=micro_batch, hidden=m.hidden, num_heads=m.num_heads, tp=t,
                   sequence_parallel=sequence_parallel, ffn_hidden=m.ffn, num_kv_heads=m.kv_heads,
                   bytes_per_element=e, dropout=getattr(m, "dropout", True), gated_mlp=m.ffn_type == "swiglu",
                   attention=attention)
     act_layer = activation_bytes_per_layer(recompute=recompute, **common)
     working = activation_bytes_per_layer(recompute="none", **common) if recompute == "full" else 0.0
+    if zero_stage == 3:
+        working += 3 * layer_params_per_chip * e
     fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
     layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
                                         optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True)
     other_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
                                         optimizer=training.optimizer, linear=False)
-    sbt = m.seq_len * micro_batch
+    sbt = s_local * micro_batch
     emb_act = TOKEN_ID_BYTES * sbt + embedding_activation_bytes(
-        seq_len=m.seq_len, micro_batch=micro_batch, hidden=m.hidden, tp=t, sequence_parallel=sequence_parallel,
+        seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden, tp=t, sequence_parallel=sequence_parallel,
         dropout=getattr(m, "dropout", True))
-    head_act = head_activation_bytes(seq_len=m.seq_len, micro_batch=micro_batch, hidden=m.hidden,
+    head_act = head_activation_bytes(seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden,
                                      vocab=m.vocab_size, tp=t, sequence_parallel=sequence_parallel,
                                      bytes_per_element=e) if m.vocab_size else 0.0
     worst = None
@@ -561,10 +593,12 @@ def llm_memory_per_chip(
         extra_params = (first_params if stage == 0 else 0.0) + (last_params if stage == pp - 1 else 0.0)
         extra_act = (emb_act if stage == 0 else 0.0) + (head_act if stage == pp - 1 else 0.0)
         state = model_state_bytes(layers * layer_params_per_chip, dp=dp, distributed_optimizer=distributed_optimizer,
+                                  zero_stage=zero_stage,
                                   bytes_per_param_weights=layer_state.weights,
                                   bytes_per_param_grads=layer_state.gradients,
                                   bytes_per_param_optimizer=layer_state.optimizer)
         extra = model_state_bytes(extra_params, dp=dp, distributed_optimizer=distributed_optimizer,
+                                  zero_stage=zero_stage,
                                   bytes_per_param_weights=other_state.weights,
                                   bytes_per_param_grads=other_state.gradients,
                                   bytes_per_param_optimizer=other_state.optimizer)

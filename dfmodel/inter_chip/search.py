@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 from dfmodel.errors import InfeasibleError, InputError
-from dfmodel.inter_chip.config import RECOMPUTE, Knobs, Mapping, divisors
-from dfmodel.netmodels import split_dims
+# the LLM mapping space lives in llm_space; re-exported here for existing imports
+from dfmodel.inter_chip.llm_space import degree_triples, llm_candidates, validate_knobs  # noqa: F401
 
 
 @dataclass
@@ -32,59 +32,6 @@ class SearchStats:
     @property
     def pruned(self) -> int:
         return self.pruned_bound + self.pruned_memory
-
-
-def _choices(fixed, options):
-    return [fixed] if fixed is not None else list(options)
-
-
-def degree_triples(num_chips: int, knobs: Knobs, *, max_tp: int, max_pp: int, batch: int):
-    """(tp, pp, dp) with tp*pp*dp = num_chips honouring fixed knobs and divisibility."""
-    for tp in _choices(knobs.tp, divisors(num_chips)):
-        if tp > max_tp or num_chips % tp:
-            continue
-        for pp in _choices(knobs.pp, divisors(num_chips // tp)):
-            if pp > max_pp or (num_chips // tp) % pp:
-                continue
-            dp = num_chips // (tp * pp)
-            if knobs.dp is not None and dp != knobs.dp:
-                continue
-            if batch % dp:
-                continue
-            yield tp, pp, dp
-
-
-def llm_candidates(model, knobs: Knobs):
-    """Every valid mapping of an LLM workload (fixed knobs fixed, the rest enumerated)."""
-    system, w = model.system, model.workload
-    n, L = system.num_chips, w.model.num_layers
-    batch = w.training.global_batch
-    heads = w.model.num_heads
-    max_tp = max(d for d in divisors(heads) if d <= n)
-    for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch):
-        if heads % tp:
-            continue
-        kv = getattr(w.model, "num_kv_heads", heads) or heads
-        if kv % tp and tp % kv:
-            continue
-        placements = split_dims(system, {"tp": tp, "pp": pp, "dp": dp})
-        per_dp = batch // dp
-        fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
-        for mb in _choices(fixed_mb, divisors(per_dp)):
-            if per_dp % mb:
-                continue
-            m = per_dp // mb
-            for v in _choices(knobs.interleave, [1, 2, 3, 4, 6, 8]):
-                if v > 1 and (pp == 1 or m % pp or L % (pp * v)):
-                    continue
-                for rc in _choices(knobs.recompute, RECOMPUTE):
-                    for spar in _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False]):
-                        for dist in _choices(knobs.distributed_optimizer, [False, True] if dp > 1 else [False]):
-                            for place in placements:
-                                yield Mapping(
-                                    tp, pp, dp, mb, m, v, rc, bool(spar), bool(dist),
-                                    tuple((k, tuple(place[k])) for k in ("tp", "pp", "dp")),
-                                )
 
 
 def search(model, candidates, *, exhaustive: bool = False):
@@ -163,23 +110,7 @@ def search(model, candidates, *, exhaustive: bool = False):
     return best, stats
 
 
-def validate_knobs(knobs: Knobs, num_chips: int) -> None:
-    for name in ("tp", "pp", "dp", "micro_batch", "interleave"):
-        v = getattr(knobs, name)
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise InputError(f"must be a positive integer, got {v!r}", field=name)
-    if knobs.recompute is not None and knobs.recompute not in RECOMPUTE:
-        raise InputError(f"must be one of {', '.join(RECOMPUTE)}, got {knobs.recompute!r}", field="recompute")
-    for name in ("tp", "pp", "dp"):
-        v = getattr(knobs, name)
-        if v is not None and num_chips % v:
-            raise InputError(f"must divide the {num_chips} chips, got {v}", field=name)
-    fixed = [getattr(knobs, n) for n in ("tp", "pp", "dp")]
-    if all(v is not None for v in fixed) and fixed[0] * fixed[1] * fixed[2] != num_chips:
-        raise InputError(f"tp x pp x dp = {fixed[0] * fixed[1] * fixed[2]} but the system has {num_chips} chips", field="tp/pp/dp")
-
-
-__all__ = ["search", "llm_candidates", "SearchStats", "validate_knobs", "itertools"]
+__all__ = ["search", "llm_candidates", "degree_triples", "SearchStats", "validate_knobs", "itertools"]
 
 
 def _better(ev, best) -> bool:

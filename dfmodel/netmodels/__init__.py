@@ -34,7 +34,7 @@ from dfmodel.netmodels.collectives import (
     normalize_collective,
 )
 from dfmodel.netmodels.group import Group, NetworkGroupError, group_size, resolve_group
-from dfmodel.netmodels.placement import groups_for, split_dims
+from dfmodel.netmodels.placement import groups_for, inner_group, merge_groups, split_dims
 from dfmodel.netmodels.table import DEFAULT_SIZES_BYTES, CostTable
 from dfmodel.netmodels.topologies import COLLECTIVES
 
@@ -53,4 +53,6 @@ __all__ = [
     "normalize_collective",
     "resolve_group",
     "split_dims",
+    "inner_group",
+    "merge_groups",
 ]

@@ -151,3 +151,49 @@ def split_dims(system: System, degrees: Mapping[str, int], order: Sequence[str] 
         if layout not in out:
             out.append(layout)
     return out
+
+
+def merge_groups(system: System, *groups: Group) -> Group:
+    """The group spanned by several disjoint groups together (e.g. Megatron-Core's dp x cp ranks
+    that reduce gradients together): members multiply per network dimension, innermost first.
+
+    >>> from dfmodel.system import load_system
+    >>> s = load_system({"name": "t", "chip": {"name": "c", "peak_flops": 1e12, "sram_bytes": 1e6,
+    ...     "memory": {"kind": "DDR", "capacity_bytes": 1e9, "bandwidth_Bps": 1e10}},
+    ...     "network": [{"name": "nv", "topology": "switch", "size": 8, "link_bandwidth_Bps": 1e11},
+    ...                 {"name": "ib", "topology": "switch", "size": 16, "link_bandwidth_Bps": 1e10}]})
+    >>> merge_groups(s, (("nv", 2),), (("nv", 4), ("ib", 4)))
+    (('nv', 8), ('ib', 4))
+    """
+    members: dict[str, int] = {}
+    for group in groups:
+        for dim, n in group:
+            members[dim] = members.get(dim, 1) * n
+    return tuple((d.name, members[d.name]) for d in system.network if members.get(d.name, 1) > 1)
+
+
+def inner_group(system: System, group: Group, size: int) -> Group | None:
+    """The innermost ``size`` members of ``group`` (a sub-group carved out of it, e.g. Megatron-
+    Core's expert-parallel ranks inside the dp x cp ranks), or None when ``size`` does not split
+    it along its dimensions (or would use part of a ring).
+
+    >>> from dfmodel.system import load_system
+    >>> s = load_system({"name": "t", "chip": {"name": "c", "peak_flops": 1e12, "sram_bytes": 1e6,
+    ...     "memory": {"kind": "DDR", "capacity_bytes": 1e9, "bandwidth_Bps": 1e10}},
+    ...     "network": [{"name": "nv", "topology": "switch", "size": 8, "link_bandwidth_Bps": 1e11},
+    ...                 {"name": "ib", "topology": "switch", "size": 16, "link_bandwidth_Bps": 1e10}]})
+    >>> inner_group(s, (("nv", 4), ("ib", 4)), 8), inner_group(s, (("nv", 4),), 3)
+    ((('nv', 4), ('ib', 2)), None)
+    """
+    dims = {d.name: d for d in system.network}
+    out: list[tuple[str, int]] = []
+    need = size
+    for dim, n in group:
+        if need == 1:
+            break
+        take = n if need % n == 0 else need
+        if n % take or not _partial_ok(dims[dim], take):
+            return None
+        out.append((dim, take))
+        need //= take
+    return tuple(out) if need == 1 else None

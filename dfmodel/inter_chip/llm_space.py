@@ -1,0 +1,190 @@
+"""The LLM mapping space: every :class:`~dfmodel.inter_chip.config.Mapping` the search visits.
+
+Generated from the record tables of :mod:`dfmodel.inter_chip.config`: the chip-taking degrees
+(``tp x cp x pp x dp = chips``), ``ep`` carved out of the ``dp x cp`` ranks (Megatron-Core), the
+micro-batching and interleaving, recompute and sequence parallelism, every value of each
+strategy option (:data:`~dfmodel.inter_chip.config.OPTIONS`) and every network placement.
+"""
+
+from __future__ import annotations
+
+from dfmodel.errors import InputError
+from dfmodel.inter_chip.config import (
+    CHIP_DIMS,
+    DIM_NAMES,
+    OPTIONS,
+    RECOMPUTE,
+    Knobs,
+    Mapping,
+    divisors,
+)
+from dfmodel.netmodels import inner_group, merge_groups, split_dims
+
+
+def _choices(fixed, options):
+    return [fixed] if fixed is not None else list(options)
+
+
+def degree_triples(num_chips: int, knobs: Knobs, *, max_tp: int, max_pp: int, batch: int, cp: int = 1):
+    """(tp, pp, dp) with tp*cp*pp*dp = num_chips honouring fixed knobs and divisibility."""
+    if num_chips % cp:
+        return
+    chips = num_chips // cp
+    for tp in _choices(knobs.tp, divisors(chips)):
+        if tp > max_tp or chips % tp:
+            continue
+        for pp in _choices(knobs.pp, divisors(chips // tp)):
+            if pp > max_pp or (chips // tp) % pp:
+                continue
+            dp = chips // (tp * pp)
+            if knobs.dp is not None and dp != knobs.dp:
+                continue
+            if batch % dp:
+                continue
+            yield tp, pp, dp
+
+
+#: Shortest sequence for which the *free* search tries cp > 1. Context parallelism is the
+#: long-context tool (Llama 3: cp 16 at 128K; NeMo recipes: cp 2 at 8K, none below); on short
+#: sequences it splits the same work as dp, and trying it multiplies the inner solves (new
+#: per-rank graphs) for GPT-3-style 2K workloads by ~5x. A fixed ``cp`` is always honoured.
+CP_FREE_MIN_SEQ_LEN = 8192
+
+
+def cp_degrees(model, knobs: Knobs) -> list[int]:
+    """Context-parallel degrees: the sequence splits into ``2 cp`` equal chunks (Megatron-Core's
+    load-balanced causal split: rank ``r`` holds chunks ``r`` and ``2cp - 1 - r``)."""
+    s, n = model.model.seq_len, model.system.num_chips
+    if knobs.cp is None and s < CP_FREE_MIN_SEQ_LEN:
+        return [1]
+    return [c for c in _choices(knobs.cp, divisors(n)) if s % (2 * c) == 0 or c == 1]
+
+
+def ep_degrees(model, knobs: Knobs, dp_cp: int) -> list[int]:
+    """Expert-parallel degrees: divisors of the dp x cp ranks and of the expert count."""
+    experts = model.num_experts
+    if experts <= 1:
+        if knobs.ep not in (None, 1):
+            raise InputError(f"the workload has no experts to split (no model.moe block); ep must be 1, got {knobs.ep}",
+                             source=getattr(model.workload, "source", None), field="ep")
+        return [1]
+    return [e for e in _choices(knobs.ep, divisors(dp_cp)) if dp_cp % e == 0 and experts % e == 0]
+
+
+def interleaves(knobs: Knobs, pp: int, m: int, num_layers: int) -> list[int]:
+    """Virtual stages per pipeline stage: every ``v`` with ``v | L / pp`` (whole layers per
+    chunk) and ``m % pp == 0`` (Megatron-LM's interleaved schedule). Published recipes use 5, 7,
+    10, 12 (e.g. Llama 3 405B: 126 layers, pp 9 ... the layer count decides)."""
+    if knobs.interleave is not None:
+        v = knobs.interleave
+        ok = v == 1 or (pp > 1 and m % pp == 0 and num_layers % (pp * v) == 0)
+        return [v] if ok else []
+    if pp == 1 or m % pp or num_layers % pp:
+        return [1]
+    return divisors(num_layers // pp)
+
+
+def option_values(knobs: Knobs, deg: dict[str, int]) -> list[dict[str, object]]:
+    """Every combination of strategy options valid for these degrees (fixed knobs fixed).
+
+    The historical ``distributed_optimizer`` knob fixes the ZeRO stage (True = 1, False = 0)
+    unless ``zero_stage`` is given (:func:`validate_knobs` rejects a contradiction)."""
+    fixed = {o.name: getattr(knobs, o.name) for o in OPTIONS}
+    if fixed["zero_stage"] is None and knobs.distributed_optimizer is not None:
+        fixed["zero_stage"] = 1 if knobs.distributed_optimizer else 0
+    combos: list[dict[str, object]] = [{}]
+    for opt in OPTIONS:
+        values = _choices(fixed[opt.name], opt.values)
+        if fixed[opt.name] is None:
+            if opt.name == "zero_stage" and deg["dp"] * deg["cp"] == 1:
+                values = [0]  # nothing to shard over
+            if opt.name == "cp_comm" and deg["cp"] == 1:
+                values = [opt.neutral]
+        combos = [{**c, opt.name: v} for c in combos for v in values]
+    return combos
+
+
+def placements(system, deg: dict[str, int]) -> list[tuple]:
+    """Every network layout of the degrees, as ``placement`` tuples naming every dimension of
+    the record (``tp``, ``pp``, ``dp`` first, then the rest; unplaced ones get ``()``)."""
+    chip = {"tp": deg["tp"], "pp": deg["pp"], "dp": deg["dp"]}
+    chip.update({d: deg[d] for d in CHIP_DIMS if d not in chip and deg[d] > 1})
+    out = []
+    for place in split_dims(system, chip):
+        groups = {d: tuple(place.get(d, ())) for d in CHIP_DIMS}
+        if deg["ep"] > 1:
+            ep = inner_group(system, merge_groups(system, groups["cp"], groups["dp"]), deg["ep"])
+            if ep is None:
+                continue
+            groups["ep"] = ep
+        order = ("tp", "pp", "dp") + tuple(d for d in DIM_NAMES if d not in ("tp", "pp", "dp"))
+        out.append(tuple((d, groups.get(d, ())) for d in order))
+    return out
+
+
+def llm_candidates(model, knobs: Knobs):
+    """Every valid mapping of an LLM workload (fixed knobs fixed, the rest enumerated)."""
+    system, w = model.system, model.workload
+    n, L = system.num_chips, w.model.num_layers
+    batch = w.training.global_batch
+    heads = w.model.num_heads
+    kv = getattr(w.model, "num_kv_heads", heads) or heads
+    for cp in cp_degrees(model, knobs):
+        max_tp = max(d for d in divisors(heads) if d <= n // cp)
+        for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch, cp=cp):
+            if heads % tp or (kv % tp and tp % kv):
+                continue
+            for ep in ep_degrees(model, knobs, dp * cp):
+                deg = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
+                places = placements(system, deg)
+                per_dp = batch // dp
+                fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
+                for mb in _choices(fixed_mb, divisors(per_dp)):
+                    if per_dp % mb:
+                        continue
+                    m = per_dp // mb
+                    for v in interleaves(knobs, pp, m, L):
+                        for rc in _choices(knobs.recompute, RECOMPUTE):
+                            for spar in _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False]):
+                                for opts in option_values(knobs, deg):
+                                    for place in places:
+                                        yield Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place,
+                                                      cp=cp, ep=ep, **opts)
+
+
+def validate_knobs(knobs: Knobs, num_chips: int) -> None:
+    """One-line InputError for a knob no mapping can take (before any search)."""
+    for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "interleave"):
+        v = getattr(knobs, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InputError(f"must be a positive integer, got {v!r}", field=name)
+    if knobs.recompute is not None and knobs.recompute not in RECOMPUTE:
+        raise InputError(f"must be one of {', '.join(RECOMPUTE)}, got {knobs.recompute!r}", field="recompute")
+    for opt in OPTIONS:
+        v = getattr(knobs, opt.name)
+        allowed = tuple(dict.fromkeys((*opt.values, opt.neutral, *((False, True) if isinstance(opt.neutral, bool) else ()))))
+        if opt.name == "zero_stage":
+            allowed = (0, 1, 2, 3)
+        if v is not None and (v not in allowed or type(v) is not type(opt.neutral)):
+            raise InputError(f"must be one of {', '.join(map(str, allowed))}, got {v!r}", field=opt.name)
+    if knobs.zero_stage is not None and knobs.distributed_optimizer is not None:
+        if (knobs.zero_stage >= 1) != knobs.distributed_optimizer:
+            raise InputError(f"ZeRO stage {knobs.zero_stage} {'shards' if knobs.zero_stage else 'does not shard'} "
+                             f"the optimizer but distributed_optimizer is {knobs.distributed_optimizer}; set one of them",
+                             field="zero_stage")
+    for name in CHIP_DIMS:
+        v = getattr(knobs, name)
+        if v is not None and num_chips % v:
+            raise InputError(f"must divide the {num_chips} chips, got {v}", field=name)
+    fixed = {n: getattr(knobs, n) for n in CHIP_DIMS if getattr(knobs, n) is not None}
+    if len(fixed) == len(CHIP_DIMS) or (len(fixed) == len(CHIP_DIMS) - 1 and "cp" not in fixed):
+        total = 1
+        for v in fixed.values():
+            total *= v
+        if total != num_chips:
+            names = " x ".join(fixed)
+            raise InputError(f"{names} = {total} but the system has {num_chips} chips",
+                             field="/".join(n for n in ("tp", "pp", "dp") if n in fixed) if "cp" not in fixed else "/".join(fixed))
+
+
+__all__ = ["llm_candidates", "degree_triples", "validate_knobs", "interleaves", "placements", "DIM_NAMES"]
