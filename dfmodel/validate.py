@@ -304,6 +304,25 @@ def describe(parallelism) -> str:
             f"{' SP' if p.sequence_parallel else ''}")
 
 
+def optimize_as_megatron(w: dict, system: Any, n: int, knobs: dict[str, Any]):
+    """``optimize`` within what Megatron-LM / NeMo runs: the optimizer is sharded (distributed
+    optimizer = ZeRO 1) or not, never ZeRO 2/3 (Megatron has no such stages), so an unknown
+    ``distributed_optimizer`` is searched over those two values only."""
+    from dfmodel.optimizer import optimize
+
+    if knobs.get("distributed_optimizer") is not None:
+        return optimize(w, system, num_chips=n, **knobs)
+    results, error = [], None
+    for sharded in (False, True):
+        try:
+            results.append(optimize(w, system, num_chips=n, **{**knobs, "distributed_optimizer": sharded}))
+        except DFModelError as exc:
+            error = exc
+    if not results:
+        raise error
+    return min(results, key=lambda r: r.iteration_time_s)
+
+
 def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges: bool = False,
                   workload_overrides: dict | None = None) -> Row:
     """Predict one case with its published mapping (and, with ``free``, with none fixed).
@@ -325,7 +344,7 @@ def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges:
         return Row(case.id, n, "", 0, None, measured, None, system=sname,
                    message=f"skipped: needs {', '.join(f'{k}={knobs[k]}' for k in missing)}, not in this build")
     try:
-        r = optimize(w, system, num_chips=n, **knobs)
+        r = optimize_as_megatron(w, system, n, knobs)
     except DFModelError as exc:
         return Row(case.id, n, "", 0, None, measured, None, message=str(exc), system=sname)
     row = Row(case.id, n, describe(r.parallelism), r.parallelism.micro_batch, r.iteration_time_s, measured,

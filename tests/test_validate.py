@@ -70,8 +70,7 @@ def test_unknown_data_set_suggests_the_nearest_name():
         load_cases("megatron_a10")
 
 
-@pytest.mark.parametrize("name,reason", [("h100_training", "needs context parallelism (cp=2)"),
-                                         ("other_families", "validate evaluates LLM training cases only")])
+@pytest.mark.parametrize("name,reason", [("other_families", "validate evaluates LLM training cases only")])
 def test_other_data_sets_list_their_cases_with_a_reason(name, reason):
     """Cases the model cannot evaluate yet are rows with a one-line reason, not a crash."""
     rows = validate_cases(name)
