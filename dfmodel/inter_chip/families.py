@@ -356,7 +356,7 @@ def build_result(*, workload, system: System, ev: FamilyEvaluation, stats, usefu
     breakdown = close_breakdown(ev.breakdown_s, t)
     proven = stats.proven_optimal
     intra = chip.report(intra_per) if chip is not None else {}
-    return Result(
+    result = Result(
         workload=workload.name,
         system=system.name,
         num_chips=n,
@@ -386,6 +386,11 @@ def build_result(*, workload, system: System, ev: FamilyEvaluation, stats, usefu
         notes=list(notes) + list(ev.notes),
         pipeline=pipeline or {},
     )
+    if hasattr(stats, "runners_up"):
+        from dfmodel.inter_chip.search import annotate_result
+
+        annotate_result(result, ev, stats)
+    return result
 
 
 def run_search(model, candidates, *, exhaustive: bool):

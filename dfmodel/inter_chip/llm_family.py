@@ -1,0 +1,73 @@
+"""The LLM family behind the common family interface: a thin adapter over
+:class:`~dfmodel.inter_chip.llm.LLMModel`, :func:`~dfmodel.inter_chip.search.llm_candidates`
+and :func:`~dfmodel.inter_chip.llm_result.to_result` (it adds nothing to the physics)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.search import annotate_result, llm_candidates, search, validate_knobs
+
+
+def solve_llm_family(workload, system, knobs: Knobs, *, solver: str = "auto", time_limit_s: float | None = None,
+                     exhaustive: bool = False):
+    """Fastest mapping of an LLM workload, with the search's status, bound, gap and runners-up."""
+    from dfmodel.inter_chip.llm import LLMModel
+    from dfmodel.inter_chip.llm_result import to_result
+
+    validate_knobs(knobs, system.num_chips)
+    model = LLMModel(workload, system, solver=solver, time_limit_s=time_limit_s)
+    best, stats = search(PlacementFreeBounds(model), llm_candidates(model, knobs), exhaustive=exhaustive)
+    return annotate_result(to_result(model, best, stats), best, stats)
+
+
+class PlacementFreeBounds:
+    """The model, with its two per-candidate screens memoised on the mapping minus its placement.
+
+    ``LLMModel.lower_bound_s`` (compute floor / (tp pp), 1F1B fill, optimizer step) and
+    ``memory_floor_bytes`` (weights, state and activations per chip) read degrees and schedule
+    knobs only, never where a group sits on the network; the 2-6 placements of each degree
+    tuple share them, so the search pays for each once (test_search.py checks the equality on
+    every candidate of a small case, so a future bound that reads placement fails loudly).
+    """
+
+    def __init__(self, model):
+        self._model = model
+        self._floor: dict = {}
+        self._bound: dict = {}
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    @staticmethod
+    def _key(m):
+        return dataclasses.replace(m, placement=()) if getattr(m, "placement", ()) else m
+
+    def memory_floor_bytes(self, m) -> float:
+        k = self._key(m)
+        if k not in self._floor:
+            self._floor[k] = self._model.memory_floor_bytes(m)
+        return self._floor[k]
+
+    def leanness(self, m) -> tuple:
+        """Sort key: the candidate likeliest to fit in memory first (smallest floor, then full
+        recompute, sequence parallel and a sharded optimizer, which the floor assumes)."""
+        rank = {"full": 0, "selective": 1, "none": 2}.get(getattr(m, "recompute", "none"), 3)
+        return (self.memory_floor_bytes(m), rank, not getattr(m, "sequence_parallel", False),
+                not getattr(m, "distributed_optimizer", False))
+
+    def global_lower_bound_s(self) -> float:
+        """A bound valid for every mapping (what a time-limited search reports for candidates it
+        never enumerated): the iteration's compute at achieved peak spread over all chips.
+        ``lower_bound_s`` is at least ``M floor(mb) / (tp pp)`` with ``M mb = batch / dp`` and
+        the compute floor linear in the micro-batch (every kernel's FLOP is; test_search.py
+        checks it), hence at least ``batch floor(1) / N``."""
+        m = self._model
+        return m.training.global_batch * m.compute_floor_s(1, "none") / m.system.num_chips
+
+    def lower_bound_s(self, m) -> float:
+        k = self._key(m)
+        if k not in self._bound:
+            self._bound[k] = self._model.lower_bound_s(m)
+        return self._bound[k]
