@@ -183,7 +183,11 @@ def solve(
     distributed_optimizer: Optional[bool] = typer.Option(None, "--distributed-optimizer/--no-distributed-optimizer"),
     num_chips: Optional[int] = typer.Option(None, help="Resize the system's outermost dimension."),
     solver: str = typer.Option("auto", help="auto | highs | gurobi."),
-    time_limit: Optional[float] = typer.Option(None, help="Seconds per MILP solve."),
+    time_limit: Optional[float] = typer.Option(
+        None, help="Seconds for the whole search (every MILP inside gets at most the time left); when it passes, "
+        "the best mapping found is reported with status time_limit, its proven bound and gap."),
+    alternatives: int = typer.Option(5, help="Runners-up to report, each exactly the next best (0: none)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the result as JSON to PATH, or '-' for stdout alone."),
     plot_path: Optional[Path] = typer.Option(
         None, "--plot", help="Save one figure: time breakdown beside the 1F1B pipeline timeline (.png, .svg, .pdf)."
@@ -191,14 +195,16 @@ def solve(
 ) -> None:
     """Find the fastest mapping of a workload on a system and report it."""
     from dfmodel.optimizer import optimize
+    from dfmodel.progress import search_progress
     from dfmodel.report import render_result
 
-    result = optimize(
-        workload, system, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
-        sequence_parallel=sequence_parallel, interleave=interleave,
-        distributed_optimizer=distributed_optimizer, num_chips=num_chips, solver=solver,
-        time_limit_s=time_limit,
-    )
+    with search_progress(quiet=quiet, console=err) as progress:
+        result = optimize(
+            workload, system, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
+            sequence_parallel=sequence_parallel, interleave=interleave,
+            distributed_optimizer=distributed_optimizer, num_chips=num_chips, solver=solver,
+            time_limit_s=time_limit, alternatives=alternatives, progress=progress,
+        )
     if plot_path:
         from dfmodel.plots import plot_result, save
 
@@ -220,11 +226,14 @@ def validate(
     cases: Path = typer.Argument(..., help="Cases YAML, e.g. ../shared/calibration/megatron_a100.yaml."),
     system: str = typer.Option("dgx_a100", "--system", "-s", help="System YAML or preset name."),
     free: bool = typer.Option(False, "--free", help="Also optimise with nothing fixed and compare."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
 ) -> None:
     """Predicted vs measured iteration time for published runs, with their mappings fixed."""
-    from dfmodel.validate import summary, validate_cases
+    from dfmodel.progress import count_progress
+    from dfmodel.validate import load_cases, summary, validate_cases
 
-    rows = validate_cases(cases, system, free=free)
+    with count_progress("validate", len(load_cases(cases)), quiet=quiet, console=err) as advance:
+        rows = validate_cases(cases, system, free=free, on_case=lambda r: advance(r.id))
     table = Table("case", "chips", "mapping", "predicted", "measured", "error", title=f"fidelity on {system}")
     if free:
         table.add_column("free optimum")
@@ -250,12 +259,16 @@ def sweep(
     resume: bool = typer.Option(False, "--resume", help="Run only the points not already in --out."),
     executor: str = typer.Option("process", help="process (this machine) | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (default or unreachable: local Ray)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
 ) -> None:
     """Run one optimize per point of a design-space grid; each result is appended to --out at once."""
     from dfmodel.sweeps import summary, sweep as run_sweep
 
     target = out_path or spec.with_suffix(".jsonl")
-    records = run_sweep(spec, out=target, workers=workers, resume=resume, executor=executor, address=address)
+    from dfmodel.progress import enabled
+
+    records = run_sweep(spec, out=target, workers=workers, resume=resume, executor=executor, address=address,
+                        progress=enabled(quiet))
     out.print(summary(records, target), highlight=False)
 
 

@@ -13,6 +13,8 @@ published (expert) mapping.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -166,9 +168,16 @@ def evaluate_case(case: Case, system: Any = DEFAULT_SYSTEM, *, free: bool = Fals
     return row
 
 
-def validate_cases(path: str | Path, system: Any = DEFAULT_SYSTEM, *, free: bool = False) -> list[Row]:
-    """Evaluate every case in ``path`` on ``system`` (default: the dgx_a100 preset)."""
-    return [evaluate_case(c, system, free=free) for c in load_cases(path)]
+def validate_cases(path: str | Path, system: Any = DEFAULT_SYSTEM, *, free: bool = False,
+                   on_case: Callable[[Row], None] | None = None) -> list[Row]:
+    """Evaluate every case in ``path`` on ``system`` (default: the dgx_a100 preset);
+    ``on_case(row)`` is called as each case finishes (progress)."""
+    rows = []
+    for c in load_cases(path):
+        rows.append(evaluate_case(c, system, free=free))
+        if on_case is not None:
+            on_case(rows[-1])
+    return rows
 
 
 def summary(rows: list[Row]) -> dict[str, float]:

@@ -118,3 +118,33 @@ def test_progress_callback_sees_monotone_counts():
     assert seen and seen[-1].best_s == best.iteration_time_s and seen[-1].gap == 0.0
     done = [p.done for p in seen]
     assert done == sorted(done)
+
+
+def test_cli_json_stays_clean_and_carries_alternatives(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dfmodel.cli import app
+
+    import yaml
+
+    wf, sf = tmp_path / "w.yaml", tmp_path / "s.yaml"
+    wf.write_text(yaml.safe_dump(SMALL_LLM))
+    sf.write_text(yaml.safe_dump(small_system(4, 2)))
+    res = CliRunner().invoke(app, ["solve", "-w", str(wf), "-s", str(sf), "--alternatives", "3", "--json", "-"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert len(d["alternatives"]) == 3 and d["solver"]["status"] == "optimal"
+    table = CliRunner().invoke(app, ["solve", "-w", str(wf), "-s", str(sf), "--quiet"])
+    assert "runners-up" in table.stdout and "why not" in table.stdout
+    bad = CliRunner().invoke(app, ["solve", "-w", str(wf), "-s", str(sf), "--time-limit", "0"])
+    assert bad.exit_code == 2
+
+
+def test_progress_is_quiet_off_a_terminal():
+    import io
+
+    from dfmodel.progress import enabled
+
+    assert not enabled(False, io.StringIO()) and not enabled(True, io.StringIO())

@@ -183,11 +183,11 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
     capacity = model.system.chip.memory.capacity_bytes
     smallest_floor = None
     enumeration_cut = False
-    # Under a deadline, an incumbent is taken early once half the time is gone (the best-bound
+    # Under a deadline, an incumbent is taken early once a quarter of the time is gone (the best-bound
     # candidate seen, else the leanest in memory, which is the likeliest to fit) so that a cut
     # search still returns a mapping, as a MILP solver's primal heuristics do.
     limit_left = time_left_s()
-    dive_at = None if limit_left is None or exhaustive else time.perf_counter() + 0.5 * limit_left
+    dive_at = None if limit_left is None or exhaustive else time.perf_counter() + 0.25 * limit_left
     dived: dict[int, object] = {}
     best_seen = leanest = None
     leanness = getattr(model, "leanness", None)  # optional: sorts candidates by memory they need
@@ -489,16 +489,24 @@ class _Ledger:
                         bound[kv] = bound_s
         mine = vars(winner)
         rows: dict[str, dict] = {}
-        for kv in sorted(set(best) | set(bound) | set(out), key=lambda kv: (kv[0], str(kv[1]))):
+        def order(kv):
+            v = kv[1]
+            return (kv[0], (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)))
+
+        for kv in sorted(set(best) | set(bound) | set(out), key=order):
             name, value = kv
             if mine.get(name) == value or name == "num_micro_batches":
                 continue
             shown = _placement_names(value) if name == "placement" else value
             row: dict = {"knob": name, "value": knob_value(shown)}
-            if kv in best:
-                row.update(status="slower", best_s=best[kv], slower_by=best[kv] / best_s - 1.0)
-            elif kv in bound:
+            if kv in bound and bound[kv] < best.get(kv, math.inf):
+                # unexplored mappings with this value may beat the best evaluated one: the
+                # honest statement is their bound (never below the winner's time)
                 row.update(status="bound", bound_s=bound[kv], slower_by=bound[kv] / best_s - 1.0)
+                if kv in best:
+                    row["best_s"] = best[kv]
+            elif kv in best:
+                row.update(status="slower", best_s=best[kv], slower_by=best[kv] / best_s - 1.0)
             else:
                 counts = out.get(kv, {})
                 row.update(status=max(counts, key=counts.get) if counts else "ruled_out", counts=dict(counts))
