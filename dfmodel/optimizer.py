@@ -68,13 +68,10 @@ def _optimize(workload, system, *, tp, pp, dp, micro_batch, recompute, sequence_
     w = load_workload(workload)
     s = load_system(system, num_chips=num_chips)
     knobs = Knobs(tp, pp, dp, micro_batch, recompute, sequence_parallel, interleave, distributed_optimizer)
-    if w.kind == "llm":
-        from dfmodel.inter_chip.llm_family import solve_llm_family
+    from dfmodel.inter_chip.registry import family_for
 
-        return solve_llm_family(w, s, knobs, solver=solver, time_limit_s=time_limit_s)
-    from dfmodel.inter_chip.families import solve_family
-
-    return solve_family(w, s, knobs, solver=solver, time_limit_s=time_limit_s)
+    family = family_for(w.kind, source=getattr(w, "source", None))
+    return family.solve(w, s, knobs, solver=solver, time_limit_s=time_limit_s)
 
 
 def cost_and_power(system) -> tuple[float, float]:

@@ -13,7 +13,7 @@ from dfmodel.errors import InfeasibleError, SolverError
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import Kernel, KernelKind, Phase, Tensor
 from dfmodel.intra_chip import CostModel, partition
-from dfmodel.intra_chip import dp as dpmod
+from dfmodel.intra_chip import ideals as dpmod
 from dfmodel.intra_chip.milp import build, solve_milp
 from dfmodel.solvers import gurobi_licence
 from dfmodel.system.processor import compute_time_s, memory_time_s

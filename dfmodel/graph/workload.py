@@ -136,7 +136,7 @@ class Training(Strict):
 # -- llm ---------------------------------------------------------------------------------------------
 
 
-class LLMModel(Strict):
+class LLMArchitecture(Strict):
     """Decoder-only transformer hyper-parameters (see the module doc for each field)."""
 
     hidden: PositiveInt
@@ -216,7 +216,7 @@ class LLMWorkload(_Trained, _Base):
     """
 
     kind: Literal["llm"]
-    model: LLMModel
+    model: LLMArchitecture
     training: Training
 
 
@@ -513,3 +513,7 @@ def load_workload(spec: str | Path | dict[str, Any] | AnyWorkload) -> AnyWorkloa
 
         build_explicit(w)
     return w
+
+#: the former name of :class:`LLMArchitecture` (it collided with the cost model
+#: :class:`dfmodel.inter_chip.llm.LLMModel`); kept so existing imports keep working
+LLMModel = LLMArchitecture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.family_api import ModelFamily
 from dfmodel.inter_chip.search import annotate_result, llm_candidates, search, validate_knobs
 
 
@@ -71,3 +72,26 @@ class PlacementFreeBounds:
         if k not in self._bound:
             self._bound[k] = self._model.lower_bound_s(m)
         return self._bound[k]
+
+
+class LLMFamily(ModelFamily):
+    """``kind: llm`` behind the common family interface (:mod:`dfmodel.inter_chip.family_api`)."""
+
+    kind = "llm"
+
+    def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None):
+        from dfmodel.inter_chip.llm import LLMModel
+
+        return LLMModel(workload, system, solver=solver, time_limit_s=time_limit_s)
+
+    def candidates(self, model, knobs):
+        return llm_candidates(model, knobs)
+
+    def result(self, model, best, stats):
+        from dfmodel.inter_chip.llm_result import to_result
+
+        return annotate_result(to_result(model, best, stats), best, stats)
+
+    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
+        return solve_llm_family(workload, system, knobs, solver=solver, time_limit_s=time_limit_s,
+                                exhaustive=exhaustive)

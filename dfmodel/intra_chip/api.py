@@ -9,7 +9,7 @@ import numpy as np
 
 from dfmodel.errors import InfeasibleError, SolverError
 from dfmodel.graph.graph import DataflowGraph
-from dfmodel.intra_chip import dp as _dp
+from dfmodel.intra_chip import ideals as _dp
 from dfmodel.intra_chip.cost import CostModel
 from dfmodel.intra_chip.milp import solve_milp
 from dfmodel.intra_chip.result import PartitionReport, PartitionResult

@@ -1,4 +1,6 @@
-"""Exact partitioning by dynamic programming over the ideals of the DAG, and brute force.
+"""Exact intra-chip partitioning by dynamic programming over the ideals of the DAG, and brute force.
+
+(Formerly ``intra_chip/dp.py``: "DP" here is dynamic programming, not data parallelism.)
 
 A partition sequence is a chain of down-sets (ideals) ``{} = I_0 < I_1 < ... < I_m = V`` of the
 DAG; partition ``j`` is ``I_j - I_{j-1}`` and its cost depends only on that set (and, for the
@@ -19,17 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dfmodel.algorithms import DEFAULT_MAX_IDEALS, TooLarge, ideal_masks  # noqa: F401 -- re-exported
 from dfmodel.intra_chip.cost import CostModel
 
-#: Above this many ideals the DP is not attempted (the MILP takes over).
-DEFAULT_MAX_IDEALS = 50_000
 #: Above this many (ideal, larger ideal) pairs the DP is not attempted.
 DEFAULT_MAX_PAIRS = 8_000_000
 _CHUNK = 65_536  # rows costed per vectorised call (bounds memory)
-
-
-class TooLarge(Exception):
-    """The ideal lattice exceeds the DP's guard."""
 
 
 @dataclass
@@ -41,28 +38,6 @@ class Lattice:
     @property
     def size(self) -> int:
         return int(self.bits.shape[0])
-
-
-def ideal_masks(n: int, pred_masks, max_ideals: int = DEFAULT_MAX_IDEALS) -> set[int]:
-    """Every down-set of a DAG of ``n`` kernels as a bitmask (``pred_masks[k]``: bitmask of k's
-    producers); TooLarge past ``max_ideals``.
-
-    >>> sorted(ideal_masks(3, [0, 1, 1]))  # a -> b, a -> c
-    [0, 1, 3, 5, 7]
-    """
-    seen = {0}
-    stack = [0]
-    while stack:
-        ideal = stack.pop()
-        for k in range(n):
-            if not (ideal >> k) & 1 and not (pred_masks[k] & ~ideal):
-                nxt = ideal | (1 << k)
-                if nxt not in seen:
-                    seen.add(nxt)
-                    if len(seen) > max_ideals:
-                        raise TooLarge(f"more than {max_ideals} ideals")
-                    stack.append(nxt)
-    return seen
 
 
 def enumerate_ideals(cm: CostModel, max_ideals: int = DEFAULT_MAX_IDEALS) -> Lattice:
