@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from dfmodel.errors import InfeasibleError, InputError, TimeLimitError
 from dfmodel.inter_chip.config import RECOMPUTE, Knobs, Mapping, divisors
 from dfmodel.netmodels import split_dims
-from dfmodel.solvers.deadline import deadline_scope, expired, time_left_s
+from dfmodel.solvers.deadline import DeadlineExpired, deadline_scope, expired, time_left_s
 
 
 @dataclass
@@ -200,7 +200,10 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
                 # until one fits: the best bound once, then the leanest seen whenever it changes
                 for _, j, cand in (best_seen, leanest):
                     if j not in dived and not expired():
-                        dived[j] = ev = _try_evaluate(model, cand)
+                        ev = _try_evaluate(model, cand)
+                        if ev is None:
+                            break
+                        dived[j] = ev
                         if not isinstance(ev, InfeasibleError) and ev.fits:
                             dive_at = None
                             break
@@ -251,6 +254,10 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
             ev = dived.pop(i) if i in dived else model.evaluate(m)
             if isinstance(ev, InfeasibleError):
                 raise ev
+        except DeadlineExpired:  # abandoned mid-evaluation: it stays open (its bound counts)
+            heapq.heappush(queue, (bound, i, True, m))
+            stats.timed_out = True
+            break
         except InfeasibleError as exc:  # an inner pass found nothing that fits (e.g. SRAM, DRAM)
             stats.evaluated += 1
             stats.pruned_memory += 1
@@ -309,9 +316,12 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
 
 
 def _try_evaluate(model, m):
-    """``model.evaluate(m)``, or the InfeasibleError it raised (re-raised when it is visited)."""
+    """``model.evaluate(m)``, or the InfeasibleError it raised (re-raised when it is visited);
+    None when the deadline cut it."""
     try:
         return model.evaluate(m)
+    except DeadlineExpired:
+        return None
     except InfeasibleError as exc:
         return exc
 

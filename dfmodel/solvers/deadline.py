@@ -19,6 +19,8 @@ import contextlib
 import contextvars
 import time
 
+from dfmodel.errors import TimeLimitError
+
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("dfmodel_deadline", default=None)
 
 #: a solve never gets less than this (HiGHS/Gurobi need a few ms to return their incumbent)
@@ -39,6 +41,17 @@ def time_left_s() -> float | None:
 def expired() -> bool:
     left = time_left_s()
     return left is not None and left <= 0.0
+
+
+class DeadlineExpired(TimeLimitError):
+    """Raised by long non-MILP passes (the intra-chip DP) when the deadline has passed: the
+    evaluation in progress is abandoned and the search returns what it has."""
+
+
+def check() -> None:
+    """Raise :class:`DeadlineExpired` when the active deadline has passed."""
+    if expired():
+        raise DeadlineExpired("time limit reached during an evaluation")
 
 
 def clamp(time_limit_s: float | None) -> float | None:
@@ -66,4 +79,4 @@ def deadline_scope(time_limit_s: float | None):
         _DEADLINE.reset(token)
 
 
-__all__ = ["deadline", "time_left_s", "expired", "clamp", "deadline_scope"]
+__all__ = ["deadline", "time_left_s", "expired", "check", "clamp", "deadline_scope", "DeadlineExpired"]
