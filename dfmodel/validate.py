@@ -154,14 +154,14 @@ def evaluate_case(case: Case, system: Any = DEFAULT_SYSTEM, *, free: bool = Fals
     w, n = workload_of(case), case.system.num_chips
     measured = case.measured.iteration_time_s
     try:
-        r = optimize(w, system, num_chips=n, **knobs_of(case))
+        r = optimize(w, system, num_chips=n, alternatives=0, **knobs_of(case))
     except DFModelError as exc:
         return Row(case.id, n, "", 0, None, measured, None, message=str(exc))
     row = Row(case.id, n, describe(r.parallelism), r.parallelism.micro_batch, r.iteration_time_s, measured,
               r.iteration_time_s / measured - 1)
     if free:
         try:
-            best = optimize(w, system, num_chips=n)
+            best = optimize(w, system, num_chips=n, alternatives=0)  # only the optimum is shown
             row.free_predicted_s, row.free_mapping = best.iteration_time_s, describe(best.parallelism)
         except DFModelError as exc:
             row.message = f"free search: {exc}"
