@@ -148,3 +148,11 @@ def test_progress_is_quiet_off_a_terminal():
     from dfmodel.progress import enabled
 
     assert not enabled(False, io.StringIO()) and not enabled(True, io.StringIO())
+
+
+def test_no_candidate_at_all_is_infeasible_with_or_without_a_limit():
+    from dfmodel.errors import InfeasibleError
+
+    for limit in (None, 30.0):
+        with pytest.raises(InfeasibleError, match="no valid mapping"):
+            optimize(SMALL_LLM, small_system(4, 8), time_limit_s=limit)  # 32 chips, batch 16

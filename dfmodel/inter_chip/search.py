@@ -223,6 +223,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
             leanest = (lean, i, m)
         if i % 256 == 0:
             reporter.maybe(stats, len(heap), None, None)
+    if not heap and stats.candidates == 0 and not enumeration_cut:
+        raise InfeasibleError("no valid mapping: the fixed knobs, chip count and batch admit none")
     heapq.heapify(heap)
     top: list = []  # the ``keep`` best fitting evaluations, best first
     unproven_bound = math.inf  # smallest bound of an evaluated candidate whose inner solve was cut
