@@ -155,4 +155,4 @@ def test_no_candidate_at_all_is_infeasible_with_or_without_a_limit():
 
     for limit in (None, 30.0):
         with pytest.raises(InfeasibleError, match="no valid mapping"):
-            optimize(SMALL_LLM, small_system(4, 8), time_limit_s=limit)  # 32 chips, batch 16
+            optimize(SMALL_LLM, small_system(17, 1), time_limit_s=limit)  # 17 chips, 8 layers, batch 16
