@@ -156,3 +156,40 @@ def test_no_candidate_at_all_is_infeasible_with_or_without_a_limit():
     for limit in (None, 30.0):
         with pytest.raises(InfeasibleError, match="no valid mapping"):
             optimize(SMALL_LLM, small_system(17, 1), time_limit_s=limit)  # 17 chips, 8 layers, batch 16
+
+
+def _symmetric_system():
+    s = small_system(2, 2)
+    s["network"] = [
+        {"name": "x", "topology": "ring", "size": 2, "link_bandwidth_Bps": "100 GB/s", "latency_s": "2 us"},
+        {"name": "y", "topology": "ring", "size": 2, "link_bandwidth_Bps": "100 GB/s", "latency_s": "2 us"},
+        {"name": "z", "topology": "ring", "size": 2, "link_bandwidth_Bps": "100 GB/s", "latency_s": "2 us"},
+    ]
+    return s
+
+
+def test_symmetric_placements_are_searched_once_and_change_nothing():
+    from dfmodel.inter_chip.llm_family import distinct_up_to_symmetry, symmetric_dims
+    from dfmodel.inter_chip.llm_result import solve_llm
+
+    w, s = load_workload(SMALL_LLM), load_system(_symmetric_system())
+    assert symmetric_dims(s) == [["x", "y", "z"]]
+    model = LLMModel(w, s)
+    all_c = list(llm_candidates(model, Knobs()))
+    kept = list(distinct_up_to_symmetry(all_c, s))
+    assert len(kept) < len(all_c)
+    import dataclasses
+
+    from dfmodel.inter_chip.llm_family import canonical_placement
+
+    classes = symmetric_dims(s)
+    times: dict = {}
+    for m in all_c:  # twins (same canonical placement) cost exactly the same
+        key = dataclasses.replace(m, placement=canonical_placement(m.placement, classes))
+        times.setdefault(key, []).append(model.evaluate(m).iteration_time_s)
+    assert any(len(v) > 1 for v in times.values())
+    for v in times.values():
+        assert max(v) == pytest.approx(min(v), rel=1e-12)
+    full = solve_llm(w, s, Knobs(), exhaustive=True)
+    fast = optimize(w, s)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
