@@ -233,8 +233,9 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
     queue = heap
     if enumeration_cut:  # the incumbent taken early is all there is; the heap still bounds the rest
         queue = [(b, i, True, m) for b, i, _, m in heap if i in dived]
+    recent_eval_s: list[float] = []  # durations of the last evaluations (to respect the deadline)
     while queue:
-        if not exhaustive and expired() and queue[0][1] not in dived:
+        if not exhaustive and queue[0][1] not in dived and _no_time_for(recent_eval_s):
             stats.timed_out = True
             break
         bound, i, refined, m = queue[0]
@@ -253,7 +254,9 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
                 heapq.heappush(queue, (finer, i, True, m))
                 continue
         try:
+            t_eval = time.perf_counter()
             ev = dived.pop(i) if i in dived else model.evaluate(m)
+            recent_eval_s[:] = (recent_eval_s + [time.perf_counter() - t_eval])[-8:]
             if isinstance(ev, InfeasibleError):
                 raise ev
         except DeadlineExpired:  # abandoned mid-evaluation: it stays open (its bound counts)
@@ -315,6 +318,16 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
     stats.why_not = ledger.why_not(best.mapping, best.iteration_time_s)
     reporter.final(stats, best.iteration_time_s)
     return best, stats
+
+
+def _no_time_for(recent_eval_s: list[float]) -> bool:
+    """True when the deadline has passed, or is nearer than the slowest recent evaluation
+    (parts of an evaluation, e.g. the pipeline simulation, cannot be interrupted: starting one
+    that cannot finish would overrun the limit)."""
+    left = time_left_s()
+    if left is None:
+        return False
+    return left <= 0.0 or (bool(recent_eval_s) and left < max(recent_eval_s))
 
 
 def _try_evaluate(model, m):
