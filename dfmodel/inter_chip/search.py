@@ -233,6 +233,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
     queue = heap
     if enumeration_cut:  # the incumbent taken early is all there is; the heap still bounds the rest
         queue = [(b, i, True, m) for b, i, _, m in heap if i in dived]
+        heapq.heapify(queue)
     recent_eval_s: list[float] = []  # durations of the last evaluations (to respect the deadline)
     while queue:
         if not exhaustive and queue[0][1] not in dived and _no_time_for(recent_eval_s):
