@@ -413,6 +413,13 @@ def _close(stats: SearchStats, best, heap, unproven_bound: float, cut_bound) -> 
     else:
         open_bound = min((b for b, *_ in heap), default=math.inf) if stats.timed_out else math.inf
         lb = min(t, open_bound, unproven_bound)
+    closed = stats.proven_optimal and cut_bound is False and lb >= t * (1 - 1e-12)
+    if stats.timed_out and closed:
+        # the bound left open is no better than the winner: the optimum is proven (as a MILP
+        # solver reports a closed gap); only the runners-up were not all confirmed
+        stats.notes.append("time limit reached after the optimum was proven: the runners-up listed may "
+                           "not be the next best")
+        stats.timed_out = False
     if stats.timed_out or not stats.proven_optimal:
         stats.status = "time_limit"
         stats.proven_optimal = False
