@@ -73,9 +73,10 @@ def render_alternatives(r: Result, console: Console) -> None:
         why = Table("knob", "value", "why not", title="why not another value (best of all mappings with it)")
         for v in rows:
             if v["status"] == "slower":
-                text = f"best {fmt_time(v['best_s'])} (+{v['slower_by']:.2%})"
+                text = f"best {fmt_time(v['best_s'])} ({v['slower_by']:+.2%})"
             elif v["status"] == "bound":
-                text = f">= {fmt_time(v['bound_s'])} (+{v['slower_by']:.2%}, proven by bound)"
+                text = (f">= {fmt_time(v['bound_s'])} ({v['slower_by']:+.2%}, proven by bound)" if v["slower_by"] >= 0
+                        else f"not ruled out: unexplored, bound {fmt_time(v['bound_s'])} ({v['slower_by']:+.2%})")
                 if "best_s" in v:
                     text += f", best evaluated {fmt_time(v['best_s'])}"
             else:
