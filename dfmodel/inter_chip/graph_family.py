@@ -86,7 +86,6 @@ kernels and a few thousand ideals take seconds to a minute.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field, replace
 
