@@ -101,11 +101,12 @@ class PlacementFreeBounds:
         return self._floor[k]
 
     def leanness(self, m) -> tuple:
-        """Sort key: the candidate likeliest to fit in memory first (smallest floor, then full
-        recompute, sequence parallel and a sharded optimizer, which the floor assumes)."""
+        """Sort key: the candidate likeliest to fit in memory first -- full recompute, the
+        smallest micro-batch, a sharded optimizer and sequence parallelism (what the memory
+        floor assumes but the candidate may not have), then the smallest floor."""
         rank = {"full": 0, "selective": 1, "none": 2}.get(getattr(m, "recompute", "none"), 3)
-        return (self.memory_floor_bytes(m), rank, not getattr(m, "sequence_parallel", False),
-                not getattr(m, "distributed_optimizer", False))
+        return (rank, getattr(m, "micro_batch", 1), not getattr(m, "distributed_optimizer", False),
+                not getattr(m, "sequence_parallel", False), self.memory_floor_bytes(m))
 
     def global_lower_bound_s(self) -> float:
         """A bound valid for every mapping (what a time-limited search reports for candidates it
