@@ -284,6 +284,15 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
         ledger.evaluated(m, ev.iteration_time_s)
         _insert(top, ev, keep)
         reporter.maybe(stats, len(queue), top[0].iteration_time_s, queue[0][0] if queue else None)
+    for i, ev in dived.items():  # incumbents taken early that the cut search never reached
+        if isinstance(ev, InfeasibleError) or ev is None:
+            continue
+        stats.evaluated += 1
+        if ev.fits:
+            if not ev.proven_optimal:
+                stats.proven_optimal = False
+            ledger.evaluated(ev.mapping, ev.iteration_time_s)
+            _insert(top, ev, keep)
     best = top[0] if top else None
     stats.wall_s = time.perf_counter() - t0
     if best is None and (stats.timed_out or enumeration_cut):
