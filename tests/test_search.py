@@ -30,15 +30,30 @@ def test_deadline_clamps_solver_limits_and_nests():
 
 
 def test_one_second_limit_on_a_large_case_holds():
-    t0 = time.perf_counter()
-    r = optimize("llama3_70b", "dgx_h100", num_chips=512, time_limit_s=1.0)
-    wall = time.perf_counter() - t0
-    assert wall < 2.0
-    assert r.solver.status == "time_limit" and not r.solver.proven_optimal
-    assert 0.0 < r.solver.gap < 1.0
-    assert r.solver.lower_bound_s <= r.iteration_time_s
-    assert r.solver.gap == pytest.approx(1 - r.solver.lower_bound_s / r.iteration_time_s)
-    assert any("time limit" in n for n in r.notes)
+    """In a fresh interpreter (a user's call; a long test session's caches and garbage would
+    slow any call): 1 s on Llama-3 70B x 512 H100 returns within 2 s with a gap."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, time\n"
+        "from dfmodel import optimize\n"
+        "t0 = time.perf_counter()\n"
+        "r = optimize('llama3_70b', 'dgx_h100', num_chips=512, time_limit_s=1.0)\n"
+        "print(json.dumps({'wall': time.perf_counter() - t0, 'time': r.iteration_time_s,"
+        " 'solver': r.to_dict()['solver'], 'notes': r.notes}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    s = d["solver"]
+    assert d["wall"] < 2.0
+    assert s["status"] == "time_limit" and not s["proven_optimal"]
+    assert 0.0 < s["gap"] < 1.0
+    assert s["lower_bound_s"] <= d["time"]
+    assert s["gap"] == pytest.approx(1 - s["lower_bound_s"] / d["time"])
+    assert any("time limit" in n for n in d["notes"])
 
 
 def test_limit_too_short_for_any_mapping_says_so():

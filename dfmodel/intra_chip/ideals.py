@@ -141,6 +141,8 @@ def transitions(
 #: structural pairs of recently seen lattices: (shape, bits, max_size) -> (src, dst, sets, inverse)
 _STRUCTURES: "OrderedDict[tuple, tuple]" = OrderedDict()
 _STRUCTURES_KEPT = 16
+#: ... and at most this many pairs in all (a 33-kernel backward layer has 3.7 M; ~70 MB)
+_STRUCTURES_MAX_PAIRS = 8_000_000
 
 
 def _structure(lat: Lattice, max_size: int, max_pairs: int):
@@ -176,7 +178,8 @@ def _structure(lat: Lattice, max_size: int, max_pairs: int):
         sets, inverse = _distinct_sets(packed[dst] & ~packed[src], lat.bits.shape[1])
         out = (src, dst, sets, inverse)
     _STRUCTURES[key] = out
-    while len(_STRUCTURES) > _STRUCTURES_KEPT:
+    while len(_STRUCTURES) > 1 and (len(_STRUCTURES) > _STRUCTURES_KEPT or
+                                    sum(v[0].size for v in _STRUCTURES.values()) > _STRUCTURES_MAX_PAIRS):
         _STRUCTURES.popitem(last=False)
     return out
 
