@@ -247,7 +247,11 @@ def solve(
         None, help="Override the workload's precision: fp64 | fp32 | bf16 | fp16 | fp8 (e.g. bf16 for an fp32 workload on TPU v4)."
     ),
     solver: str = typer.Option("auto", help="auto | highs | gurobi."),
-    time_limit: Optional[float] = typer.Option(None, help="Seconds per MILP solve."),
+    time_limit: Optional[float] = typer.Option(
+        None, help="Seconds for the whole search (every MILP inside gets at most the time left); when it passes, "
+        "the best mapping found is reported with status time_limit, its proven bound and gap."),
+    alternatives: int = typer.Option(5, help="Runners-up to report, each exactly the next best (0: none)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the result as JSON to PATH, or '-' for stdout alone."),
     plot_path: Optional[Path] = typer.Option(
         None, "--plot", help="Save one figure: time breakdown beside the 1F1B pipeline timeline (.png, .svg, .pdf)."
@@ -256,6 +260,7 @@ def solve(
     """Find the fastest mapping of a workload on a system and report it."""
     from dfmodel.graph.workload import load_workload
     from dfmodel.optimizer import optimize, with_precision
+    from dfmodel.progress import search_progress
     from dfmodel.report import render_result
     from dfmodel.report_io import render_io
     from dfmodel.system import load_system
@@ -266,13 +271,15 @@ def solve(
     if precision is not None:
         w = with_precision(w, precision)
     s = load_system(system, num_chips=num_chips)
-    result = optimize(
-        w, s, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
-        sequence_parallel=sequence_parallel, interleave=interleave,
-        distributed_optimizer=distributed_optimizer, solver=solver, time_limit_s=time_limit, cp=cp, ep=ep, zero=zero,
-        **{k: v for k, v in {"cp_comm": cp_comm, "overlap_grad_reduce": overlap_grad_reduce,
-                             "overlap_param_gather": overlap_param_gather}.items() if v is not None},
-    )
+    with search_progress(quiet=quiet, console=err) as progress:
+        result = optimize(
+            w, s, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
+            sequence_parallel=sequence_parallel, interleave=interleave,
+            distributed_optimizer=distributed_optimizer, solver=solver, time_limit_s=time_limit, cp=cp, ep=ep,
+            zero=zero, alternatives=alternatives, progress=progress,
+            **{k: v for k, v in {"cp_comm": cp_comm, "overlap_grad_reduce": overlap_grad_reduce,
+                                 "overlap_param_gather": overlap_param_gather}.items() if v is not None},
+        )
     if plot_path:
         from dfmodel.plots import plot_result, save
 
@@ -301,11 +308,13 @@ def validate(
     ranges: bool = typer.Option(False, "--range", help="Also the best..worst prediction over the knobs a case leaves out."),
     attention: Optional[str] = typer.Option(None, "--attention",
                                             help="flash | unfused for every case (default: the case's, else the system's)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
 ) -> None:
     """Predicted vs measured iteration time for published runs, with their mappings fixed.
 
     For every knob a case leaves out, the table shows the value the optimizer picked."""
-    from dfmodel.validate import is_family_file, summary, validate_cases, validate_family_cases
+    from dfmodel.progress import count_progress
+    from dfmodel.validate import is_family_file, read_case_items, summary, validate_cases, validate_family_cases
 
     if attention not in (None, "flash", "unfused"):
         raise InputError(f"must be flash or unfused, got {attention!r}", field="--attention")
@@ -313,8 +322,9 @@ def validate(
         rows = validate_family_cases(cases, system)
         ranges = ranges or any(r.range_s for r in rows)
     else:
-        rows = validate_cases(cases, system, free=free, ranges=ranges,
-                              workload_overrides={"attention": attention} if attention else None)
+        with count_progress("validate", len(read_case_items(cases)[1]), quiet=quiet, console=err) as advance:
+            rows = validate_cases(cases, system, free=free, ranges=ranges, on_case=lambda r: advance(r.id),
+                                  workload_overrides={"attention": attention} if attention else None)
     table = Table("case", "chips", "mapping", "predicted", "measured", "error", "picked (unknown knobs)",
                   title=f"fidelity on {system}")
     if ranges:
@@ -349,13 +359,17 @@ def sweep(
     resume: bool = typer.Option(False, "--resume", help="Run only the points not already in --out."),
     executor: str = typer.Option("process", help="process (this machine) | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (default or unreachable: local Ray)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
 ) -> None:
     """Run one optimize per point of a design-space grid; each result is appended to --out at once."""
     from dfmodel.sweeps import summary, sweep as run_sweep
 
     target = out_path or spec.with_suffix(".jsonl")
+    from dfmodel.progress import enabled
+
     writable(target, "--out", makes_dirs=True)
-    records = run_sweep(spec, out=target, workers=workers, resume=resume, executor=executor, address=address)
+    records = run_sweep(spec, out=target, workers=workers, resume=resume, executor=executor, address=address,
+                        progress=enabled(quiet))
     out.print(summary(records, target), highlight=False)
 
 

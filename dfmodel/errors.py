@@ -39,3 +39,9 @@ class SolverError(DFModelError):
     """A solver back-end failed for a reason other than infeasibility (licence, numerics)."""
 
     exit_code = 4
+
+
+class TimeLimitError(SolverError):
+    """The time limit passed before any mapping was evaluated (nothing to return yet)."""
+
+    exit_code = 4

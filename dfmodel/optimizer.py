@@ -14,8 +14,10 @@ from typing import Any
 from dfmodel.errors import InputError
 from dfmodel.graph.workload import load_workload
 from dfmodel.inter_chip.config import OPTION_NAMES, Knobs
+from dfmodel.inter_chip.search import search_options
 from dfmodel.result import Parallelism, Result, SolverInfo
 from dfmodel.system import load_system
+from dfmodel.solvers.deadline import deadline_scope
 from dfmodel.system.cost import system_cost_usd, system_power_w
 
 
@@ -38,6 +40,8 @@ def optimize(
     cp: int | None = None,
     ep: int | None = None,
     zero: int | None = None,
+    alternatives: int = 5,
+    progress=None,
     **options: Any,
 ) -> Result:
     """Search every valid mapping of ``workload`` on ``system`` and return the fastest.
@@ -50,25 +54,39 @@ def optimize(
     names, dicts or loaded objects. ``precision`` (fp64, fp32, bf16, fp16, fp8) overrides the
     workload's own (its ``training.precision`` or top-level ``precision``). Raises :class:`~dfmodel.errors.InputError` on bad input and
     :class:`~dfmodel.errors.InfeasibleError` when no mapping fits (with what did not fit).
+
+    ``time_limit_s`` caps the whole call (every inner MILP gets at most the time left): when it
+    passes, the best mapping found is returned with ``solver.status == "time_limit"``, its proven
+    ``solver.lower_bound_s`` and ``solver.gap`` (:class:`~dfmodel.errors.TimeLimitError` if none
+    was evaluated yet). ``alternatives`` runners-up are reported in ``Result.alternatives``;
+    ``progress`` receives :class:`~dfmodel.inter_chip.search.Progress` snapshots.
     """
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise InputError(f"must be > 0 seconds, got {time_limit_s!r}", field="time_limit_s")
+    if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
+        raise InputError(f"must be an integer >= 0, got {alternatives!r}", field="alternatives")
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise InputError(f"unknown option {unknown[0]!r}; the options are {', '.join(OPTION_NAMES)}", field=unknown[0])
+    knobs = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel,
+                 interleave=interleave, distributed_optimizer=distributed_optimizer, cp=cp, ep=ep, zero_stage=zero,
+                 **options)
+    with deadline_scope(time_limit_s), search_options(alternatives=alternatives, progress=progress):
+        return _optimize(workload, system, knobs, num_chips=num_chips, solver=solver, time_limit_s=time_limit_s,
+                         precision=precision)
+
+
+def _optimize(workload, system, knobs: dict[str, Any], *, num_chips, solver, time_limit_s, precision) -> Result:
     if solver not in ("auto", "highs", "gurobi"):
         raise InputError(f"must be auto, highs or gurobi, got {solver!r}", field="solver")
     w = load_workload(workload)
     if precision is not None:
         w = with_precision(w, precision)
     s = load_system(system, num_chips=num_chips)
-    unknown = sorted(set(options) - set(OPTION_NAMES))
-    if unknown:
-        raise InputError(f"unknown option {unknown[0]!r}; the options are {', '.join(OPTION_NAMES)}", field=unknown[0])
-    knobs = Knobs(tp, pp, dp, micro_batch, recompute, sequence_parallel, interleave, distributed_optimizer,
-                  cp=cp, ep=ep, zero_stage=zero, **options)
-    if w.kind == "llm":
-        from dfmodel.inter_chip.llm_result import solve_llm
+    from dfmodel.inter_chip.registry import family_for
 
-        return solve_llm(w, s, knobs, solver=solver, time_limit_s=time_limit_s)
-    from dfmodel.inter_chip.families import solve_family
-
-    return solve_family(w, s, knobs, solver=solver, time_limit_s=time_limit_s)
+    family = family_for(w.kind, source=getattr(w, "source", None))
+    return family.solve(w, s, Knobs(**knobs), solver=solver, time_limit_s=time_limit_s)
 
 
 def with_precision(workload: Any, precision: str) -> Any:

@@ -38,6 +38,7 @@ import networkx as nx  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from dfmodel.algorithms import pareto_front  # noqa: F401 -- re-exported (was defined here)
 from dfmodel.graph.graph import DataflowGraph  # noqa: E402
 from dfmodel.graph.kernel import Phase  # noqa: E402
 from dfmodel.result import BREAKDOWN_KEYS  # noqa: E402
@@ -654,28 +655,6 @@ def plot_heatmap(rows: Any, x: str, y: str, value: str = "throughput.samples_per
 
 def _cell_text(v: float) -> str:
     return f"{v:.0f}" if 1e3 <= abs(v) < 1e6 else f"{v:.3g}"
-
-
-def pareto_front(points: Iterable[tuple[float, float]], *, minimize_x: bool = True,
-                 maximize_y: bool = True) -> list[int]:
-    """Indices of the non-dominated points, sorted by x.
-
-    A point dominates another when it is at least as good on both axes and better on one
-    (default: lower x, higher y). Equal points are all kept.
-
-    >>> pareto_front([(1, 1), (2, 3), (3, 2), (2, 2)])
-    [0, 1]
-    """
-    pts = [(float(a), float(b)) for a, b in points]
-    sx = 1 if minimize_x else -1
-    sy = 1 if maximize_y else -1
-
-    def dominates(p, q):
-        better_eq = sx * p[0] <= sx * q[0] and sy * p[1] >= sy * q[1]
-        return better_eq and (p[0] != q[0] or p[1] != q[1])
-
-    front = [i for i, q in enumerate(pts) if not any(dominates(p, q) for p in pts)]
-    return sorted(front, key=lambda i: (sx * pts[i][0], -sy * pts[i][1]))
 
 
 def _label_front(ax, points: list[tuple[float, float]], labels: list[str]) -> None:

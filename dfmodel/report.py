@@ -110,11 +110,12 @@ def head_rows(r: Result, *, system: Any = None, workload: Any = None) -> list[tu
              "dlrm": lambda: _dlrm_rows(r), "llm": lambda: _llm_rows(r)}[kind]()
     dims = "; ".join(f"{k}: {' x '.join(v) or '-'}" for k, v in r.parallelism.dims.items())
     s = r.solver
+    bound = f", bound {fmt_time(s.lower_bound_s)}" if s.status != "optimal" and s.lower_bound_s is not None else ""
     rows += [
         ("placement", dims),
         ("bottleneck", r.bottleneck + (" (input-bound)" if r.input_bound else "")),
         ("cost / power", f"${fmt(r.cost_usd)} / {fmt(r.power_w, 'W')}"),
-        ("solver", f"{s.status} (gap {s.gap:.2%}), {s.backend}, {s.wall_s:.2f} s, "
+        ("solver", f"{s.status} (gap {s.gap:.2%}{bound}), {s.backend}, {s.wall_s:.2f} s, "
                    f"{s.candidates_evaluated} evaluated, {s.candidates_pruned} pruned"),
     ]
     return rows
@@ -136,5 +137,47 @@ def render_result(r: Result, console: Console, *, system: Any = None, workload: 
         mem.add_row(k, fmt_bytes(v))
     console.print(br)
     console.print(mem)
+    render_alternatives(r, console)
     for note in r.notes:
         console.print(f"note: {escape(note)}", highlight=False)
+
+
+def _knobs(d: dict) -> str:
+    def show(v):
+        if isinstance(v, dict):  # a placement
+            return "; ".join(f"{k}: {' x '.join(g) or '-'}" for k, g in v.items())
+        return str(v)
+
+    return ", ".join(f"{k} {show(v)}" for k, v in d.items())
+
+
+def render_alternatives(r: Result, console: Console) -> None:
+    """Runners-up (what differs from the winner, how much slower, their bottleneck) and, per knob
+    value the winner does not use, why not: slower, bounded no better, or ruled out."""
+    if r.alternatives:
+        alt = Table("#", "time", "slower", "differs from the winner", "bottleneck", title="runners-up")
+        for a in r.alternatives:
+            alt.add_row(str(a["rank"]), fmt_time(a["iteration_time_s"]), f"+{a['slower_by']:.2%}",
+                        _knobs(a["differs"]), a["bottleneck"])
+        console.print(alt)
+    rows = [v for v in r.why_not.values() if v["knob"] in ("tp", "pp", "dp", "micro_batch", "interleave", "recompute",
+                                                          "sequence_parallel", "distributed_optimizer")]
+    if rows:
+        why = Table("knob", "value", "why not", title="why not another value (best of all mappings with it)")
+        for v in rows:
+            if v["status"] == "slower":
+                text = f"best {fmt_time(v['best_s'])} ({v['slower_by']:+.2%})"
+            elif v["status"] == "bound":
+                text = (f">= {fmt_time(v['bound_s'])} ({v['slower_by']:+.2%}, proven by bound)" if v["slower_by"] >= 0
+                        else f"not ruled out: unexplored, bound {fmt_time(v['bound_s'])} ({v['slower_by']:+.2%})")
+                if "best_s" in v:
+                    text += f", best evaluated {fmt_time(v['best_s'])}"
+            else:
+                counts = ", ".join(f"{k} {n}" for k, n in v.get("counts", {}).items())
+                need = f", needs >= {fmt(v['needs_bytes'], 'B')} per chip" if "needs_bytes" in v else ""
+                text = f"ruled out: {counts}{need}"
+            why.add_row(v["knob"], str(v["value"]), text)
+        console.print(why)
+    if r.ruled_out:
+        parts = ", ".join(f"{k} {n}" for k, n in r.ruled_out.items())
+        console.print(f"ruled out with a bound better than the winner: {parts}")

@@ -39,6 +39,7 @@ class SolverInfo:
     candidates_evaluated: int
     candidates_pruned: int
     proven_optimal: bool = True
+    lower_bound_s: float | None = None  # proven lower bound on the optimum (status time_limit: < iteration)
 
 
 @dataclass
@@ -71,6 +72,12 @@ class Result:
     # storage I/O: binding tier, first epoch vs steady state, checkpoint, restart, I/O energy
     # (dfmodel.inter_chip.io.io_report; empty without a storage block)
     io: dict = field(default_factory=dict)
+    # runners-up, best first: {rank, iteration_time_s, slower_by, differs, bottleneck, mapping}
+    alternatives: list[dict] = field(default_factory=list)
+    # candidates whose bound beat the winner but that could not run: {"memory": n, "infeasible": n}
+    ruled_out: dict[str, int] = field(default_factory=dict)
+    # per knob value the winner does not use ("tp=8"): its best time, bound, or what ruled it out
+    why_not: dict[str, dict] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -876,6 +876,8 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
     # the result's workload/system are the specs' names; the input labels above identify the point
     result.pop("workload", None)
     result.pop("system", None)
+    # one column per knob value would swamp the table: the why-not table stays in the JSON record
+    result.pop("why_not", None)
     _flatten(result, "", row)
     return row
 

@@ -16,6 +16,7 @@ published (expert) mapping.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -292,7 +293,7 @@ def prediction_range(w: dict, system: Any, n: int, knobs: dict[str, Any], picked
         if fixed.get("micro_batch") is None:
             fixed["micro_batch"] = picked_mb
         try:
-            times.append(optimize(w, system, num_chips=n, **fixed).iteration_time_s)
+            times.append(optimize(w, system, num_chips=n, alternatives=0, **fixed).iteration_time_s)
         except DFModelError:
             continue
     return (min(times), max(times)) if times else None
@@ -311,11 +312,11 @@ def optimize_as_megatron(w: dict, system: Any, n: int, knobs: dict[str, Any]):
     from dfmodel.optimizer import optimize
 
     if knobs.get("distributed_optimizer") is not None:
-        return optimize(w, system, num_chips=n, **knobs)
+        return optimize(w, system, num_chips=n, alternatives=0, **knobs)
     results, error = [], None
     for sharded in (False, True):
         try:
-            results.append(optimize(w, system, num_chips=n, **{**knobs, "distributed_optimizer": sharded}))
+            results.append(optimize(w, system, num_chips=n, alternatives=0, **{**knobs, "distributed_optimizer": sharded}))
         except DFModelError as exc:
             error = exc
     if not results:
@@ -353,7 +354,7 @@ def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges:
         row.range_s = prediction_range(w, system, n, knobs, r.parallelism.micro_batch)
     if free:
         try:
-            best = optimize(w, system, num_chips=n)
+            best = optimize(w, system, num_chips=n, alternatives=0)  # only the optimum is shown
             row.free_predicted_s, row.free_mapping = best.iteration_time_s, describe(best.parallelism)
         except DFModelError as exc:
             row.message = f"free search: {exc}"
@@ -361,15 +362,18 @@ def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges:
 
 
 def validate_cases(path: str | Path, system: Any = None, *, free: bool = False, ranges: bool = False,
-                   workload_overrides: dict | None = None) -> list[Row]:
+                   workload_overrides: dict | None = None, on_case: Callable[[Row], None] | None = None) -> list[Row]:
     """Evaluate every case in ``path`` on ``system`` (default: the preset of each case's chip);
-    a case the model cannot evaluate yet becomes a row saying why."""
+    a case the model cannot evaluate yet becomes a row saying why. ``on_case(row)`` is called as
+    each case finishes (progress)."""
     path, data = read_case_items(path)
     rows = []
     for i, item in enumerate(data):
         reason = not_evaluable(item)
         rows.append(skipped_row(item, reason) if reason else evaluate_case(
             parse_case(item, path, i), system, free=free, ranges=ranges, workload_overrides=workload_overrides))
+        if on_case is not None:
+            on_case(rows[-1])
     return rows
 
 

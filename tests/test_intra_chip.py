@@ -13,7 +13,7 @@ from dfmodel.errors import InfeasibleError, SolverError
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import Kernel, KernelKind, Phase, Tensor
 from dfmodel.intra_chip import CostModel, partition
-from dfmodel.intra_chip import dp as dpmod
+from dfmodel.intra_chip import ideals as dpmod
 from dfmodel.intra_chip.milp import build, solve_milp
 from dfmodel.solvers import gurobi_licence
 from dfmodel.system.processor import compute_time_s, memory_time_s
@@ -330,3 +330,33 @@ def test_gpt3_1t_tp8_layer_fits_sn30_only_by_streaming():
         if forward:
             m = partition(sub, system, network_time_s=net, method="milp", solver="highs")
             assert m.proven_optimal and m.time_s == pytest.approx(r.time_s, rel=REL)
+
+
+def test_transition_structure_cache_gives_the_same_edges():
+    """The pairs of a lattice are cached across graphs of the same shape; the edges (and so the
+    DP's plan) equal those computed from scratch."""
+    import numpy as np
+
+    from dfmodel.intra_chip import ideals
+
+    for cm in [c for c in _structure_cache_cases()]:
+        lat = ideals.enumerate_ideals(cm)
+        ideals._STRUCTURES.clear()
+        cold = ideals.transitions(cm, lat)
+        warm = ideals.transitions(cm, lat)  # from the cache
+        screened = ideals._pairs_screened(cm, lat, cm.tiles if cm.dataflow else cm.n,
+                                          cm.min_sram_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size), 10**9)
+        for e in (warm,):
+            assert np.array_equal(e.src, cold.src) and np.array_equal(e.dst, cold.dst)
+            assert np.allclose(e.cost_s, cold.cost_s)
+        assert set(zip(cold.src.tolist(), cold.dst.tolist())) <= set(zip(screened[0].tolist(), screened[1].tolist()))
+
+
+def _structure_cache_cases():
+    from dfmodel.graph.workload import load_workload
+    from dfmodel.graph.build import build_graphs
+    from dfmodel.system import load_system
+
+    g = build_graphs(load_workload("tiny_mlp")).layer
+    for preset in ("sn30", "wse2", "dgx_a100"):
+        yield CostModel(g, load_system(preset))

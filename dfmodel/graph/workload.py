@@ -191,7 +191,7 @@ class Training(Strict):
 # -- llm ---------------------------------------------------------------------------------------------
 
 
-class LLMModel(Strict):
+class LLMArchitecture(Strict):
     """Decoder-only transformer hyper-parameters (see the module doc for each field)."""
 
     hidden: PositiveInt
@@ -280,7 +280,7 @@ class LLMWorkload(_Trained, _Base):
     """
 
     kind: Literal["llm"]
-    model: LLMModel
+    model: LLMArchitecture
     training: Training
 
 
@@ -597,3 +597,8 @@ def resolve_attention(workload: AnyWorkload, execution: str) -> AnyWorkload:
     w._source = workload._source
     w.model.attention = "flash" if execution == "kernel_by_kernel" else "unfused"
     return w
+
+
+#: the former name of :class:`LLMArchitecture` (it collided with the cost model
+#: :class:`dfmodel.inter_chip.llm.LLMModel`); kept so existing imports keep working
+LLMModel = LLMArchitecture

@@ -57,7 +57,8 @@ from dfmodel.graph.builders.formulas import INDEX_BYTES
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.config import Knobs, divisors
 from dfmodel.inter_chip.config import Placed
-from dfmodel.inter_chip.families import (
+from dfmodel.inter_chip.family_api import ModelFamily
+from dfmodel.inter_chip.family_base import (
     FamilyEvaluation,
     FamilyMemory,
     FamilyModel,
@@ -656,3 +657,21 @@ def to_result(model: DLRMModel, ev: FamilyEvaluation, stats):
                         pipeline={"plan": m.plan, "plan_label": plan_label(plan),
                                   "sync_s": ev.detail["sync_s"], "exchange_s": ev.detail["network_s"]})
 
+
+
+class DLRMFamily(ModelFamily):
+    """``kind: dlrm`` behind the common family interface (:mod:`dfmodel.inter_chip.family_api`)."""
+
+    kind = "dlrm"
+
+    def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None) -> DLRMModel:
+        return DLRMModel(workload, system, solver=solver, time_limit_s=time_limit_s)
+
+    def candidates(self, model, knobs):
+        return candidates(model, knobs)
+
+    def result(self, model, best, stats):
+        return to_result(model, best, stats)
+
+    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
+        return solve_dlrm(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)

@@ -42,7 +42,8 @@ from dfmodel.graph.builders.fft import four_step_split, fft_plan
 from dfmodel.graph.kernel import KernelKind
 from dfmodel.inter_chip.config import Knobs, divisors
 from dfmodel.inter_chip.config import Placed
-from dfmodel.inter_chip.families import (
+from dfmodel.inter_chip.family_api import ModelFamily
+from dfmodel.inter_chip.family_base import (
     FamilyEvaluation,
     FamilyMemory,
     FamilyModel,
@@ -289,7 +290,7 @@ def solve_fft(workload, system: System, knobs: Knobs, *, solver: str = "auto", t
         same = [c for c in candidates(model, knobs) if c.decomposition == stated]
         if same:
             try:
-                alt, _ = run_search(model, same, exhaustive=False)
+                alt, _ = run_search(model, same, exhaustive=False, alternatives=0)
                 notes.append(f"the workload says {stated}: its best ({model.describe(alt.mapping)}) takes "
                              f"{alt.iteration_time_s:.4g} s, {alt.iteration_time_s / best.iteration_time_s:.3f}x "
                              "the optimum")
@@ -326,3 +327,21 @@ def to_result(model: FFTModel, ev: FamilyEvaluation, stats, extra_notes: list[st
                         parallelism=par, sharding=sharding, intra_per="chunk of micro_batch transforms",
                         notes=notes, pipeline={"decomposition": m.decomposition, "grid": [m.p1, m.p2],
                                                "transpose_s": ev.detail["network_s"]})
+
+
+class FFTFamily(ModelFamily):
+    """``kind: fft`` behind the common family interface (:mod:`dfmodel.inter_chip.family_api`)."""
+
+    kind = "fft"
+
+    def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None) -> FFTModel:
+        return FFTModel(workload, system, solver=solver, time_limit_s=time_limit_s)
+
+    def candidates(self, model, knobs):
+        return candidates(model, knobs)
+
+    def result(self, model, best, stats):
+        return to_result(model, best, stats, [])
+
+    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
+        return solve_fft(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)

@@ -86,7 +86,6 @@ kernels and a few thousand ideals take seconds to a minute.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field, replace
 
@@ -97,7 +96,8 @@ from dfmodel.graph.builders.explicit import build_explicit
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase, Tensor
 from dfmodel.inter_chip.config import Knobs, divisors
-from dfmodel.inter_chip.families import (
+from dfmodel.inter_chip.family_api import ModelFamily
+from dfmodel.inter_chip.family_base import (
     ChipTime,
     FamilyEvaluation,
     FamilyMemory,
@@ -113,16 +113,12 @@ from dfmodel.inter_chip.llm import OPTIMIZER_BYTES_PER_PARAM
 from dfmodel.inter_chip.pipeline import dp_sync_time
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip.cost import combine_times
-from dfmodel.intra_chip.dp import TooLarge, ideal_masks
+from dfmodel.algorithms import MAX_EDGES, MAX_IDEALS, Chain, TooLarge, enumerate_ideals, min_max_chain, pack_masks
 from dfmodel.netmodels import CostTable, split_dims
 from dfmodel.result import Parallelism
 from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, memory_time_s
 from dfmodel.system.schema import System
 
-#: Above this many ideals of the (sharded) graph the exact stage partition is not attempted.
-MAX_IDEALS = 20_000
-#: Above this many lattice edges examined the exact stage partition gives up (TooLarge).
-MAX_EDGES = 2_000_000
 #: Mixed-precision Adam state per parameter: fp32 master, momentum, variance (ZeRO sec. 3.1).
 OPTIMIZER_STATE_BYTES_PER_PARAM = 12.0
 
@@ -130,150 +126,6 @@ OPTIMIZER_STATE_BYTES_PER_PARAM = 12.0
 # --------------------------------------------------------------------------------------------
 # Exact min-max ordered partition: a bottleneck path over the lattice of ideals
 # --------------------------------------------------------------------------------------------
-
-
-def enumerate_ideals(n: int, preds: list[int], max_ideals: int = MAX_IDEALS) -> list[int]:
-    """Every down-set of a DAG of ``n`` kernels as a bitmask (``preds[k]``: bitmask of k's
-    producers), sorted by size then value; TooLarge past ``max_ideals``.
-
-    >>> enumerate_ideals(3, [0, 1, 1])  # a -> b, a -> c
-    [0, 1, 3, 5, 7]
-    """
-    return sorted(ideal_masks(n, preds, max_ideals), key=lambda m: (m.bit_count(), m))
-
-
-def pack_masks(masks: list[int], n: int) -> np.ndarray:
-    """Bitmasks over ``n`` kernels as rows of 64-bit words (for vectorised subset tests)."""
-    words = max(1, -(-n // 64))
-    full = (1 << 64) - 1
-    return np.array([[(m >> (64 * w)) & full for w in range(words)] for m in masks], dtype=np.uint64)
-
-
-@dataclass
-class Chain:
-    """An ordered partition: ``stages`` are the non-empty kernel sets (bitmasks) in order."""
-
-    value: float  # the slowest stage
-    stages: list[int]
-    evaluated: int  # distinct stage sets costed
-    ideals: int | None  # size of the lattice (None: pp = 1, no lattice built)
-
-
-def min_max_chain(n: int, preds: list[int], pp: int, cost, lower=None, *, edge_lower=None,
-                  max_ideals: int = MAX_IDEALS, max_edges: int = MAX_EDGES) -> Chain | None:
-    """Ordered partition of ``n`` kernels into at most ``pp`` stages (each the difference of two
-    nested down-sets) minimising ``max cost(stage)``; None when every chain has an infinite stage.
-
-    ``cost(mask) -> float`` (``inf`` = infeasible) is called lazily, at most once per set;
-    ``lower`` (``n`` or ``n x c``, ``>= 0``) holds per-kernel terms of ``c`` components such that
-    for every set the largest component sum is a lower bound on its cost (None: 0);
-    ``edge_lower(J, Js) -> array`` optionally adds a further lower bound for the stages
-    ``Js[i] - J`` (on top of the component bound); masks come packed as :func:`pack_masks` rows. Exact: an A* search for the bottleneck path
-    over states ``(ideal J, stages used h)`` with value ``g`` = the slowest stage so far, ordered
-    by ``f = max(g, max_c (component c of the kernels not in J) / (pp - h))`` -- the rest needs at
-    most ``pp - h`` more stages, so one of them takes at least the average. This estimate is
-    consistent (``f`` never decreases along an edge: per component, if a stage's bound is below
-    the parent's average, what is left after it has a larger average), so the first complete
-    chain popped is optimal. A state is dominated by the same ideal reached
-    with no more stages and no larger ``g``. Edges are visited lazily in increasing order of
-    their bound ``max(g, lower of the stage, estimate of the child)`` and costed only when popped.
-
-    >>> min_max_chain(3, [0, 1, 2], 2, lambda m: float(m.bit_count())).value  # chain a -> b -> c
-    2.0
-    """
-    full = (1 << n) - 1
-    cache: dict[int, float] = {}
-
-    def c(mask: int) -> float:
-        if mask not in cache:
-            cache[mask] = float(cost(mask))
-        return cache[mask]
-
-    if pp < 1:
-        raise ValueError(f"pp must be >= 1, got {pp}")
-    if pp == 1 or n <= 1:
-        v = c(full)
-        return Chain(v, [full], len(cache), None) if math.isfinite(v) else None
-    ideals = enumerate_ideals(n, preds, max_ideals)
-    packed = pack_masks(ideals, n)
-    lo = np.zeros((n, 1)) if lower is None else \
-        np.maximum(np.asarray(lower, dtype=float).reshape(n, -1), 0.0) * (1 - 1e-9)  # guard rounding
-    bits = np.array([[(m >> k) & 1 for k in range(n)] for m in ideals], dtype=float)
-    F = bits @ lo  # component sums of the lower terms over each ideal
-    rest = np.max(np.maximum(F[-1] - F, 0.0), axis=1)  # ... over the kernels outside it (largest)
-    size = np.array([m.bit_count() for m in ideals])
-    last = len(ideals) - 1  # the full ideal (largest)
-    rest[last] = 0.0
-
-    def estimate(js: np.ndarray, h: int) -> np.ndarray:
-        """Lower bound on the slowest of the stages still to come from ideals ``js`` after ``h``."""
-        if h >= pp:
-            return np.where(js == last, 0.0, np.inf)
-        return rest[js] / (pp - h)
-
-    settled: dict[int, list[tuple[int, float]]] = {}
-    parents: dict[tuple[int, int], tuple[int, int] | None] = {}
-    heap: list = [(float(estimate(np.array([0]), 0)[0]), 0.0, 0, "arrive", (0, 0, None))]
-    seq = 1
-    edges = 0
-
-    def dominated(j: int, h: int, g: float) -> bool:
-        return any(h2 <= h and g2 <= g for h2, g2 in settled.get(j, ()))
-
-    while heap:
-        f, g, _, kind, payload = heapq.heappop(heap)
-        if kind == "arrive":
-            j, h, parent = payload
-            if dominated(j, h, g):
-                continue
-            settled.setdefault(j, []).append((h, g))
-            parents[(j, h)] = parent
-            if j == last:
-                stages, state = [], (j, h)
-                while parents[state] is not None:
-                    prev = parents[state]
-                    stages.append(ideals[state[0]] & ~ideals[prev[0]])
-                    state = prev
-                return Chain(g, stages[::-1], len(cache), len(ideals))
-            if h >= pp:
-                continue
-            cand = np.flatnonzero((size > size[j]) & np.all((packed[j] & ~packed) == 0, axis=1))
-            if h + 1 >= pp:
-                cand = cand[cand == last]
-            if cand.size == 0:
-                continue
-            stage_lb = np.max(np.maximum(F[cand] - F[j], 0.0), axis=1)
-            if edge_lower is not None:
-                stage_lb = stage_lb + np.asarray(edge_lower(packed[j], packed[cand]), dtype=float)
-            bound = np.maximum(stage_lb, estimate(cand, h + 1))
-            bound = np.maximum(bound, g)
-            keep = np.isfinite(bound)
-            cand, bound = cand[keep], bound[keep]
-            if cand.size == 0:
-                continue
-            order = np.argsort(bound, kind="stable")
-            cand, bound = cand[order], bound[order]
-            heapq.heappush(heap, (float(bound[0]), g, seq, "edges", [j, h, g, cand, bound, 0]))
-            seq += 1
-        else:
-            j, h, g0, cand, bound, pos = payload
-            jj = int(cand[pos])
-            payload[5] = pos + 1
-            if pos + 1 < cand.size:
-                heapq.heappush(heap, (float(bound[pos + 1]), g0, seq, "edges", payload))
-                seq += 1
-            edges += 1
-            if edges > max_edges:
-                raise TooLarge(f"more than {max_edges} lattice edges examined")
-            if dominated(jj, h + 1, g0):
-                continue
-            t = c(ideals[jj] & ~ideals[j])
-            if math.isfinite(t):
-                g1 = max(g0, t)
-                f1 = max(g1, float(estimate(np.array([jj]), h + 1)[0]))
-                heapq.heappush(heap, (f1, g1, seq, "arrive", (jj, h + 1, (j, h))))
-                seq += 1
-    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -913,3 +765,22 @@ def to_result(model: GraphModel, ev: FamilyEvaluation, stats):
 
 __all__ = ["solve_graph", "GraphModel", "GraphMapping", "min_max_chain", "enumerate_ideals", "candidates",
            "MAX_IDEALS"]
+
+
+class GraphFamily(ModelFamily):
+    """``kind: graph`` behind the common family interface (:mod:`dfmodel.inter_chip.family_api`)."""
+
+    kind = "graph"
+
+    def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None) -> GraphModel:
+        pp_fixed = knobs is not None and knobs.pp is not None and knobs.pp > 1
+        return GraphModel(workload, system, solver=solver, time_limit_s=time_limit_s, pp_fixed=pp_fixed)
+
+    def candidates(self, model, knobs):
+        return candidates(model, knobs)
+
+    def result(self, model, best, stats):
+        return to_result(model, best, stats)
+
+    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
+        return solve_graph(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)

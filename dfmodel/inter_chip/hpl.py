@@ -48,7 +48,8 @@ from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
 from dfmodel.inter_chip.config import Knobs, divisors
 from dfmodel.inter_chip.config import Placed
-from dfmodel.inter_chip.families import (
+from dfmodel.inter_chip.family_api import ModelFamily
+from dfmodel.inter_chip.family_base import (
     FamilyEvaluation,
     FamilyMemory,
     FamilyModel,
@@ -342,3 +343,21 @@ def to_result(model: HPLModel, ev: FamilyEvaluation, stats):
                         parallelism=par, sharding=sharding, intra_per="run", notes=notes,
                         pipeline={"grid": [m.P, m.Q], "per_group_s": ev.detail["per_group_s"],
                                   "schedule": ev.detail["schedule"]})
+
+
+class HPLFamily(ModelFamily):
+    """``kind: hpl`` behind the common family interface (:mod:`dfmodel.inter_chip.family_api`)."""
+
+    kind = "hpl"
+
+    def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None) -> HPLModel:
+        return HPLModel(workload, system, solver=solver, time_limit_s=time_limit_s)
+
+    def candidates(self, model, knobs):
+        return candidates(model, knobs)
+
+    def result(self, model, best, stats):
+        return to_result(model, best, stats)
+
+    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
+        return solve_hpl(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)

@@ -9,18 +9,34 @@ mapping is optimal over the whole space within the model when every inner solve 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import heapq
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
-from dfmodel.errors import InfeasibleError, InputError
+from dfmodel.errors import InfeasibleError, InputError, TimeLimitError
 # the LLM mapping space lives in llm_space; re-exported here for existing imports
 from dfmodel.inter_chip.llm_space import degree_triples, llm_candidates, validate_knobs  # noqa: F401
+from dfmodel.solvers.deadline import DeadlineExpired, deadline_scope, expired, time_left_s
 
 
 @dataclass
 class SearchStats:
+    """What the search did, and how sure its answer is.
+
+    ``status`` is ``optimal`` (every candidate that could beat the winner was evaluated and
+    every inner solve proven) or ``time_limit`` (the deadline cut the search, or an inner
+    solve stopped at its limit); then ``lower_bound_s`` is the smallest bound any unexplored
+    or unproven candidate still had and ``gap`` = (best - bound) / best, as a MILP reports.
+    ``ruled_out`` counts candidates whose lower bound was below the winner's time but which
+    could not run (``memory``: over the chip's capacity, ``infeasible``: an inner pass found no
+    plan, e.g. SRAM). ``runners_up`` are the next-best fitting evaluations, best first.
+    """
+
     candidates: int = 0
     evaluated: int = 0
     pruned_bound: int = 0
@@ -28,67 +44,211 @@ class SearchStats:
     wall_s: float = 0.0
     proven_optimal: bool = True
     notes: list[str] = field(default_factory=list)
+    status: str = "optimal"
+    lower_bound_s: float | None = None
+    gap: float = 0.0
+    timed_out: bool = False
+    ruled_out: dict[str, int] = field(default_factory=dict)
+    runners_up: list = field(default_factory=list)
+    why_not: dict[str, dict] = field(default_factory=dict)
 
     @property
     def pruned(self) -> int:
         return self.pruned_bound + self.pruned_memory
 
 
-def search(model, candidates, *, exhaustive: bool = False):
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot handed to ``search(progress=...)`` callbacks (at most ~10 per second)."""
+
+    candidates: int
+    evaluated: int
+    pruned: int
+    open: int  # candidates still in the queue
+    best_s: float | None
+    bound_s: float | None
+    elapsed_s: float
+
+    @property
+    def gap(self) -> float | None:
+        if self.best_s is None or self.bound_s is None or self.best_s <= 0:
+            return None
+        return max(0.0, (self.best_s - self.bound_s) / self.best_s)
+
+    @property
+    def done(self) -> int:
+        return self.evaluated + self.pruned
+
+
+_OPTIONS: contextvars.ContextVar[dict] = contextvars.ContextVar("dfmodel_search_options", default={})
+
+
+@contextlib.contextmanager
+def search_options(*, alternatives: int | None = None, progress=None):
+    """Defaults for every :func:`search` run inside the block (``optimize`` sets them once,
+    whichever family's solver runs the search)."""
+    token = _OPTIONS.set({"alternatives": alternatives, "progress": progress})
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
+def search(model, candidates, *, exhaustive: bool = False, alternatives: int | None = None,
+           time_limit_s: float | None = None, progress=None):
     """Best evaluation over ``candidates`` (an iterable of mappings), with statistics.
 
-    ``exhaustive=True`` evaluates everything (the oracle the tests compare against).
+    Candidates are visited in increasing lower-bound order; the search stops when the next bound
+    is no better than the ``alternatives + 1``-th best time found (so the runners-up it reports
+    are exactly the next best, not whatever it happened to see). ``exhaustive=True`` evaluates
+    everything (the oracle the tests compare against).
+
+    ``time_limit_s`` (default: the model's ``time_limit_s``) caps the whole search: a deadline
+    (:mod:`dfmodel.solvers.deadline`) that every inner MILP also honours. When it passes, the
+    best mapping so far is returned with ``stats.status == "time_limit"``, the smallest bound
+    left open and the relative gap; :class:`~dfmodel.errors.TimeLimitError` if nothing was
+    evaluated yet. ``progress`` is called with a :class:`Progress` about ten times a second.
     """
+    opts = _OPTIONS.get()
+    if alternatives is None:
+        alternatives = opts.get("alternatives") or 0
+    if progress is None:
+        progress = opts.get("progress")
+    if time_limit_s is None:
+        time_limit_s = getattr(model, "time_limit_s", None)
+    with deadline_scope(time_limit_s):
+        return _search(model, candidates, exhaustive=exhaustive, keep=max(0, int(alternatives)) + 1,
+                       progress=progress)
+
+
+def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
     t0 = time.perf_counter()
     stats = SearchStats()
+    ledger = _Ledger()
+    reporter = _Reporter(progress, t0)
     heap = []
     capacity = model.system.chip.memory.capacity_bytes
     smallest_floor = None
+    enumeration_cut = False
+    # Under a deadline, an incumbent is taken early once a quarter of the time is gone (the best-bound
+    # candidate seen, else the leanest in memory, which is the likeliest to fit) so that a cut
+    # search still returns a mapping, as a MILP solver's primal heuristics do.
+    limit_left = time_left_s()
+    dive_at = None if limit_left is None or exhaustive else time.perf_counter() + 0.25 * limit_left
+    dived: dict[int, object] = {}
+    best_seen = leanest = None
+    leanness = getattr(model, "leanness", None)  # optional: sorts candidates by memory they need
     for i, m in enumerate(candidates):
+        if i % 64 == 0:
+            if expired():
+                enumeration_cut = True
+                break
+            if dive_at is not None and best_seen is not None and time.perf_counter() >= dive_at:
+                # until one fits: the best bound once, then the leanest seen whenever it changes
+                for _, j, cand in (best_seen, leanest):
+                    if j not in dived and not expired():
+                        ev = _try_evaluate(model, cand)
+                        if ev is None:
+                            break
+                        dived[j] = ev
+                        if not isinstance(ev, InfeasibleError) and ev.fits:
+                            dive_at = None
+                            break
         stats.candidates += 1
         floor = model.memory_floor_bytes(m)
         if floor > capacity and not exhaustive:
             stats.pruned_memory += 1
             smallest_floor = floor if smallest_floor is None else min(smallest_floor, floor)
+            ledger.ruled_out(m, model.lower_bound_s(m), "memory", floor)
             continue
-        heap.append((model.lower_bound_s(m), i, False, m))
-    if not heap and stats.candidates == 0:
+        bound = model.lower_bound_s(m)
+        heap.append((bound, i, False, m))
+        if best_seen is None or bound < best_seen[0]:
+            best_seen = (bound, i, m)
+        lean = leanness(m) if leanness else floor
+        if leanest is None or lean < leanest[0]:
+            leanest = (lean, i, m)
+        if i % 256 == 0:
+            reporter.maybe(stats, len(heap), None, None)
+    if not heap and stats.candidates == 0 and not enumeration_cut:
         from dfmodel.inter_chip.diagnose import no_mapping_message  # names the failed constraint
 
         raise InfeasibleError(no_mapping_message(model))
     heapq.heapify(heap)
-    best = None
+    top: list = []  # the ``keep`` best fitting evaluations, best first
+    unproven_bound = math.inf  # smallest bound of an evaluated candidate whose inner solve was cut
     worst_memory = None
     inner_failure = None
-    while heap:
-        bound, i, refined, m = heapq.heappop(heap)
-        if best is not None and bound >= best.iteration_time_s and not exhaustive:
-            stats.pruned_bound += 1 + len(heap)
+    queue = heap
+    if enumeration_cut:  # the incumbent taken early is all there is; the heap still bounds the rest
+        queue = [(b, i, True, m) for b, i, _, m in heap if i in dived]
+        heapq.heapify(queue)
+    recent_eval_s: list[float] = []  # durations of the last evaluations (to respect the deadline)
+    while queue:
+        if not exhaustive and queue[0][1] not in dived and _no_time_for(recent_eval_s):
+            stats.timed_out = True
             break
+        bound, i, refined, m = queue[0]
+        cutoff = top[-1].iteration_time_s if len(top) >= keep else None
+        if cutoff is not None and bound >= cutoff and not exhaustive:
+            stats.pruned_bound += len(queue)
+            ledger.bounded(queue)
+            queue = []
+            break
+        heapq.heappop(queue)
         if not refined and not exhaustive:
             # lazy bound tightening: once this candidate's inner blocks are solved (for another
             # candidate), its exact stage times give a tighter bound; re-queue it with that
             finer = model.refined_bound_s(m)
             if finer is not None and finer > bound:
-                heapq.heappush(heap, (finer, i, True, m))
+                heapq.heappush(queue, (finer, i, True, m))
                 continue
         try:
-            ev = model.evaluate(m)
+            t_eval = time.perf_counter()
+            ev = dived.pop(i) if i in dived else model.evaluate(m)
+            recent_eval_s[:] = (recent_eval_s + [time.perf_counter() - t_eval])[-8:]
+            if isinstance(ev, InfeasibleError):
+                raise ev
+        except DeadlineExpired:  # abandoned mid-evaluation: it stays open (its bound counts)
+            heapq.heappush(queue, (bound, i, True, m))
+            stats.timed_out = True
+            break
         except InfeasibleError as exc:  # an inner pass found nothing that fits (e.g. SRAM, DRAM)
             stats.evaluated += 1
             stats.pruned_memory += 1
             inner_failure = str(exc)
+            ledger.ruled_out(m, bound, "infeasible")
             continue
         stats.evaluated += 1
         if not ev.fits:
             stats.pruned_memory += 1
+            ledger.ruled_out(m, bound, "memory", ev.memory.total_bytes)
             if worst_memory is None or ev.memory.total_bytes < worst_memory.memory.total_bytes:
                 worst_memory = ev
             continue
-        stats.proven_optimal &= ev.proven_optimal
-        if _better(ev, best):
-            best = ev
+        if not ev.proven_optimal:
+            stats.proven_optimal = False
+            # an inner solve stopped at gap g: the mapping's true time is >= (1 - g) x its time
+            unproven_bound = min(unproven_bound, max(bound, ev.iteration_time_s * (1.0 - _inner_gap(ev))))
+        ledger.evaluated(m, ev.iteration_time_s)
+        _insert(top, ev, keep)
+        reporter.maybe(stats, len(queue), top[0].iteration_time_s, queue[0][0] if queue else None)
+    for i, ev in dived.items():  # incumbents taken early that the cut search never reached
+        if isinstance(ev, InfeasibleError) or ev is None:
+            continue
+        stats.evaluated += 1
+        if ev.fits:
+            if not ev.proven_optimal:
+                stats.proven_optimal = False
+            ledger.evaluated(ev.mapping, ev.iteration_time_s)
+            _insert(top, ev, keep)
+    best = top[0] if top else None
     stats.wall_s = time.perf_counter() - t0
+    if best is None and (stats.timed_out or enumeration_cut):
+        raise TimeLimitError(
+            f"time limit reached before any mapping was evaluated to completion ({stats.candidates} candidates "
+            f"enumerated, {stats.evaluated} evaluated, none fitting yet); allow more time"
+        )
     if best is None and worst_memory is None:
         if inner_failure is not None:
             raise InfeasibleError(f"no mapping fits: {inner_failure}")
@@ -107,10 +267,257 @@ def search(model, candidates, *, exhaustive: bool = False):
             f"but a chip has {mem.capacity_bytes / 2**30:.1f} GiB, short by "
             f"{(mem.total_bytes - mem.capacity_bytes) / 2**30:.1f} GiB"
         )
+    global_bound = getattr(model, "global_lower_bound_s", None)
+    _close(stats, best, queue if not enumeration_cut else heap, unproven_bound,
+           enumeration_cut and (global_bound() if global_bound else 0.0))
+    if stats.timed_out and not enumeration_cut and queue:
+        ledger.bounded(queue)
+    stats.runners_up = top[1:]
+    stats.ruled_out = ledger.ruled_out_counts(best.iteration_time_s)
+    stats.why_not = ledger.why_not(best.mapping, best.iteration_time_s)
+    reporter.final(stats, best.iteration_time_s)
     return best, stats
 
 
-__all__ = ["search", "llm_candidates", "degree_triples", "SearchStats", "validate_knobs", "itertools"]
+def _no_time_for(recent_eval_s: list[float]) -> bool:
+    """True when the deadline has passed, or is nearer than the slowest recent evaluation
+    (parts of an evaluation, e.g. the pipeline simulation, cannot be interrupted: starting one
+    that cannot finish would overrun the limit)."""
+    left = time_left_s()
+    if left is None:
+        return False
+    return left <= 0.0 or (bool(recent_eval_s) and left < max(recent_eval_s))
+
+
+def _try_evaluate(model, m):
+    """``model.evaluate(m)``, or the InfeasibleError it raised (re-raised when it is visited);
+    None when the deadline cut it."""
+    try:
+        return model.evaluate(m)
+    except DeadlineExpired:
+        return None
+    except InfeasibleError as exc:
+        return exc
+
+
+def _inner_gap(ev) -> float:
+    """Largest relative gap of the evaluation's unproven inner solves (1.0 when unknown)."""
+    gaps = []
+    layer = getattr(ev, "layer", None)
+    for phase in (getattr(layer, "fwd", None), getattr(layer, "bwd", None), getattr(ev, "chip", None)):
+        if phase is not None and getattr(phase, "gap", None) is not None:
+            gaps.append(float(phase.gap))
+    return min(1.0, max(gaps)) if gaps else 1.0
+
+
+def annotate_result(result, best, stats: SearchStats):
+    """Put the search's status, proven bound, gap, runners-up and why-not table on ``result``."""
+    result.solver.status = stats.status
+    result.solver.proven_optimal = stats.proven_optimal
+    result.solver.gap = stats.gap
+    result.solver.lower_bound_s = stats.lower_bound_s
+    result.solver.candidates_evaluated = stats.evaluated
+    result.solver.candidates_pruned = stats.pruned
+    result.alternatives = alternatives_report(best, stats.runners_up)
+    result.ruled_out = dict(stats.ruled_out)
+    result.why_not = dict(stats.why_not)
+    if stats.timed_out:
+        result.notes.append(
+            f"time limit reached: best found {best.iteration_time_s:.6g} s, proven lower bound "
+            f"{stats.lower_bound_s:.6g} s (gap {stats.gap:.2%})"
+        )
+    result.notes.extend(n for n in stats.notes if n not in result.notes)
+    return result
+
+
+def alternatives_report(best, runners_up) -> list[dict]:
+    """Runners-up as JSON rows: time, how much slower, the knobs that differ, the bottleneck."""
+    rows = []
+    for rank, ev in enumerate(runners_up, start=2):
+        breakdown = ev.breakdown_s
+        rows.append({
+            "rank": rank,
+            "iteration_time_s": ev.iteration_time_s,
+            "slower_by": ev.iteration_time_s / best.iteration_time_s - 1.0,
+            "differs": knobs_differing(best.mapping, ev.mapping),
+            "bottleneck": max(breakdown, key=breakdown.get) if breakdown else "",
+            "mapping": {k: knob_value(v) for k, v in knob_items(ev.mapping)},
+        })
+    return rows
+
+
+def _insert(top: list, ev, keep: int) -> None:
+    """Insert ``ev`` into the sorted list of the ``keep`` best (order: :func:`_better`)."""
+    at = len(top)
+    while at > 0 and _better(ev, top[at - 1]):
+        at -= 1
+    if at < keep:
+        top.insert(at, ev)
+        del top[keep:]
+
+
+def _close(stats: SearchStats, best, heap, unproven_bound: float, cut_bound) -> None:
+    """Status, proven lower bound and relative gap, as a MILP solver reports them.
+
+    ``cut_bound`` is False when every candidate was enumerated, else the model's bound valid for
+    every mapping (``global_lower_bound_s``, 0 when it has none): the candidates never seen."""
+    t = best.iteration_time_s
+    if cut_bound is not False:
+        stats.timed_out = True
+        stats.notes.append("the time limit cut the enumeration of candidates; the bound covers the rest "
+                           "with the model's global floor")
+        lb = min(t, float(cut_bound), min((b for b, *_ in heap), default=math.inf), unproven_bound)
+    else:
+        open_bound = min((b for b, *_ in heap), default=math.inf) if stats.timed_out else math.inf
+        lb = min(t, open_bound, unproven_bound)
+    closed = stats.proven_optimal and cut_bound is False and lb >= t * (1 - 1e-12)
+    if stats.timed_out and closed:
+        # the bound left open is no better than the winner: the optimum is proven (as a MILP
+        # solver reports a closed gap); only the runners-up were not all confirmed
+        stats.notes.append("time limit reached after the optimum was proven: the runners-up listed may "
+                           "not be the next best")
+        stats.timed_out = False
+    if stats.timed_out or not stats.proven_optimal:
+        stats.status = "time_limit"
+        stats.proven_optimal = False
+    stats.lower_bound_s = lb
+    stats.gap = max(0.0, (t - lb) / t) if t > 0 else 0.0
+
+
+class _Reporter:
+    """Calls the user's progress callback at most every ``every_s`` seconds."""
+
+    def __init__(self, callback, t0: float, every_s: float = 0.1):
+        self.callback, self.t0, self.every_s, self.last = callback, t0, every_s, -math.inf
+
+    def maybe(self, stats: SearchStats, open_: int, best_s, bound_s) -> None:
+        if self.callback is None:
+            return
+        now = time.perf_counter()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        self.callback(Progress(stats.candidates, stats.evaluated, stats.pruned, open_, best_s,
+                               min(bound_s, best_s) if bound_s is not None and best_s is not None else bound_s,
+                               now - self.t0))
+
+    def final(self, stats: SearchStats, best_s: float) -> None:
+        if self.callback is not None:
+            self.callback(Progress(stats.candidates, stats.evaluated, stats.pruned, 0, best_s,
+                                   stats.lower_bound_s, time.perf_counter() - self.t0))
+
+
+def knob_items(mapping) -> list[tuple[str, object]]:
+    """(name, value) of a mapping's knobs; the placement shown as ``{"tp": ["nvlink:8"], ...}``."""
+    out = []
+    for f in dataclasses.fields(mapping):
+        v = getattr(mapping, f.name)
+        out.append((f.name, _placement_names(v) if f.name == "placement" else v))
+    return out
+
+
+def knob_value(v) -> object:
+    """A knob value as JSON: placements become ``{"tp": ["nvlink:8"], ...}``."""
+    if isinstance(v, tuple) and v and isinstance(v[0], tuple):
+        return {name: list(grp) for name, grp in v}
+    return v
+
+
+def knobs_differing(winner, other) -> dict[str, object]:
+    """The knobs of ``other`` that differ from ``winner``'s (JSON values)."""
+    a, b = dict(knob_items(winner)), knob_items(other)
+    return {k: knob_value(v) for k, v in b if a.get(k) != v}
+
+
+class _Ledger:
+    """Per knob value: the best time evaluated, the smallest bound left unexplored, and what
+    ruled candidates out -- the data behind "why not tp = 8?". Events are only recorded during
+    the search (cheap); the per-knob tables are built once at the end."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []  # (mapping, kind, value, need_bytes)
+        self.open: list = []  # heaps of candidates left unexplored: (bound, i, refined, mapping)
+
+    def evaluated(self, m, time_s: float) -> None:
+        self.events.append((m, "evaluated", time_s, None))
+
+    def ruled_out(self, m, bound_s: float, reason: str, need_bytes: float | None = None) -> None:
+        self.events.append((m, reason, bound_s, need_bytes))
+
+    def bounded(self, heap) -> None:
+        self.open.append(heap)
+
+    def ruled_out_counts(self, best_s: float) -> dict[str, int]:
+        """Candidates whose bound was below the winner's time but that could not run."""
+        counts: dict[str, int] = {}
+        for _, kind, bound_s, _ in self.events:
+            if kind != "evaluated" and bound_s < best_s:
+                counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    def why_not(self, winner, best_s: float) -> dict[str, dict]:
+        """For every knob value the winner does not use: its best time, or the bound that
+        proves it no better, or what ruled all of its candidates out."""
+        best: dict[tuple, float] = {}
+        bound: dict[tuple, float] = {}
+        out: dict[tuple, dict[str, int]] = {}
+        need: dict[tuple, float] = {}
+        for m, kind, value, need_bytes in self.events:
+            for kv in vars(m).items():
+                if kind == "evaluated":
+                    if value < best.get(kv, math.inf):
+                        best[kv] = value
+                    continue
+                c = out.setdefault(kv, {})
+                c[kind] = c.get(kind, 0) + 1
+                if need_bytes is not None and need_bytes < need.get(kv, math.inf):
+                    need[kv] = need_bytes
+        for heap in self.open:
+            for bound_s, _, _, m in heap:
+                for kv in vars(m).items():
+                    if bound_s < bound.get(kv, math.inf):
+                        bound[kv] = bound_s
+        mine = vars(winner)
+        rows: dict[str, dict] = {}
+        def order(kv):
+            v = kv[1]
+            return (kv[0], (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)))
+
+        for kv in sorted(set(best) | set(bound) | set(out), key=order):
+            name, value = kv
+            if mine.get(name) == value or name == "num_micro_batches":
+                continue
+            shown = _placement_names(value) if name == "placement" else value
+            row: dict = {"knob": name, "value": knob_value(shown)}
+            if kv in bound and bound[kv] < best.get(kv, math.inf):
+                # unexplored mappings with this value may beat the best evaluated one: the
+                # honest statement is their bound (never below the winner's time)
+                row.update(status="bound", bound_s=bound[kv], slower_by=bound[kv] / best_s - 1.0)
+                if kv in best:
+                    row["best_s"] = best[kv]
+            elif kv in best:
+                row.update(status="slower", best_s=best[kv], slower_by=best[kv] / best_s - 1.0)
+            else:
+                counts = out.get(kv, {})
+                row.update(status=max(counts, key=counts.get) if counts else "ruled_out", counts=dict(counts))
+                if kv in need:
+                    row["needs_bytes"] = need[kv]
+            rows[f"{name}={_show(shown)}"] = row
+        return rows
+
+
+def _placement_names(v):
+    return tuple((name, tuple(f"{d}:{n}" for d, n in grp)) for name, grp in v)
+
+
+def _show(v) -> str:
+    if isinstance(v, tuple) and v and isinstance(v[0], tuple):
+        return ",".join(f"{name}[{'x'.join(grp)}]" for name, grp in v)
+    return str(v)
+
+
+__all__ = ["search", "llm_candidates", "degree_triples", "SearchStats", "Progress", "validate_knobs",
+           "knobs_differing", "itertools"]
 
 
 def _better(ev, best) -> bool:

@@ -9,7 +9,8 @@ import numpy as np
 
 from dfmodel.errors import InfeasibleError, SolverError
 from dfmodel.graph.graph import DataflowGraph
-from dfmodel.intra_chip import dp as _dp
+from dfmodel.intra_chip import ideals as _dp
+from dfmodel.solvers.deadline import check as check_deadline
 from dfmodel.intra_chip.cost import CostModel
 from dfmodel.intra_chip.milp import solve_milp
 from dfmodel.intra_chip.result import PartitionReport, PartitionResult
@@ -80,6 +81,7 @@ def partition(
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     if max_partitions is not None and max_partitions < 1:
         raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
+    check_deadline()  # a whole-call deadline (optimize's time limit) has passed: abandon this pass
     t0 = time.perf_counter()
     cm = CostModel(graph, system, network_time_s, tile_fractions_=tile_fractions, tile_overhead_s=tile_overhead_s,
                    weight_streaming=weight_streaming, stream_buffer_fraction=stream_buffer_fraction)

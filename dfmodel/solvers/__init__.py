@@ -19,6 +19,7 @@ import numpy as np
 from dfmodel.errors import SolverError
 from dfmodel.solvers import gurobi as _gurobi
 from dfmodel.solvers import highs as _highs
+from dfmodel.solvers.deadline import clamp
 from dfmodel.solvers.model import STATUSES, MILPModel, SolveResult, eliminate_fixed, relative_gap
 
 __all__ = ["MILPModel", "SolveResult", "STATUSES", "solve", "choose_backend", "gurobi_licence", "relative_gap"]
@@ -89,6 +90,7 @@ def solve(
     is completed by an LP. The result's ``status`` is ``optimal``, ``time_limit`` (with
     the incumbent, bound and gap if any), ``infeasible``, ``unbounded`` or ``error``.
     """
+    time_limit_s = clamp(time_limit_s)  # never past the caller's whole-call deadline
     reduced, keep, values = eliminate_fixed(model)
     backend = choose_backend(reduced, solver)
     if reduced.num_vars == 0:  # every decision fixed: nothing for a back-end to do

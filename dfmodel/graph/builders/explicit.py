@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import Kernel, Tensor
-from dfmodel.graph.workload import GraphWorkload
+
+if TYPE_CHECKING:  # annotation only: workload.py builds the graph at load time (no import cycle)
+    from dfmodel.graph.workload import GraphWorkload
 
 
 def build_explicit(w: GraphWorkload) -> DataflowGraph:

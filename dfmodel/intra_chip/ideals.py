@@ -1,4 +1,6 @@
-"""Exact partitioning by dynamic programming over the ideals of the DAG, and brute force.
+"""Exact intra-chip partitioning by dynamic programming over the ideals of the DAG, and brute force.
+
+(Formerly ``intra_chip/dp.py``: "DP" here is dynamic programming, not data parallelism.)
 
 A partition sequence is a chain of down-sets (ideals) ``{} = I_0 < I_1 < ... < I_m = V`` of the
 DAG; partition ``j`` is ``I_j - I_{j-1}`` and its cost depends only on that set (and, for the
@@ -20,21 +22,18 @@ True
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
+from dfmodel.algorithms import DEFAULT_MAX_IDEALS, TooLarge, ideal_masks  # noqa: F401 -- re-exported
 from dfmodel.intra_chip.cost import CostModel
+from dfmodel.solvers.deadline import check as check_deadline
 
-#: Above this many ideals the DP is not attempted (the MILP takes over).
-DEFAULT_MAX_IDEALS = 50_000
 #: Above this many (ideal, larger ideal) pairs the DP is not attempted.
 DEFAULT_MAX_PAIRS = 8_000_000
 _CHUNK = 65_536  # rows costed per vectorised call (bounds memory)
-
-
-class TooLarge(Exception):
-    """The ideal lattice exceeds the DP's guard."""
 
 
 @dataclass
@@ -46,28 +45,6 @@ class Lattice:
     @property
     def size(self) -> int:
         return int(self.bits.shape[0])
-
-
-def ideal_masks(n: int, pred_masks, max_ideals: int = DEFAULT_MAX_IDEALS) -> set[int]:
-    """Every down-set of a DAG of ``n`` kernels as a bitmask (``pred_masks[k]``: bitmask of k's
-    producers); TooLarge past ``max_ideals``.
-
-    >>> sorted(ideal_masks(3, [0, 1, 1]))  # a -> b, a -> c
-    [0, 1, 3, 5, 7]
-    """
-    seen = {0}
-    stack = [0]
-    while stack:
-        ideal = stack.pop()
-        for k in range(n):
-            if not (ideal >> k) & 1 and not (pred_masks[k] & ~ideal):
-                nxt = ideal | (1 << k)
-                if nxt not in seen:
-                    seen.add(nxt)
-                    if len(seen) > max_ideals:
-                        raise TooLarge(f"more than {max_ideals} ideals")
-                    stack.append(nxt)
-    return seen
 
 
 def enumerate_ideals(cm: CostModel, max_ideals: int = DEFAULT_MAX_IDEALS) -> Lattice:
@@ -125,13 +102,107 @@ def transitions(
     subadditive lower bound ``lb(J) - lb(I) <= lb(J - I)`` of :meth:`CostModel.min_sram_bytes`)
     are dropped before costing, and each distinct set ``J - I`` is costed once (many pairs share
     it). Each set takes its fastest fitting option (tile, resident or streamed weights).
+
+    The pairs and their distinct sets depend only on the lattice and the size limit, not on the
+    sizes of the tensors: they are computed once per lattice shape (:func:`_structure`) and
+    reused by every graph of the same shape (a layer at every micro-batch, TP degree and
+    placement), which only re-applies the SRAM screen and costs the sets it keeps.
     """
-    packed = _pack(lat.bits)
-    sizes = lat.bits.sum(axis=1)
     max_size = cm.tiles if cm.dataflow else cm.n
     if singletons:
         max_size = 1
     weights = cm.min_sram_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size)
+    st = _structure(lat, max_size, max_pairs)
+    if st is None:  # too many structural pairs to keep: screen row by row (no reuse)
+        src, dst, sets, inverse = _pairs_screened(cm, lat, max_size, weights, max_pairs)
+    else:
+        src, dst, sets, inverse = st
+        screen = weights[dst] - weights[src] <= cm.sram_bytes * (1 + 1e-12)
+        if int(screen.sum()) > max_pairs:
+            raise TooLarge(f"more than {max_pairs} (ideal, superset) pairs")
+        src, dst, inverse = src[screen], dst[screen], inverse[screen]
+    if src.size == 0:
+        return Edges(np.zeros(0, int), np.zeros(0, int), np.zeros(0))
+    needed = np.zeros(sets.shape[0], dtype=bool)
+    needed[inverse] = True
+    idx = np.flatnonzero(needed)
+    feasible = np.zeros(sets.shape[0], dtype=bool)
+    cost = np.zeros(sets.shape[0])
+    for a in range(0, idx.size, _CHUNK):
+        check_deadline()
+        rows = idx[a : a + _CHUNK]
+        ev = cm.evaluate(sets[rows])
+        feasible[rows] = ev["feasible"]
+        cost[rows] = ev["time_s"]
+    keep = feasible[inverse]
+    if cm.dram_check:  # lifetimes depend on the pair, not only on the set
+        for a in range(0, src.size, _CHUNK):
+            sl = slice(a, a + _CHUNK)
+            I, J = lat.bits[src[sl]], lat.bits[dst[sl]]
+            keep[sl] &= cm.dram_fits(cm.live_bytes(I, J))
+    return Edges(src[keep], dst[keep], cost[inverse][keep])
+
+
+#: structural pairs of recently seen lattices: (shape, bits, max_size) -> (src, dst, sets, inverse)
+_STRUCTURES: "OrderedDict[tuple, tuple]" = OrderedDict()
+_STRUCTURES_KEPT = 16
+#: ... and at most this many pairs in all (a 33-kernel backward layer has 3.7 M; ~70 MB)
+_STRUCTURES_MAX_PAIRS = 8_000_000
+
+
+def _structure(lat: Lattice, max_size: int, max_pairs: int):
+    """(src, dst, distinct sets, set index of each pair) of every ideal pair ``I < J`` with
+    ``|J - I| <= max_size``; cached by lattice. None past ``4 max_pairs`` pairs (not kept)."""
+    key = (lat.bits.shape, lat.bits.tobytes(), max_size)
+    hit = _STRUCTURES.get(key)
+    if hit is not None:
+        _STRUCTURES.move_to_end(key)
+        return hit
+    packed = _pack(lat.bits)
+    sizes = lat.bits.sum(axis=1)
+    src_l, dst_l = [], []
+    total = 0
+    for i in range(lat.size):
+        if i % 128 == 0:
+            check_deadline()
+        lo = np.searchsorted(sizes, sizes[i], side="right")
+        hi = np.searchsorted(sizes, sizes[i] + max_size, side="right")
+        if lo >= hi:
+            continue
+        js = np.flatnonzero(np.all((packed[i] & ~packed[lo:hi]) == 0, axis=1)) + lo
+        if js.size:
+            src_l.append(np.full(js.size, i, dtype=np.int64))
+            dst_l.append(js)
+            total += js.size
+            if total > 4 * max_pairs:
+                return None
+    if not src_l:
+        out = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, lat.bits.shape[1]), bool), np.zeros(0, np.int64))
+    else:
+        src, dst = np.concatenate(src_l), np.concatenate(dst_l)
+        sets, inverse = _distinct_sets(packed[dst] & ~packed[src], lat.bits.shape[1])
+        out = (src, dst, sets, inverse)
+    _STRUCTURES[key] = out
+    while len(_STRUCTURES) > 1 and (len(_STRUCTURES) > _STRUCTURES_KEPT or
+                                    sum(v[0].size for v in _STRUCTURES.values()) > _STRUCTURES_MAX_PAIRS):
+        _STRUCTURES.popitem(last=False)
+    return out
+
+
+def _distinct_sets(words: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of packed sets as boolean rows, and each row's index among them."""
+    if words.shape[1] == 1:  # up to 64 kernels: integer keys sort much faster than byte strings
+        uniq, inverse = np.unique(words[:, 0], return_inverse=True)
+        return _unpack(uniq[:, None], n), inverse.ravel()
+    keys = np.ascontiguousarray(words).view(np.dtype((np.void, words.dtype.itemsize * words.shape[1]))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return _unpack(words[first], n), inverse.ravel()
+
+
+def _pairs_screened(cm: CostModel, lat: Lattice, max_size: int, weights: np.ndarray, max_pairs: int):
+    """The pairs of :func:`_structure` with the SRAM screen applied row by row (large lattices)."""
+    packed = _pack(lat.bits)
+    sizes = lat.bits.sum(axis=1)
     src_l, dst_l = [], []
     total = 0
     for i in range(lat.size):
@@ -149,30 +220,11 @@ def transitions(
             if total > max_pairs:
                 raise TooLarge(f"more than {max_pairs} (ideal, superset) pairs")
     if not src_l:
-        return Edges(np.zeros(0, int), np.zeros(0, int), np.zeros(0))
+        z = np.zeros(0, np.int64)
+        return z, z, np.zeros((0, cm.n), bool), z
     src, dst = np.concatenate(src_l), np.concatenate(dst_l)
-    words = packed[dst] & ~packed[src]
-    if words.shape[1] == 1:  # up to 64 kernels: integer keys sort much faster than byte strings
-        uniq, inverse = np.unique(words[:, 0], return_inverse=True)
-        sets = _unpack(uniq[:, None], cm.n)
-    else:
-        keys = np.ascontiguousarray(words).view(np.dtype((np.void, words.dtype.itemsize * words.shape[1]))).ravel()
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        sets = _unpack(words[first], cm.n)
-    feasible = np.zeros(sets.shape[0], dtype=bool)
-    cost = np.zeros(sets.shape[0])
-    for a in range(0, sets.shape[0], _CHUNK):
-        ev = cm.evaluate(sets[a : a + _CHUNK])
-        feasible[a : a + _CHUNK] = ev["feasible"]
-        cost[a : a + _CHUNK] = ev["time_s"]
-    inverse = inverse.ravel()
-    keep = feasible[inverse]
-    if cm.dram_check:  # lifetimes depend on the pair, not only on the set
-        for a in range(0, src.size, _CHUNK):
-            sl = slice(a, a + _CHUNK)
-            I, J = lat.bits[src[sl]], lat.bits[dst[sl]]
-            keep[sl] &= cm.dram_fits(cm.live_bytes(I, J))
-    return Edges(src[keep], dst[keep], cost[inverse][keep])
+    sets, inverse = _distinct_sets(packed[dst] & ~packed[src], cm.n)
+    return src, dst, sets, inverse
 
 
 def _unpack(words: np.ndarray, n: int) -> np.ndarray:

@@ -1,0 +1,120 @@
+"""The search-at-scale matrix (issue 12): every shipped LLM workload on every shipped system, at
+the system's default size and at 8x, 64x and 1024x of a node.
+
+A node is the system's inner network dimensions (all but the outermost, which ``num_chips``
+resizes): 8 GPUs of a DGX, 64 chips of an SN30 8x8 ring pair... A one-dimension system's node
+is one chip. Each cell is one full ``optimize`` (nothing fixed) under ``--time-limit`` seconds
+(default 10, the issue's target): a cell whose status is ``optimal`` was searched to proven
+optimality within it; ``time_limit`` cells report the best found and its gap.
+
+Run:  python benchmarks/bench_matrix.py [--quick] [--time-limit S] [--alternatives K]
+                                        [--workloads a,b] [--systems a,b] [--sizes default,8,64,1024]
+                                        [--json out.jsonl]
+``--quick``: gpt3_13b and llama3_70b on dgx_h100 and sn30, default size and 8x.
+Prints one row per cell: wall, candidates evaluated / pruned, the winner, iteration time, status, gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from dfmodel import load_system, load_workload, optimize
+from dfmodel.errors import DFModelError
+from dfmodel.presets import list_presets
+
+SIZES = ("default", "8", "64", "1024")
+QUICK = {"workloads": ["gpt3_13b", "llama3_70b"], "systems": ["dgx_h100", "sn30"], "sizes": ["default", "8"]}
+
+
+def llm_workloads() -> list[str]:
+    return [p.stem for p in list_presets("workloads") if load_workload(p).kind == "llm"]
+
+
+def all_systems() -> list[str]:
+    return [p.stem for p in list_presets("systems")]
+
+
+def node_chips(system_name: str) -> int:
+    """Chips in one node: the product of every network dimension but the outermost."""
+    dims = load_system(system_name).network
+    return math.prod(d.size for d in dims[:-1]) if len(dims) > 1 else 1
+
+
+def chips_for(system_name: str, size: str) -> int | None:
+    return None if size == "default" else node_chips(system_name) * int(size)
+
+
+def mapping_text(r) -> str:
+    p = r.parallelism
+    return (f"TP{p.tp} PP{p.pp} DP{p.dp} mb{p.micro_batch}x{p.num_micro_batches} v{p.interleave} "
+            f"{p.recompute[:3]} sp={int(p.sequence_parallel)} dopt={int(p.distributed_optimizer)}")
+
+
+def run_cell(workload: str, system: str, size: str, time_limit_s: float, alternatives: int) -> dict:
+    n = chips_for(system, size)
+    t0 = time.perf_counter()
+    row = {"workload": workload, "system": system, "size": size,
+           "num_chips": n if n is not None else load_system(system).num_chips}
+    try:
+        r = optimize(workload, system, num_chips=n, time_limit_s=time_limit_s, alternatives=alternatives)
+    except DFModelError as exc:
+        row.update(wall_s=time.perf_counter() - t0, status=type(exc).__name__, message=str(exc))
+        return row
+    row.update(wall_s=time.perf_counter() - t0, status=r.solver.status, gap=r.solver.gap,
+               evaluated=r.solver.candidates_evaluated, pruned=r.solver.candidates_pruned,
+               iteration_time_s=r.iteration_time_s, mapping=mapping_text(r), mfu=r.model_flops_utilization)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--alternatives", type=int, default=5)
+    ap.add_argument("--workloads")
+    ap.add_argument("--systems")
+    ap.add_argument("--sizes")
+    ap.add_argument("--json", dest="json_path")
+    a = ap.parse_args()
+    workloads = a.workloads.split(",") if a.workloads else QUICK["workloads"] if a.quick else llm_workloads()
+    systems = a.systems.split(",") if a.systems else QUICK["systems"] if a.quick else all_systems()
+    sizes = a.sizes.split(",") if a.sizes else QUICK["sizes"] if a.quick else list(SIZES)
+    console = Console(width=220)
+    table = Table("workload", "system", "chips", "wall s", "evaluated / pruned", "winner", "iteration", "status",
+                  "gap", title=f"full search, time limit {a.time_limit:g} s per cell")
+    out = open(a.json_path, "w") if a.json_path else None
+    rows = []
+    for w in workloads:
+        for s in systems:
+            for size in sizes:
+                row = run_cell(w, s, size, a.time_limit, a.alternatives)
+                rows.append(row)
+                if out:
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+                ok = "iteration_time_s" in row
+                table.add_row(
+                    w, s, f"{row['num_chips']}" + ("" if size == "default" else f" ({size}x node)"),
+                    f"{row['wall_s']:.2f}",
+                    f"{row['evaluated']} / {row['pruned']}" if ok else "-",
+                    row.get("mapping", row.get("message", ""))[:90],
+                    f"{row['iteration_time_s']:.4g} s" if ok else "-",
+                    row["status"], f"{row['gap']:.1%}" if ok else "-",
+                )
+                console.print(f"{w} {s} {size}: {row['status']} in {row['wall_s']:.2f} s", style="dim")
+    console.print(table)
+    done = [r for r in rows if r["status"] == "optimal"]
+    console.print(f"{len(done)}/{len(rows)} cells proven optimal within {a.time_limit:g} s; "
+                  f"max wall {max(r['wall_s'] for r in rows):.2f} s")
+    if out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()

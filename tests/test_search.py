@@ -1,0 +1,210 @@
+"""The outer search: a whole-call time limit, exact runners-up, why-not tables, progress."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dfmodel import load_system, load_workload, optimize
+from dfmodel.errors import TimeLimitError
+from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.llm import LLMModel
+from dfmodel.inter_chip.llm_family import PlacementFreeBounds
+from dfmodel.inter_chip.search import Progress, llm_candidates, search
+from dfmodel.solvers.deadline import clamp, deadline_scope, expired, time_left_s
+from tests.test_inter_chip import SMALL_LLM, small_system
+
+
+def test_deadline_clamps_solver_limits_and_nests():
+    assert clamp(3.0) == 3.0 and time_left_s() is None
+    with deadline_scope(100.0):
+        assert 99.0 < clamp(None) <= 100.0
+        assert clamp(2.0) == 2.0
+        with deadline_scope(1000.0):  # an inner scope never extends the outer deadline
+            assert clamp(None) <= 100.0
+        with deadline_scope(0.5):
+            assert clamp(5.0) <= 0.5
+    with deadline_scope(0.0):
+        assert expired() and clamp(5.0) > 0  # a solve still gets a few ms to return its incumbent
+
+
+def test_one_second_limit_on_a_large_case_holds():
+    """In a fresh interpreter (a user's call; a long test session's caches and garbage would
+    slow any call): 1 s on Llama-3 70B x 512 H100 returns within 2 s with a gap."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, time\n"
+        "from dfmodel import optimize\n"
+        "t0 = time.perf_counter()\n"
+        "r = optimize('llama3_70b', 'dgx_h100', num_chips=512, time_limit_s=1.0)\n"
+        "print(json.dumps({'wall': time.perf_counter() - t0, 'time': r.iteration_time_s,"
+        " 'solver': r.to_dict()['solver'], 'notes': r.notes}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    s = d["solver"]
+    assert d["wall"] < 2.0
+    assert s["status"] == "time_limit" and not s["proven_optimal"]
+    assert 0.0 < s["gap"] < 1.0
+    assert s["lower_bound_s"] <= d["time"]
+    assert s["gap"] == pytest.approx(1 - s["lower_bound_s"] / d["time"])
+    assert any("time limit" in n for n in d["notes"])
+
+
+def test_limit_too_short_for_any_mapping_says_so():
+    with pytest.raises(TimeLimitError, match="before any mapping") as exc:
+        optimize("gpt3_1t", "dgx_h100", time_limit_s=1e-4)
+    assert exc.value.exit_code == 4
+
+
+def test_generous_limit_changes_nothing():
+    w, s = SMALL_LLM, small_system(4, 2)
+    a, b = optimize(w, s), optimize(w, s, time_limit_s=600)
+    assert a.iteration_time_s == b.iteration_time_s and b.solver.status == "optimal"
+    assert b.solver.gap == 0.0 and b.solver.lower_bound_s == b.iteration_time_s
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_alternatives_are_exactly_the_next_best(k):
+    """Runners-up equal the K next-best times of exhaustive enumeration; each re-evaluates to a
+    valid mapping that fits, no faster than the winner."""
+    w, s = load_workload(SMALL_LLM), load_system(small_system(4, 2))
+    r = optimize(w, s, alternatives=k)
+    model = LLMModel(w, s)
+    evs = [model.evaluate(m) for m in llm_candidates(model, Knobs())]
+    times = sorted(e.iteration_time_s for e in evs if e.fits)
+    assert r.iteration_time_s == pytest.approx(times[0], rel=1e-12)
+    assert [a["iteration_time_s"] for a in r.alternatives] == pytest.approx(times[1:k + 1], rel=1e-12)
+    valid = set(llm_candidates(model, Knobs()))
+    by_mapping = {e.mapping: e for e in evs}
+    for a in r.alternatives:
+        assert a["iteration_time_s"] >= r.iteration_time_s
+        assert a["slower_by"] >= 0 and a["differs"] and a["bottleneck"] in r.breakdown_s
+        m = next(c for c in valid if _same(c, a["mapping"]))
+        ev = by_mapping[m]
+        assert ev.fits and ev.iteration_time_s == pytest.approx(a["iteration_time_s"], rel=1e-12)
+
+
+def _same(mapping, d) -> bool:
+    from dfmodel.inter_chip.search import knob_items, knob_value
+
+    return {k: knob_value(v) for k, v in knob_items(mapping)} == d
+
+
+def test_why_not_answers_every_other_tp():
+    """"Why not TP 2?": every tp value the search saw is either slower (evaluated), bounded
+    no better than the winner, or ruled out, and the numbers say by how much."""
+    r = optimize(SMALL_LLM, small_system(4, 2, capacity="3 GiB"))
+    rows = {k: v for k, v in r.why_not.items() if v["knob"] == "tp"}
+    assert rows and f"tp={r.parallelism.tp}" not in rows
+    for row in rows.values():
+        assert row["status"] in ("slower", "bound", "memory", "infeasible")
+        if row["status"] == "slower":
+            assert row["best_s"] >= r.iteration_time_s
+        if row["status"] == "bound":
+            assert row["bound_s"] >= r.iteration_time_s * (1 - 1e-12)
+    assert set(r.ruled_out) <= {"memory", "infeasible"}
+    d = r.to_dict()
+    assert "alternatives" in d and "why_not" in d and "ruled_out" in d
+
+
+def test_placement_free_bounds_equal_the_models_on_every_candidate():
+    model = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    memo = PlacementFreeBounds(model)
+    cands = list(llm_candidates(model, Knobs()))
+    for m in cands:
+        assert memo.lower_bound_s(m) == model.lower_bound_s(m)
+        assert memo.memory_floor_bytes(m) == model.memory_floor_bytes(m)
+    # the global floor is below every candidate's bound (it covers candidates never enumerated)
+    assert memo.global_lower_bound_s() <= min(model.lower_bound_s(m) for m in cands) * (1 + 1e-12)
+    for mb in (1, 2, 4):
+        assert model.compute_floor_s(mb, "none") >= mb * model.compute_floor_s(1, "none") * (1 - 1e-12)
+
+
+def test_progress_callback_sees_monotone_counts():
+    seen: list[Progress] = []
+    model = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    best, stats = search(model, llm_candidates(model, Knobs()), progress=seen.append)
+    assert seen and seen[-1].best_s == best.iteration_time_s and seen[-1].gap == 0.0
+    done = [p.done for p in seen]
+    assert done == sorted(done)
+
+
+def test_cli_json_stays_clean_and_carries_alternatives(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dfmodel.cli import app
+
+    import yaml
+
+    wf, sf = tmp_path / "w.yaml", tmp_path / "s.yaml"
+    wf.write_text(yaml.safe_dump(SMALL_LLM))
+    sf.write_text(yaml.safe_dump(small_system(4, 2)))
+    res = CliRunner().invoke(app, ["solve", "-w", str(wf), "-s", str(sf), "--alternatives", "3", "--json", "-"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert len(d["alternatives"]) == 3 and d["solver"]["status"] == "optimal"
+    table = CliRunner().invoke(app, ["solve", "-w", str(wf), "-s", str(sf), "--quiet"])
+    assert "runners-up" in table.stdout and "why not" in table.stdout
+    bad = CliRunner().invoke(app, ["solve", "-w", str(wf), "-s", str(sf), "--time-limit", "0"])
+    assert bad.exit_code == 2
+
+
+def test_progress_is_quiet_off_a_terminal():
+    import io
+
+    from dfmodel.progress import enabled
+
+    assert not enabled(False, io.StringIO()) and not enabled(True, io.StringIO())
+
+
+def test_no_candidate_at_all_is_infeasible_with_or_without_a_limit():
+    from dfmodel.errors import InfeasibleError
+
+    for limit in (None, 30.0):
+        with pytest.raises(InfeasibleError, match="no valid mapping"):
+            optimize(SMALL_LLM, small_system(17, 1), time_limit_s=limit)  # 17 chips, 8 layers, batch 16
+
+
+def _symmetric_system():
+    s = small_system(2, 2)
+    s["network"] = [
+        {"name": "x", "topology": "ring", "size": 2, "link_bandwidth_Bps": "100 GB/s", "latency_s": "2 us"},
+        {"name": "y", "topology": "ring", "size": 2, "link_bandwidth_Bps": "100 GB/s", "latency_s": "2 us"},
+        {"name": "z", "topology": "ring", "size": 2, "link_bandwidth_Bps": "100 GB/s", "latency_s": "2 us"},
+    ]
+    return s
+
+
+def test_symmetric_placements_are_searched_once_and_change_nothing():
+    from dfmodel.inter_chip.llm_family import distinct_up_to_symmetry, symmetric_dims
+    from dfmodel.inter_chip.llm_result import solve_llm
+
+    w, s = load_workload(SMALL_LLM), load_system(_symmetric_system())
+    assert symmetric_dims(s) == [["x", "y", "z"]]
+    model = LLMModel(w, s)
+    all_c = list(llm_candidates(model, Knobs()))
+    kept = list(distinct_up_to_symmetry(all_c, s))
+    assert len(kept) < len(all_c)
+    import dataclasses
+
+    from dfmodel.inter_chip.llm_family import canonical_placement
+
+    classes = symmetric_dims(s)
+    times: dict = {}
+    for m in all_c:  # twins (same canonical placement) cost exactly the same
+        key = dataclasses.replace(m, placement=canonical_placement(m.placement, classes))
+        times.setdefault(key, []).append(model.evaluate(m).iteration_time_s)
+    assert any(len(v) > 1 for v in times.values())
+    for v in times.values():
+        assert max(v) == pytest.approx(min(v), rel=1e-12)
+    full = solve_llm(w, s, Knobs(), exhaustive=True)
+    fast = optimize(w, s)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
