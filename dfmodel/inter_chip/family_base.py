@@ -355,6 +355,11 @@ def build_result(*, workload, system: System, ev: FamilyEvaluation, stats, usefu
         pipeline=pipeline or {},
         io=_io_section(ev, system, t, samples),
     )
+    if hasattr(stats, "runners_up"):
+        from dfmodel.inter_chip.search import annotate_result
+
+        annotate_result(result, ev, stats)
+    return result
 
 
 def _io_section(ev: FamilyEvaluation, system: System, iteration_time_s: float, samples: float) -> dict:
@@ -364,11 +369,6 @@ def _io_section(ev: FamilyEvaluation, system: System, iteration_time_s: float, s
     terms = ev.detail.get("io") if isinstance(ev.detail, dict) else None
     return io_report(terms, system, iteration_time_s=iteration_time_s, compute_power_w=system_power_w(system),
                      samples=samples, compute_cost_usd=system_cost_usd(system))
-    if hasattr(stats, "runners_up"):
-        from dfmodel.inter_chip.search import annotate_result
-
-        annotate_result(result, ev, stats)
-    return result
 
 
 def run_search(model, candidates, *, exhaustive: bool, alternatives: int | None = None):
