@@ -20,6 +20,7 @@ def solve_llm_family(workload, system, knobs: Knobs, *, solver: str = "auto", ti
 
     validate_knobs(knobs, system.num_chips)
     model = LLMModel(workload, system, solver=solver, time_limit_s=time_limit_s)
+    model.knobs = knobs  # read by inter_chip.diagnose when no mapping exists
     cands = llm_candidates(model, knobs)
     if not exhaustive:
         cands = distinct_up_to_symmetry(cands, system)

@@ -18,7 +18,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from dfmodel.errors import InfeasibleError, InputError, TimeLimitError
+from dfmodel.errors import InfeasibleError, TimeLimitError
 # the LLM mapping space lives in llm_space; re-exported here for existing imports
 from dfmodel.inter_chip.llm_space import degree_triples, llm_candidates, validate_knobs  # noqa: F401
 from dfmodel.solvers.deadline import DeadlineExpired, deadline_scope, expired, time_left_s
