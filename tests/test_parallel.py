@@ -244,3 +244,23 @@ def test_cli_cp_and_zero_options_reach_the_json():
     d = json.loads(out.stdout)
     assert d["parallelism"]["cp"] == 2 and d["parallelism"]["zero_stage"] == 1
     assert "cp_comm" in d["breakdown_s"]
+
+
+# -- overlap flags -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["overlap_grad_reduce", "overlap_param_gather"])
+def test_turning_an_overlap_off_never_helps_and_exposes_the_collective(flag):
+    kw = dict(tp=1, pp=1, dp=8, micro_batch=2, zero=1)
+    on = optimize(SMALL_LLM, small_system(4, 2), **kw)
+    off = optimize(SMALL_LLM, small_system(4, 2), **kw, **{flag: False})
+    assert getattr(off.parallelism, flag) is False and getattr(on.parallelism, flag) is True
+    assert off.iteration_time_s >= on.iteration_time_s * (1 - 1e-12)
+    assert off.breakdown_s["dp_comm"] > on.breakdown_s["dp_comm"]
+
+
+def test_no_grad_reduce_overlap_exposes_the_whole_all_reduce():
+    model = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    model.costs = costs = RecordingCosts()
+    m = Mapping(1, 1, 8, 2, 1, zero_stage=0, overlap_grad_reduce=False)
+    assert model._dp_sync_s(m, 1e6, 1.0, 1.0, ()) == pytest.approx(costs.k * 2e6)  # all of a 2 MB all-reduce
+    assert [c[0] for c in costs.calls] == ["all_reduce"]
