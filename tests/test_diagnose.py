@@ -13,7 +13,7 @@ from dfmodel.errors import InfeasibleError
 from dfmodel.inter_chip.config import Knobs
 from dfmodel.inter_chip.diagnose import context_of, diagnose, first_failure, nearest
 from dfmodel.inter_chip.llm import LLMModel
-from dfmodel.inter_chip.llm_result import solve_llm
+from dfmodel.inter_chip.llm_family import solve_llm
 from dfmodel.inter_chip.search import llm_candidates
 
 

@@ -16,7 +16,7 @@ from dfmodel.graph.workload import resolve_attention
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip.config import Knobs
 from dfmodel.inter_chip.llm import LLMModel
-from dfmodel.inter_chip.llm_result import solve_llm
+from dfmodel.inter_chip.llm_family import solve_llm
 from dfmodel.system.processor import compute_time_s
 
 

@@ -11,7 +11,7 @@ import pytest
 from dfmodel import load_system, load_workload, optimize
 from dfmodel.errors import InfeasibleError, InputError
 from dfmodel.inter_chip.config import Knobs
-from dfmodel.inter_chip.llm_result import solve_llm
+from dfmodel.inter_chip.llm_family import solve_llm
 
 SMALL_LLM = {
     "kind": "llm",

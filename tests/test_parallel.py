@@ -16,7 +16,7 @@ from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip.config import DIM_NAMES, Knobs, Mapping
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, kv_bytes_per_rank
 from dfmodel.inter_chip.llm import LLMModel
-from dfmodel.inter_chip.llm_result import solve_llm
+from dfmodel.inter_chip.llm_family import solve_llm
 from dfmodel.inter_chip.llm_space import interleaves, llm_candidates, validate_knobs
 from dfmodel.inter_chip.search import search
 

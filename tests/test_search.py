@@ -185,7 +185,7 @@ def _symmetric_system():
 
 def test_symmetric_placements_are_searched_once_and_change_nothing():
     from dfmodel.inter_chip.llm_family import distinct_up_to_symmetry, symmetric_dims
-    from dfmodel.inter_chip.llm_result import solve_llm
+    from dfmodel.inter_chip.llm_family import solve_llm
 
     w, s = load_workload(SMALL_LLM), load_system(_symmetric_system())
     assert symmetric_dims(s) == [["x", "y", "z"]]

@@ -28,6 +28,10 @@ def solve_llm_family(workload, system, knobs: Knobs, *, solver: str = "auto", ti
     return annotate_result(to_result(model, best, stats), best, stats)
 
 
+#: the LLM path's entry point (its historical name)
+solve_llm = solve_llm_family
+
+
 def symmetric_dims(system) -> list[list[str]]:
     """Groups of network dimensions identical in every field but their name (e.g. the x, y, z
     rings of a TPU torus): the cost model reads a dimension's properties, never its name or

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from dfmodel.inter_chip.config import DIM_NAMES, Knobs
+from dfmodel.inter_chip.config import DIM_NAMES
 from dfmodel.inter_chip.io import io_report
 from dfmodel.inter_chip.llm import LLMModel
 from dfmodel.result import Parallelism, Result, SolverInfo
 from dfmodel.system.cost import system_cost_usd, system_power_w
-
-
-def solve_llm(workload, system, knobs: Knobs, *, solver: str = "auto", time_limit_s: float | None = None,
-              exhaustive: bool = False) -> Result:
-    """Fastest mapping of an LLM workload: the LLM family's solve (one search path)."""
-    from dfmodel.inter_chip.llm_family import solve_llm_family
-
-    return solve_llm_family(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)
 
 
 def model_flop_per_iteration(model: LLMModel) -> float:
