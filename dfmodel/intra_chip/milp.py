@@ -48,7 +48,7 @@ families of valid inequalities make HiGHS prove the GPT-3 layer in seconds:
 
 >>> from dfmodel.graph.build import build_graphs
 >>> from dfmodel.intra_chip.cost import CostModel
->>> from dfmodel.intra_chip.dp import solve_dp
+>>> from dfmodel.intra_chip.ideals import solve_dp
 >>> from dfmodel.system import load_system
 >>> cm = CostModel(build_graphs("tiny_mlp").layer, load_system("sn30"))
 >>> out = solve_milp(cm, max_partitions=4)
