@@ -47,6 +47,11 @@ class CaseTraining(Strict):
     global_batch: int = Field(gt=0)
     micro_batch: int | None = Field(default=None, gt=0)
     precision: str = "bf16"
+    #: what the run's framework reduced gradients in (e.g. NeMo's distributed_fused_adam
+    #: ``grad_sync_dtype: bf16``); None: the workload default (fp32 main gradients, Megatron)
+    grad_reduce: Literal["fp32", "bf16", "fp16"] | None = None
+    #: FP8 runs that kept their parameters in FP8 (NeMo ``fp8_params`` / TE ``fp8_model_init``)
+    fp8_weights: bool | None = None
 
 
 class CaseSystem(Strict):
@@ -227,6 +232,10 @@ def workload_of(case: Case) -> dict[str, Any]:
         model.setdefault("position_embedding", "rotary")
     precision = "bf16" if "bf16" in case.training.precision or "fp16" in case.training.precision else case.training.precision
     training = {"global_batch": case.training.global_batch, "precision": precision}
+    if case.training.grad_reduce is not None:
+        training["grad_reduce"] = case.training.grad_reduce
+    if case.training.fp8_weights is not None and precision == "fp8":
+        training["fp8"] = {"fp8_weights": case.training.fp8_weights}
     return {"kind": "llm", "name": case.id, "model": model, "training": training}
 
 

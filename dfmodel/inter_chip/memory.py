@@ -56,6 +56,7 @@ def activation_bytes_per_layer(
     gated_mlp: bool = False,
     attention: Literal["flash", "unfused"] = "unfused",
     key_len: int | None = None,
+    linear_input_bytes: float | None = None,
 ) -> float:
     """Activation bytes one transformer layer keeps per chip for one micro-batch (until its backward).
 
@@ -112,16 +113,17 @@ def activation_bytes_per_layer(
     _positive(ffn_hidden=f, num_kv_heads=kv)
     sp = t if sequence_parallel else 1  # divisor of the tensors TP replicates unless SP shards them
     sbh = s * b * h
+    g = e if linear_input_bytes is None else linear_input_bytes  # saved linear-GEMM inputs
     if recompute == "full":
         return e * sbh / sp  # layer input only
     mask = DROPOUT_MASK_BYTES if dropout else 0
     # Replicated across the TP group unless sequence parallelism splits them along s.
     replicated = (
         e * sbh  # LayerNorm-1 input
-        + e * sbh  # QKV GEMM input
+        + g * sbh  # QKV GEMM input
         + mask * sbh  # attention dropout mask
         + e * sbh  # LayerNorm-2 input
-        + e * sbh  # FC1 input
+        + g * sbh  # FC1 input
         + mask * sbh  # MLP dropout mask
     ) / sp
     head_dim = h / a
@@ -129,9 +131,9 @@ def activation_bytes_per_layer(
     sharded = (
         e * sbh / t  # Q
         + 2 * e * s * b * head_dim * kv_heads_per_chip  # K and V
-        + e * sbh / t  # attention output (projection GEMM input)
+        + g * sbh / t  # attention output (projection GEMM input)
         + (2 if gated_mlp else 1) * e * s * b * f / t  # activation-function input (FC1 output)
-        + e * s * b * f / t  # FC2 input
+        + g * s * b * f / t  # FC2 input
     )
     if attention == "flash":
         quadratic = 4.0 * a * s * b / t  # fp32 log-sum-exp per query row and head
@@ -506,6 +508,23 @@ class StateBytesPerParam:
         return cls(weights, grad_bytes, master + OPTIMIZER_STATE_BYTES[optimizer])
 
 
+#: Bytes of a saved linear-GEMM input in FP8 training: TE keeps the FP8 (E4M3) cast of the
+#: forward GEMM's input for the FP8 weight-gradient GEMM (see :func:`activation_bytes_per_layer`).
+FP8_SAVED_INPUT_BYTES = 1
+
+
+def fp8_linear_input_bytes(training) -> float | None:
+    """Element size of the saved linear-GEMM inputs: 1 byte in FP8 training (TE's default
+    ``DelayedScaling`` runs the weight-gradient GEMM in FP8, ``override_linear_precision =
+    (False, False, False)``), else None (the activation precision).
+
+    >>> from types import SimpleNamespace as N
+    >>> fp8_linear_input_bytes(N(precision=N(value="fp8"))), fp8_linear_input_bytes(N(precision=N(value="bf16")))
+    (1, None)
+    """
+    return FP8_SAVED_INPUT_BYTES if training.precision.value == "fp8" else None
+
+
 def tied_embedding_copy_params(*, vocab: int, hidden: int, tp: int, pp: int, tie_embeddings: bool) -> float:
     """Parameters of the word-embedding copy the last pipeline stage holds for a tied LM head.
 
@@ -571,7 +590,7 @@ def llm_memory_per_chip(
     common = dict(seq_len=s_local, key_len=m.seq_len if cp > 1 else None, micro_batch=micro_batch, hidden=m.hidden, num_heads=m.num_heads, tp=t,
                   sequence_parallel=sequence_parallel, ffn_hidden=m.ffn, num_kv_heads=m.kv_heads,
                   bytes_per_element=e, dropout=getattr(m, "dropout", True), gated_mlp=m.ffn_type == "swiglu",
-                  attention=attention)
+                  attention=attention, linear_input_bytes=fp8_linear_input_bytes(training))
     act_layer = activation_bytes_per_layer(recompute=recompute, **common)
     working = activation_bytes_per_layer(recompute="none", **common) if recompute == "full" else 0.0
     if zero_stage == 3:
