@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from dfmodel.inter_chip.config import Knobs, divisors
+from dfmodel.inter_chip.pipeline import interleaved_split_accounts
 
 # the knobs the enumeration takes as fixed, with their CLI spelling
 KNOBS = {"tp": "--tp", "cp": "--cp", "pp": "--pp", "dp": "--dp", "micro_batch": "--micro-batch",
@@ -96,7 +97,8 @@ def _one_product(cs: list[Candidate]) -> str:
 
 def _interleave_ok(x: Context, c: Candidate) -> bool:
     v, pp = c.interleave, c.pp
-    return v == 1 or (pp > 1 and c.num_micro_batches % pp == 0 and x.layers % (pp * v) == 0)
+    return v == 1 or (pp > 1 and c.num_micro_batches % pp == 0
+                      and interleaved_split_accounts(x.layers, pp, v) is not None)
 
 
 def _interleave_why(x: Context, cs: list[Candidate]) -> str:
@@ -104,9 +106,10 @@ def _interleave_why(x: Context, cs: list[Candidate]) -> str:
     v = _one(cs, "interleave")
     if all(c.pp == 1 for c in cs):
         return f"interleave {v} needs pipeline parallelism (pp > 1)"
-    if all(x.layers % (c.pp * c.interleave) for c in cs if c.pp > 1):
+    if all(interleaved_split_accounts(x.layers, c.pp, c.interleave) is None for c in cs if c.pp > 1):
         prod = ", ".join(sorted({str(c.pp * c.interleave) for c in cs if c.pp > 1}, key=int))
-        return f"interleave {v}: the {x.layers} layers are not a multiple of pp {_one(cs, 'pp')} x interleave {v} = {prod}"
+        return (f"interleave {v}: the {x.layers} layers are not a multiple of pp {_one(cs, 'pp')} x interleave {v} "
+                f"= {prod} (nor with the embedding and loss counted as layers, as Megatron-Core may)")
     return (f"interleave {v} needs the micro-batch count (per-replica batch / micro-batch, here "
             f"{_one(cs, 'num_micro_batches')}) to be a multiple of pp {_one(cs, 'pp')}")
 

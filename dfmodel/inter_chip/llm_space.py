@@ -18,6 +18,7 @@ from dfmodel.inter_chip.config import (
     Mapping,
     divisors,
 )
+from dfmodel.inter_chip.pipeline import interleaved_split_accounts
 from dfmodel.netmodels import inner_group, merge_groups, split_dims
 
 
@@ -77,7 +78,8 @@ def interleaves(knobs: Knobs, pp: int, m: int, num_layers: int) -> list[int]:
     10, 12 (e.g. Llama 3 405B: 126 layers, pp 9 ... the layer count decides)."""
     if knobs.interleave is not None:
         v = knobs.interleave
-        ok = v == 1 or (pp > 1 and m % pp == 0 and num_layers % (pp * v) == 0)
+        # a fixed v may split unevenly as Megatron-Core does (embedding / loss counted as layers)
+        ok = v == 1 or (pp > 1 and m % pp == 0 and interleaved_split_accounts(num_layers, pp, v) is not None)
         return [v] if ok else []
     if pp == 1 or m % pp or num_layers % pp:
         return [1]
