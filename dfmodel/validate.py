@@ -72,6 +72,8 @@ class CaseParallelism(Strict):
     sequence_parallel: bool | None = None
     virtual_pipeline: int | None = Field(default=None, gt=0)
     distributed_optimizer: bool | None = None
+    #: Megatron's tp_comm_overlap (TE userbuffers) as the run set it; None: the optimizer picks
+    tp_comm_overlap: bool | None = None
 
 
 class CaseMeasured(Strict):
@@ -265,6 +267,8 @@ def knobs_of(case: Case) -> dict[str, Any]:
     }
     if p.cp != 1:
         knobs["cp"] = p.cp
+    if p.tp_comm_overlap is not None:
+        knobs["tp_comm_overlap"] = p.tp_comm_overlap
     return knobs
 
 
@@ -274,7 +278,9 @@ def supports_knob(name: str) -> bool:
 
     from dfmodel.optimizer import optimize
 
-    return name in inspect.signature(optimize).parameters
+    from dfmodel.inter_chip.config import OPTION_NAMES
+
+    return name in inspect.signature(optimize).parameters or name in OPTION_NAMES  # options: **kwargs
 
 
 def chosen_values(knobs: dict[str, Any], parallelism) -> dict[str, Any]:

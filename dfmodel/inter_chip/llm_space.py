@@ -100,8 +100,8 @@ def option_values(knobs: Knobs, deg: dict[str, int]) -> list[dict[str, object]]:
         if fixed[opt.name] is None:
             if opt.name == "zero_stage" and deg["dp"] * deg["cp"] == 1:
                 values = [0]  # nothing to shard over
-            if opt.name == "cp_comm" and deg["cp"] == 1:
-                values = [opt.neutral]
+            if opt.name in ("cp_comm", "tp_comm_overlap") and deg[opt.name[:2]] == 1:
+                values = [opt.neutral]  # nothing to exchange / overlap
         combos = [{**c, opt.name: v} for c in combos for v in values]
     return combos
 
