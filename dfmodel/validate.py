@@ -52,6 +52,8 @@ class CaseTraining(Strict):
     grad_reduce: Literal["fp32", "bf16", "fp16"] | None = None
     #: FP8 runs that kept their parameters in FP8 (NeMo ``fp8_params`` / TE ``fp8_model_init``)
     fp8_weights: bool | None = None
+    #: NeMo 1.x distributed_fused_adam with bf16 weights keeps fp32 masters as 16-bit remainders
+    param_remainders: bool | None = None
 
 
 class CaseSystem(Strict):
@@ -236,6 +238,8 @@ def workload_of(case: Case) -> dict[str, Any]:
     training = {"global_batch": case.training.global_batch, "precision": precision}
     if case.training.grad_reduce is not None:
         training["grad_reduce"] = case.training.grad_reduce
+    if case.training.param_remainders is not None:
+        training["param_remainders"] = case.training.param_remainders
     if case.training.fp8_weights is not None and precision == "fp8":
         training["fp8"] = {"fp8_weights": case.training.fp8_weights}
     return {"kind": "llm", "name": case.id, "model": model, "training": training}

@@ -38,3 +38,14 @@ def test_case_carries_grad_reduce_and_fp8_weights():
         "measured": {"iteration_time_s": 1.0}})
     t = workload_of(case)["training"]
     assert t["grad_reduce"] == "bf16" and t["fp8"] == {"fp8_weights": True}
+
+
+def test_param_remainders_save_two_bytes_of_master_per_param():
+    from dfmodel.inter_chip.memory import StateBytesPerParam, model_state_bytes
+    full = StateBytesPerParam.of(precision="bf16", grad_bytes=2)
+    rem = StateBytesPerParam.of(precision="bf16", grad_bytes=2, param_remainders=True)
+    assert full.optimizer - rem.optimizer == 2
+    # sharded over dp with the distributed optimizer: 2 + 2 + 10/d
+    s = model_state_bytes(1e9, dp=4, distributed_optimizer=True, bytes_per_param_weights=rem.weights,
+                          bytes_per_param_grads=rem.gradients, bytes_per_param_optimizer=rem.optimizer)
+    assert s.total_bytes == 1e9 * (2 + 2 + 10 / 4)

@@ -319,6 +319,8 @@ class LLMModel:
             num_micro_batches=m.num_micro_batches,
             bytes_per_element=self.precision.bytes,
             zero_stage=m.zero_stage if m.zero_stage >= 2 else None,
+            bytes_per_param_optimizer=(mem.REMAINDER_BYTES + 8 if getattr(self.training, "param_remainders", False)
+                                       else 12),  # never above the state llm_memory_per_chip counts
         )
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],

@@ -487,7 +487,7 @@ class StateBytesPerParam:
 
     @classmethod
     def of(cls, *, precision: str, grad_bytes: float, optimizer: str = "adam", fp8_weights: bool = False,
-           linear: bool = True) -> "StateBytesPerParam":
+           linear: bool = True, param_remainders: bool = False) -> "StateBytesPerParam":
         """Megatron-LM's mixed-precision layout (theoretical_memory_usage.py: "bf16 model params,
         fp32 main gradients, fp32 main params, and fp32 Adam states", 18 bytes/param, or
         ``6 + 12/d`` with the distributed optimizer).
@@ -500,13 +500,23 @@ class StateBytesPerParam:
         StateBytesPerParam(weights=2, gradients=4, optimizer=12)
         >>> StateBytesPerParam.of(precision="fp8", grad_bytes=4).weights
         4
+
+        ``param_remainders`` (Apex DistributedFusedAdam ``store_param_remainders``, NeMo 1.x with
+        bf16 weights): the master copy is the 16-bit weight plus a 16-bit remainder, 2 bytes.
+
+        >>> StateBytesPerParam.of(precision="bf16", grad_bytes=2, param_remainders=True).optimizer
+        10
         """
         weights = 4 if precision == "fp32" else 2
         if precision == "fp8" and linear:
             weights = FP8_WEIGHT_CACHE_BYTES if fp8_weights else weights + FP8_WEIGHT_CACHE_BYTES
-        master = 0 if precision == "fp32" else 4
+        master = 0 if precision == "fp32" else (REMAINDER_BYTES if param_remainders else 4)
         return cls(weights, grad_bytes, master + OPTIMIZER_STATE_BYTES[optimizer])
 
+
+#: The low 16 bits of an fp32 master weight whose high 16 bits are the bf16 model weight (Apex
+#: ``DistributedFusedAdam(store_param_remainders=True)``).
+REMAINDER_BYTES = 2
 
 #: Bytes of a saved linear-GEMM input in FP8 training: TE keeps the FP8 (E4M3) cast of the
 #: forward GEMM's input for the FP8 weight-gradient GEMM (see :func:`activation_bytes_per_layer`).
@@ -596,10 +606,12 @@ def llm_memory_per_chip(
     if zero_stage == 3:
         working += 3 * layer_params_per_chip * e
     fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
+    rem = getattr(training, "param_remainders", False)
     layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
-                                        optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True)
+                                        optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True,
+                                        param_remainders=rem)
     other_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
-                                        optimizer=training.optimizer, linear=False)
+                                        optimizer=training.optimizer, linear=False, param_remainders=rem)
     sbt = s_local * micro_batch
     emb_act = TOKEN_ID_BYTES * sbt + embedding_activation_bytes(
         seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden, tp=t, sequence_parallel=sequence_parallel,
