@@ -199,6 +199,33 @@ def min_max_chain(n: int, preds: list[int], pp: int, cost, lower=None, *, edge_l
     return None
 
 
+def interleaved_split_accounts(num_layers: int, pp: int, interleave: int) -> tuple[int, int] | None:
+    """How Megatron-Core splits ``num_layers`` into ``pp * interleave`` equal virtual chunks:
+    ``(embedding, loss)`` counted as extra layers, or None when no split is even.
+
+    Megatron-Core (``TransformerConfig.account_for_embedding_in_pipeline_split`` /
+    ``account_for_loss_in_pipeline_split``, "the embedding layer [loss] will be treated as a
+    standard transformer layer in the context of partition and placement for pipeline
+    parallelism") counts the input embedding as a layer of the first virtual chunk and the loss
+    as one of the last, so ``num_layers + embedding + loss`` must divide by ``pp * interleave``.
+    NeMo's llama31_405b recipe sets both (126 + 2 = 128 layers over pp 8 x interleave 8; the
+    MLPerf Training Llama 3.1 405B reference is built on it). A split without either is preferred.
+
+    >>> interleaved_split_accounts(128, 8, 8), interleaved_split_accounts(126, 8, 8)
+    ((0, 0), (1, 1))
+    >>> interleaved_split_accounts(125, 8, 8) is None
+    True
+    """
+    if pp < 2 or interleave < 1:
+        return None
+    chunks = pp * interleave
+    for emb, loss in ((0, 0), (1, 1), (1, 0), (0, 1)):
+        total = num_layers + emb + loss
+        if total % chunks == 0 and total // chunks >= 1 + max(emb, loss):  # every chunk keeps a layer
+            return emb, loss
+    return None
+
+
 def balance_layers(
     num_layers: int,
     pp: int,
@@ -225,7 +252,9 @@ def balance_layers(
 
     Interleaving (``interleave = v > 1``): Megatron-LM needs equal chunks, ``num_layers % (pp v)
     == 0``; returns ``pp v`` equal counts, one per virtual stage ``c pp + i``, or raises
-    ``ValueError``.
+    ``ValueError``. When the embedding and / or loss count as layers
+    (:func:`interleaved_split_accounts`) the first / last virtual chunk holds one transformer
+    layer fewer.
 
     >>> balance_layers(8, 4, 1, 1.0), balance_layers(10, 4, 1, 1.0, last_extra_s=2.0)
     ([2, 2, 2, 2], [3, 3, 3, 1])
@@ -236,12 +265,18 @@ def balance_layers(
         raise ValueError(f"num_layers, pp, interleave must be >= 1, got {num_layers}, {pp}, {interleave}")
     if interleave > 1:
         chunks = pp * interleave
-        if pp < 2 or num_layers % chunks != 0:
+        accounts = interleaved_split_accounts(num_layers, pp, interleave)
+        if accounts is None:
             raise ValueError(
-                f"interleaved pipeline needs pp >= 2 and num_layers % (pp * interleave) == 0, "
-                f"got num_layers={num_layers}, pp={pp}, interleave={interleave}"
+                f"interleaved pipeline needs pp >= 2 and num_layers (+1 for the embedding, +1 for the loss) "
+                f"% (pp * interleave) == 0, got num_layers={num_layers}, pp={pp}, interleave={interleave}"
             )
-        return [num_layers // chunks] * chunks
+        emb, loss = accounts
+        per = (num_layers + emb + loss) // chunks
+        counts = [per] * chunks
+        counts[0] -= emb  # virtual stage 0: first chunk of stage 0 holds the embedding
+        counts[-1] -= loss  # virtual stage pp v - 1: last chunk of stage pp - 1 holds the loss
+        return counts
     if min_layers_per_stage not in (0, 1):  # the greedy test is exact for 0 and 1 (see tests)
         raise ValueError(f"min_layers_per_stage must be 0 or 1, got {min_layers_per_stage}")
     if min_layers_per_stage * pp > num_layers:

@@ -239,6 +239,9 @@ def solve(
     overlap_grad_reduce: Optional[bool] = typer.Option(
         None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
         help="Fix Megatron's overlap_grad_reduce (DP gradient reduction under the last backward) on or off."),
+    tp_comm_overlap: Optional[bool] = typer.Option(
+        None, "--tp-comm-overlap/--no-tp-comm-overlap",
+        help="Fix Megatron's tp_comm_overlap (TP collectives chunked under their GEMMs, TE userbuffers) on or off."),
     overlap_param_gather: Optional[bool] = typer.Option(
         None, "--overlap-param-gather/--no-overlap-param-gather",
         help="Fix Megatron's overlap_param_gather (distributed-optimizer parameter all-gather hidden) on or off."),
@@ -278,7 +281,8 @@ def solve(
             distributed_optimizer=distributed_optimizer, solver=solver, time_limit_s=time_limit, cp=cp, ep=ep,
             zero=zero, alternatives=alternatives, progress=progress,
             **{k: v for k, v in {"cp_comm": cp_comm, "overlap_grad_reduce": overlap_grad_reduce,
-                                 "overlap_param_gather": overlap_param_gather}.items() if v is not None},
+                                 "overlap_param_gather": overlap_param_gather,
+                                 "tp_comm_overlap": tp_comm_overlap}.items() if v is not None},
         )
     if plot_path:
         from dfmodel.plots import plot_result, save

@@ -28,6 +28,7 @@ class Parallelism:
     cp_comm: str = "ring"
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
 
 
 @dataclass

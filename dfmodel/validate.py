@@ -48,6 +48,13 @@ class CaseTraining(Strict):
     global_batch: int = Field(gt=0)
     micro_batch: int | None = Field(default=None, gt=0)
     precision: str = "bf16"
+    #: what the run's framework reduced gradients in (e.g. NeMo's distributed_fused_adam
+    #: ``grad_sync_dtype: bf16``); None: the workload default (fp32 main gradients, Megatron)
+    grad_reduce: Literal["fp32", "bf16", "fp16"] | None = None
+    #: FP8 runs that kept their parameters in FP8 (NeMo ``fp8_params`` / TE ``fp8_model_init``)
+    fp8_weights: bool | None = None
+    #: NeMo 1.x distributed_fused_adam with bf16 weights keeps fp32 masters as 16-bit remainders
+    param_remainders: bool | None = None
 
 
 class CaseSystem(Strict):
@@ -68,6 +75,8 @@ class CaseParallelism(Strict):
     sequence_parallel: bool | None = None
     virtual_pipeline: int | None = Field(default=None, gt=0)
     distributed_optimizer: bool | None = None
+    #: Megatron's tp_comm_overlap (TE userbuffers) as the run set it; None: the optimizer picks
+    tp_comm_overlap: bool | None = None
 
 
 class CaseMeasured(Strict):
@@ -228,6 +237,12 @@ def workload_of(case: Case) -> dict[str, Any]:
         model.setdefault("position_embedding", "rotary")
     precision = "bf16" if "bf16" in case.training.precision or "fp16" in case.training.precision else case.training.precision
     training = {"global_batch": case.training.global_batch, "precision": precision}
+    if case.training.grad_reduce is not None:
+        training["grad_reduce"] = case.training.grad_reduce
+    if case.training.param_remainders is not None:
+        training["param_remainders"] = case.training.param_remainders
+    if case.training.fp8_weights is not None and precision == "fp8":
+        training["fp8"] = {"fp8_weights": case.training.fp8_weights}
     return {"kind": "llm", "name": case.id, "model": model, "training": training}
 
 
@@ -257,6 +272,8 @@ def knobs_of(case: Case) -> dict[str, Any]:
     }
     if p.cp != 1:
         knobs["cp"] = p.cp
+    if p.tp_comm_overlap is not None:
+        knobs["tp_comm_overlap"] = p.tp_comm_overlap
     return knobs
 
 
@@ -266,7 +283,9 @@ def supports_knob(name: str) -> bool:
 
     from dfmodel.optimizer import optimize
 
-    return name in inspect.signature(optimize).parameters
+    from dfmodel.inter_chip.config import OPTION_NAMES
+
+    return name in inspect.signature(optimize).parameters or name in OPTION_NAMES  # options: **kwargs
 
 
 def chosen_values(knobs: dict[str, Any], parallelism) -> dict[str, Any]:

@@ -29,6 +29,7 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       checkpoint: {...}                # optional checkpointing (same module)
       grad_reduce: null                # fp32 | bf16 | fp16 (null: fp32 for bf16/fp8, Megatron)
       fp8: {attention: false, fp8_allgather: false, fp8_weights: false, amax_history_len: 1024}
+      param_remainders: false          # fp32 master kept as bf16 weight + 16-bit remainder (Apex)
 
     kind: dlrm
     embedding: {num_tables: 26, rows_per_table: [..26 ints..] or one int, dim: 128,
@@ -166,6 +167,10 @@ class Training(Strict):
     checkpoint: Checkpointing | None = None
     grad_reduce: Literal["fp32", "bf16", "fp16"] | None = None
     fp8: FP8Recipe = FP8Recipe()
+    #: Apex DistributedFusedAdam ``store_param_remainders`` (NeMo 1.x distributed_fused_adam with
+    #: bf16 O2 weights): the fp32 master weight is the bf16 weight plus a 16-bit remainder, so the
+    #: optimizer keeps 2 bytes/param of it instead of 4 (megatron_base_model.py setup_optimization)
+    param_remainders: bool = False
 
     @property
     def grad_bytes(self) -> int:

@@ -65,6 +65,11 @@ OPTIONS: tuple[Option, ...] = (
     # slower, same memory) trying "off" cannot change the optimum, so the search fixes it on.
     Option("overlap_grad_reduce", (True,), True, "hide the DP gradient reduction behind the last backward"),
     Option("overlap_param_gather", (True,), True, "hide the distributed optimizer's parameter all-gather"),
+    # Megatron's tp_comm_overlap (TE userbuffers). Not dominant: the overlapped GEMMs lose the SMs
+    # the exchange uses, so the free search tries both; neutral/default off keeps the results of
+    # mappings that do not set it identical to before.
+    Option("tp_comm_overlap", (False, True), False,
+           "split TP all-gathers / reduce-scatters into chunks overlapped with their GEMMs (TE userbuffers)"),
 )
 OPTION_NAMES = tuple(o.name for o in OPTIONS)
 
@@ -106,6 +111,7 @@ class Mapping(Placed):
     cp_comm: str = "ring"
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
 
     @property
     def distributed_optimizer(self) -> bool:
@@ -146,6 +152,7 @@ class Knobs:
     cp_comm: str | None = None
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
+    tp_comm_overlap: bool | None = None
 
     def fixed(self) -> dict[str, object]:
         """The knobs the user set."""

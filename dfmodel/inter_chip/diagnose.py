@@ -21,9 +21,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from dfmodel.inter_chip.config import Knobs, divisors
+from dfmodel.algorithms import interleaved_split_accounts
 
 # the knobs the enumeration takes as fixed, with their CLI spelling
-KNOBS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "micro_batch": "--micro-batch", "interleave": "--interleave"}
+KNOBS = {"tp": "--tp", "cp": "--cp", "pp": "--pp", "dp": "--dp", "micro_batch": "--micro-batch",
+         "interleave": "--interleave", "ep": "--ep"}
 INTERLEAVES = (1, 2, 3, 4, 6, 8)  # as in llm_candidates
 
 
@@ -37,7 +39,7 @@ class Context:
     layers: int
     batch: int
     knobs: Knobs = field(default_factory=Knobs)
-    placeable: Callable[[int, int, int], bool] | None = None  # (tp, pp, dp) -> fits the network
+    placeable: Callable[..., bool] | None = None  # (tp, pp, dp, cp) -> fits the network
 
     def fixed(self) -> dict[str, int]:
         return {k: getattr(self.knobs, k) for k in KNOBS if getattr(self.knobs, k) is not None}
@@ -52,10 +54,22 @@ class Candidate:
     interleave: int
 
     @property
+    def model_chips(self) -> int:
+        """Chips one data-parallel replica spans: tp x cp x pp (``ep`` is carved out of dp x cp)."""
+        return self.tp * self.cp * self.pp
+
+    @property
     def num_micro_batches(self) -> int:
         return self.batch_per_replica // self.micro_batch
 
     batch_per_replica: int = 0
+    cp: int = 1
+    ep: int = 1
+
+
+def _cp(cs: list[Candidate]) -> str:
+    """`` x cp N`` when context parallelism is in play, else nothing (the message stays short)."""
+    return f" x cp {_one(cs, 'cp')}" if any(c.cp > 1 for c in cs) else ""
 
 
 @dataclass(frozen=True)
@@ -76,9 +90,15 @@ def _one(cands: list[Candidate], attr: str) -> str:
     return str(vals[0]) if len(vals) == 1 else "in {" + ", ".join(map(str, vals)) + "}"
 
 
+def _one_product(cs: list[Candidate]) -> str:
+    vals = sorted({c.model_chips * c.dp for c in cs})
+    return str(vals[0]) if len(vals) == 1 else "in {" + ", ".join(map(str, vals)) + "}"
+
+
 def _interleave_ok(x: Context, c: Candidate) -> bool:
     v, pp = c.interleave, c.pp
-    return v == 1 or (pp > 1 and c.num_micro_batches % pp == 0 and x.layers % (pp * v) == 0)
+    return v == 1 or (pp > 1 and c.num_micro_batches % pp == 0
+                      and interleaved_split_accounts(x.layers, pp, v) is not None)
 
 
 def _interleave_why(x: Context, cs: list[Candidate]) -> str:
@@ -86,17 +106,22 @@ def _interleave_why(x: Context, cs: list[Candidate]) -> str:
     v = _one(cs, "interleave")
     if all(c.pp == 1 for c in cs):
         return f"interleave {v} needs pipeline parallelism (pp > 1)"
-    if all(x.layers % (c.pp * c.interleave) for c in cs if c.pp > 1):
+    if all(interleaved_split_accounts(x.layers, c.pp, c.interleave) is None for c in cs if c.pp > 1):
         prod = ", ".join(sorted({str(c.pp * c.interleave) for c in cs if c.pp > 1}, key=int))
-        return f"interleave {v}: the {x.layers} layers are not a multiple of pp {_one(cs, 'pp')} x interleave {v} = {prod}"
+        return (f"interleave {v}: the {x.layers} layers are not a multiple of pp {_one(cs, 'pp')} x interleave {v} "
+                f"= {prod} (nor with the embedding and loss counted as layers, as Megatron-Core may)")
     return (f"interleave {v} needs the micro-batch count (per-replica batch / micro-batch, here "
             f"{_one(cs, 'num_micro_batches')}) to be a multiple of pp {_one(cs, 'pp')}")
 
 
 CHECKS: list[Check] = [
-    Check("chips", lambda x, c: c.tp * c.pp * c.dp == x.num_chips,
-          lambda x, cs: f"tp x pp x dp must equal the {x.num_chips} chips, but the fixed degrees give "
-                        f"tp {_one(cs, 'tp')} x pp {_one(cs, 'pp')} x dp {_one(cs, 'dp')}"),
+    Check("chips", lambda x, c: c.model_chips * c.dp == x.num_chips,
+          lambda x, cs: f"tp x{' cp x' if _cp(cs) else ''} pp x dp must equal the {x.num_chips} chips, but the fixed "
+                        f"degrees give tp {_one(cs, 'tp')}{_cp(cs)} x pp {_one(cs, 'pp')} x dp {_one(cs, 'dp')} = "
+                        f"{_one_product(cs)}"),
+    Check("ep", lambda x, c: (c.dp * c.cp) % c.ep == 0,
+          lambda x, cs: f"ep {_one(cs, 'ep')} must divide dp x cp (the ranks experts are split over), "
+                        f"here dp {_one(cs, 'dp')}{_cp(cs)}"),
     Check("heads", lambda x, c: x.heads % c.tp == 0,
           lambda x, cs: f"tp {_one(cs, 'tp')} does not divide the {x.heads} attention heads"),
     Check("kv_heads", lambda x, c: x.kv_heads % c.tp == 0 or c.tp % x.kv_heads == 0,
@@ -104,14 +129,14 @@ CHECKS: list[Check] = [
     Check("layers", lambda x, c: c.pp <= x.layers,
           lambda x, cs: f"pp {_one(cs, 'pp')} exceeds the {x.layers} layers"),
     Check("batch", lambda x, c: x.batch % c.dp == 0,
-          lambda x, cs: f"dp {_one(cs, 'dp')} (the {x.num_chips} chips / (tp {_one(cs, 'tp')} x pp {_one(cs, 'pp')})) "
+          lambda x, cs: f"dp {_one(cs, 'dp')} (the {x.num_chips} chips / (tp {_one(cs, 'tp')}{_cp(cs)} x pp {_one(cs, 'pp')})) "
                         f"does not divide the global batch {x.batch}"),
     Check("micro_batch", lambda x, c: c.batch_per_replica % c.micro_batch == 0,
           lambda x, cs: f"micro-batch {_one(cs, 'micro_batch')} does not divide the per-replica batch "
                         f"{_one(cs, 'batch_per_replica')} (global batch {x.batch} / dp {_one(cs, 'dp')})"),
     Check("interleave", _interleave_ok, lambda x, cs: _interleave_why(x, cs)),
-    Check("placement", lambda x, c: x.placeable is None or x.placeable(c.tp, c.pp, c.dp),
-          lambda x, cs: f"tp {_one(cs, 'tp')} x pp {_one(cs, 'pp')} x dp {_one(cs, 'dp')} cannot be laid out on "
+    Check("placement", lambda x, c: x.placeable is None or x.placeable(c.tp, c.pp, c.dp, c.cp),
+          lambda x, cs: f"tp {_one(cs, 'tp')}{_cp(cs)} x pp {_one(cs, 'pp')} x dp {_one(cs, 'dp')} cannot be laid out on "
                         f"the system's network dimensions"),
 ]
 
@@ -125,12 +150,13 @@ def space(x: Context, knobs: Knobs) -> list[Candidate]:
         return [v] if v is not None else list(default)
 
     out = []
-    for tp, pp in itertools.product(opts("tp", divisors(n)), opts("pp", divisors(n))):
-        dps = opts("dp", [n // (tp * pp)] if n % (tp * pp) == 0 else [max(1, n // (tp * pp))])
-        for dp in dps:
+    for tp, pp, cp in itertools.product(opts("tp", divisors(n)), opts("pp", divisors(n)), opts("cp", [1])):
+        model_chips = tp * pp * cp
+        dps = opts("dp", [n // model_chips] if n % model_chips == 0 else [max(1, n // model_chips)])
+        for dp, ep in itertools.product(dps, opts("ep", [1])):
             per_dp = B // dp if B % dp == 0 else B / dp
             for mb, v in itertools.product(opts("micro_batch", divisors(B)), opts("interleave", INTERLEAVES)):
-                out.append(Candidate(tp, pp, dp, mb, v, int(per_dp) if per_dp == int(per_dp) else 0))
+                out.append(Candidate(tp, pp, dp, mb, v, int(per_dp) if per_dp == int(per_dp) else 0, cp, ep))
     return out
 
 
@@ -193,8 +219,8 @@ def context_of(model) -> Context | None:
     fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
     system = model.system
 
-    def placeable(tp: int, pp: int, dp: int) -> bool:
-        return bool(split_dims(system, {"tp": tp, "pp": pp, "dp": dp}))
+    def placeable(tp: int, pp: int, dp: int, cp: int = 1) -> bool:
+        return bool(split_dims(system, {"tp": tp, "cp": cp, "pp": pp, "dp": dp} if cp > 1 else {"tp": tp, "pp": pp, "dp": dp}))
 
     return Context(system.num_chips, heads, getattr(w.model, "num_kv_heads", None) or heads, w.model.num_layers,
                    w.training.global_batch, replace(knobs, micro_batch=fixed_mb), placeable)

@@ -28,7 +28,7 @@ from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
-from dfmodel.netmodels import CostTable, merge_groups
+from dfmodel.netmodels import CostTable, merge_groups, nccl
 from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, memory_time_s
 from dfmodel.system.schema import Precision, System
 
@@ -144,6 +144,25 @@ def _is_attention_core(kernel) -> bool:
         and kernel.kind in (KernelKind.matmul, KernelKind.reduction)
         and kernel.efficiency != "attention"  # FlashAttention's backward recomputes on its own
     )
+
+
+#: The linear layers whose GEMMs Megatron's tp_comm_overlap pairs with the TP collectives.
+UB_LINEAR = ("qkv", "out_proj", "fc1", "fc2")
+
+
+def _userbuffers_s(phase: PhaseTime, tp: int) -> float:
+    """A layer phase's time with the TP collectives chunked under their GEMMs
+    (:func:`dfmodel.netmodels.nccl.tp_overlapped_phase_s`; GEMMs slowed by the SMs the exchange
+    holds, :func:`~dfmodel.netmodels.nccl.userbuffers_gemm_slowdown`)."""
+    def linear(row) -> bool:
+        return any(len(p := k.split(".")) > 1 and p[1] in UB_LINEAR for k in row["kernels"])
+
+    gemm_s = sum(max(r["compute_s"], r["memory_s"]) for r in phase.partitions if linear(r))
+    comm_s = sum(r["network_s"] for r in phase.partitions)
+    if comm_s <= 0 or gemm_s <= 0:
+        return phase.time_s
+    return nccl.tp_overlapped_phase_s(phase.time_s, phase.parts_s["tp_comm"], gemm_s, comm_s, tp,
+                                      gemm_slowdown=nccl.userbuffers_gemm_slowdown())
 
 
 @lru_cache(maxsize=65536)
@@ -300,6 +319,8 @@ class LLMModel:
             num_micro_batches=m.num_micro_batches,
             bytes_per_element=self.precision.bytes,
             zero_stage=m.zero_stage if m.zero_stage >= 2 else None,
+            bytes_per_param_optimizer=(mem.REMAINDER_BYTES + 8 if getattr(self.training, "param_remainders", False)
+                                       else 12),  # never above the state llm_memory_per_chip counts
         )
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],
@@ -334,6 +355,10 @@ class LLMModel:
         extra_b = sum(b for _, b in extra.values())
         t_f = layer.fwd.time_s + extra_f
         t_b = layer.backward_s(m.recompute) + extra_b
+        if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
+            fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
+            redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
+            t_f, t_b = fwd_ub + extra_f, bwd_ub + redo + extra_b
         emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
         head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
         if m.zero_stage == 3:  # their parameters are gathered like a layer's

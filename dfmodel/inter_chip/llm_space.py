@@ -18,6 +18,7 @@ from dfmodel.inter_chip.config import (
     Mapping,
     divisors,
 )
+from dfmodel.algorithms import interleaved_split_accounts
 from dfmodel.netmodels import inner_group, merge_groups, split_dims
 
 
@@ -77,7 +78,8 @@ def interleaves(knobs: Knobs, pp: int, m: int, num_layers: int) -> list[int]:
     10, 12 (e.g. Llama 3 405B: 126 layers, pp 9 ... the layer count decides)."""
     if knobs.interleave is not None:
         v = knobs.interleave
-        ok = v == 1 or (pp > 1 and m % pp == 0 and num_layers % (pp * v) == 0)
+        # a fixed v may split unevenly as Megatron-Core does (embedding / loss counted as layers)
+        ok = v == 1 or (pp > 1 and m % pp == 0 and interleaved_split_accounts(num_layers, pp, v) is not None)
         return [v] if ok else []
     if pp == 1 or m % pp or num_layers % pp:
         return [1]
@@ -98,8 +100,8 @@ def option_values(knobs: Knobs, deg: dict[str, int]) -> list[dict[str, object]]:
         if fixed[opt.name] is None:
             if opt.name == "zero_stage" and deg["dp"] * deg["cp"] == 1:
                 values = [0]  # nothing to shard over
-            if opt.name == "cp_comm" and deg["cp"] == 1:
-                values = [opt.neutral]
+            if opt.name in ("cp_comm", "tp_comm_overlap") and deg[opt.name[:2]] == 1:
+                values = [opt.neutral]  # nothing to exchange / overlap
         combos = [{**c, opt.name: v} for c in combos for v in values]
     return combos
 

@@ -56,6 +56,7 @@ def activation_bytes_per_layer(
     gated_mlp: bool = False,
     attention: Literal["flash", "unfused"] = "unfused",
     key_len: int | None = None,
+    linear_input_bytes: float | None = None,
 ) -> float:
     """Activation bytes one transformer layer keeps per chip for one micro-batch (until its backward).
 
@@ -112,16 +113,17 @@ def activation_bytes_per_layer(
     _positive(ffn_hidden=f, num_kv_heads=kv)
     sp = t if sequence_parallel else 1  # divisor of the tensors TP replicates unless SP shards them
     sbh = s * b * h
+    g = e if linear_input_bytes is None else linear_input_bytes  # saved linear-GEMM inputs
     if recompute == "full":
         return e * sbh / sp  # layer input only
     mask = DROPOUT_MASK_BYTES if dropout else 0
     # Replicated across the TP group unless sequence parallelism splits them along s.
     replicated = (
         e * sbh  # LayerNorm-1 input
-        + e * sbh  # QKV GEMM input
+        + g * sbh  # QKV GEMM input
         + mask * sbh  # attention dropout mask
         + e * sbh  # LayerNorm-2 input
-        + e * sbh  # FC1 input
+        + g * sbh  # FC1 input
         + mask * sbh  # MLP dropout mask
     ) / sp
     head_dim = h / a
@@ -129,9 +131,9 @@ def activation_bytes_per_layer(
     sharded = (
         e * sbh / t  # Q
         + 2 * e * s * b * head_dim * kv_heads_per_chip  # K and V
-        + e * sbh / t  # attention output (projection GEMM input)
+        + g * sbh / t  # attention output (projection GEMM input)
         + (2 if gated_mlp else 1) * e * s * b * f / t  # activation-function input (FC1 output)
-        + e * s * b * f / t  # FC2 input
+        + g * s * b * f / t  # FC2 input
     )
     if attention == "flash":
         quadratic = 4.0 * a * s * b / t  # fp32 log-sum-exp per query row and head
@@ -485,7 +487,7 @@ class StateBytesPerParam:
 
     @classmethod
     def of(cls, *, precision: str, grad_bytes: float, optimizer: str = "adam", fp8_weights: bool = False,
-           linear: bool = True) -> "StateBytesPerParam":
+           linear: bool = True, param_remainders: bool = False) -> "StateBytesPerParam":
         """Megatron-LM's mixed-precision layout (theoretical_memory_usage.py: "bf16 model params,
         fp32 main gradients, fp32 main params, and fp32 Adam states", 18 bytes/param, or
         ``6 + 12/d`` with the distributed optimizer).
@@ -498,12 +500,39 @@ class StateBytesPerParam:
         StateBytesPerParam(weights=2, gradients=4, optimizer=12)
         >>> StateBytesPerParam.of(precision="fp8", grad_bytes=4).weights
         4
+
+        ``param_remainders`` (Apex DistributedFusedAdam ``store_param_remainders``, NeMo 1.x with
+        bf16 weights): the master copy is the 16-bit weight plus a 16-bit remainder, 2 bytes.
+
+        >>> StateBytesPerParam.of(precision="bf16", grad_bytes=2, param_remainders=True).optimizer
+        10
         """
         weights = 4 if precision == "fp32" else 2
         if precision == "fp8" and linear:
             weights = FP8_WEIGHT_CACHE_BYTES if fp8_weights else weights + FP8_WEIGHT_CACHE_BYTES
-        master = 0 if precision == "fp32" else 4
+        master = 0 if precision == "fp32" else (REMAINDER_BYTES if param_remainders else 4)
         return cls(weights, grad_bytes, master + OPTIMIZER_STATE_BYTES[optimizer])
+
+
+#: The low 16 bits of an fp32 master weight whose high 16 bits are the bf16 model weight (Apex
+#: ``DistributedFusedAdam(store_param_remainders=True)``).
+REMAINDER_BYTES = 2
+
+#: Bytes of a saved linear-GEMM input in FP8 training: TE keeps the FP8 (E4M3) cast of the
+#: forward GEMM's input for the FP8 weight-gradient GEMM (see :func:`activation_bytes_per_layer`).
+FP8_SAVED_INPUT_BYTES = 1
+
+
+def fp8_linear_input_bytes(training) -> float | None:
+    """Element size of the saved linear-GEMM inputs: 1 byte in FP8 training (TE's default
+    ``DelayedScaling`` runs the weight-gradient GEMM in FP8, ``override_linear_precision =
+    (False, False, False)``), else None (the activation precision).
+
+    >>> from types import SimpleNamespace as N
+    >>> fp8_linear_input_bytes(N(precision=N(value="fp8"))), fp8_linear_input_bytes(N(precision=N(value="bf16")))
+    (1, None)
+    """
+    return FP8_SAVED_INPUT_BYTES if training.precision.value == "fp8" else None
 
 
 def tied_embedding_copy_params(*, vocab: int, hidden: int, tp: int, pp: int, tie_embeddings: bool) -> float:
@@ -571,16 +600,18 @@ def llm_memory_per_chip(
     common = dict(seq_len=s_local, key_len=m.seq_len if cp > 1 else None, micro_batch=micro_batch, hidden=m.hidden, num_heads=m.num_heads, tp=t,
                   sequence_parallel=sequence_parallel, ffn_hidden=m.ffn, num_kv_heads=m.kv_heads,
                   bytes_per_element=e, dropout=getattr(m, "dropout", True), gated_mlp=m.ffn_type == "swiglu",
-                  attention=attention)
+                  attention=attention, linear_input_bytes=fp8_linear_input_bytes(training))
     act_layer = activation_bytes_per_layer(recompute=recompute, **common)
     working = activation_bytes_per_layer(recompute="none", **common) if recompute == "full" else 0.0
     if zero_stage == 3:
         working += 3 * layer_params_per_chip * e
     fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
+    rem = getattr(training, "param_remainders", False)
     layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
-                                        optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True)
+                                        optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True,
+                                        param_remainders=rem)
     other_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
-                                        optimizer=training.optimizer, linear=False)
+                                        optimizer=training.optimizer, linear=False, param_remainders=rem)
     sbt = s_local * micro_batch
     emb_act = TOKEN_ID_BYTES * sbt + embedding_activation_bytes(
         seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden, tp=t, sequence_parallel=sequence_parallel,

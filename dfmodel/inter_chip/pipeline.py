@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from numbers import Real
 from typing import Literal, Sequence
 
-from dfmodel.algorithms import balance_layers  # noqa: F401 -- a pure algorithm, re-exported here
+from dfmodel.algorithms import balance_layers, interleaved_split_accounts  # noqa: F401 -- pure algorithms, re-exported here
 
 
 # --------------------------------------------------------------------------------------------

@@ -100,6 +100,46 @@ def contended_kernel_s(compute_s: float, memory_s: float, *, comm_channels: int,
     return max(compute_s * sms / (sms - comm_channels), memory_s * hbm_Bps / (hbm_Bps - comm_hbm_Bps))
 
 
+#: SMs of an H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs).
+H100_SMS = 132
+#: SMs the userbuffers exchanges hold while they overlap a GEMM, averaged over the ten overlapped
+#: GEMMs of a layer in NeMo's H100 configuration (nemo/collections/llm/recipes/tp_overlap_configs/
+#: userbuffers.py, userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192: ring-exchange all-gathers
+#: on copy engines (0 SMs) for qkv/fc1 fprop and proj/fc2 dgrad; pipelined reduce-scatters with 24
+#: and 8 SMs for proj/fc2 fprop; bulk overlaps with 2, 24, 2, 2 SMs for qkv/fc1 dgrad/wgrad:
+#: (24 + 8 + 2 + 24 + 2 + 2) / 10 = 6.2).
+USERBUFFERS_SMS = 6.2
+
+
+def userbuffers_gemm_slowdown(sms: int = H100_SMS, ub_sms: float = USERBUFFERS_SMS) -> float:
+    """Slowdown of a compute-bound GEMM that runs beside a userbuffers exchange: it keeps
+    ``sms - ub_sms`` SMs (:func:`contended_kernel_s` with no HBM contention).
+
+    >>> round(userbuffers_gemm_slowdown(132, 6.2), 4)
+    1.0493
+    """
+    return contended_kernel_s(1.0, 0.0, comm_channels=ub_sms, sms=sms, comm_hbm_Bps=0.0, hbm_Bps=1.0)
+
+
+def tp_overlapped_phase_s(phase_s: float, exposed_comm_s: float, gemm_s: float, comm_s: float, chunks: int,
+                          *, gemm_slowdown: float = 1.0) -> float:
+    """One layer phase (forward or backward) with Megatron's ``tp_comm_overlap``.
+
+    ``phase_s`` is the phase as the intra-chip pass timed it, ``exposed_comm_s`` the part of it
+    that is TP communication nothing hid; ``gemm_s`` the time of the linear-layer GEMMs the
+    collectives feed or drain (QKV, projection, FC1, FC2 and their gradients), ``comm_s`` the
+    phase's whole TP collective time. Userbuffers pair every collective with its GEMM
+    (:func:`tp_comm_overlap_s`); the rest of the phase is unchanged:
+
+        phase - exposed - gemm + tp_comm_overlap_s(gemm, comm, chunks)
+
+    >>> tp_overlapped_phase_s(10.0, 2.0, 6.0, 2.0, 2)   # 10 - 2 - 6 + (3 + max(3, 2))
+    8.0
+    """
+    rest = max(0.0, phase_s - exposed_comm_s - gemm_s)
+    return rest + tp_comm_overlap_s(gemm_s, comm_s, chunks, gemm_slowdown=gemm_slowdown)
+
+
 def tp_comm_overlap_s(gemm_s: float, comm_s: float, chunks: int, *, gemm_slowdown: float = 1.0) -> float:
     """Time of a GEMM and its TP all-gather or reduce-scatter overlapped the way Megatron's
     ``tp_comm_overlap`` (Transformer Engine userbuffers, ring exchange) runs them.
