@@ -321,7 +321,13 @@ class LLMModel:
             cp=m.cp, zero_stage=m.zero_stage)
 
     # -- the full evaluation ----------------------------------------------------------------------
-    def evaluate(self, m: Mapping) -> Evaluation:
+    #: :func:`dfmodel.inter_chip.search.search` may pass ``cutoff_s`` to :meth:`evaluate`
+    evaluate_accepts_cutoff = True
+
+    def evaluate(self, m: Mapping, cutoff_s: float | None = None) -> Evaluation | None:
+        """The mapping's time, memory and breakdown. With ``cutoff_s``: None instead when a
+        valid lower bound proves the time above it before the costly pipeline simulation (the
+        search then needs no more than that)."""
         tp_group, pp_group = m.group("tp"), m.group("pp")
         dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))  # Megatron-Core dp x cp
         key = (m.micro_batch, m.tp, tp_group, m.sequence_parallel)
@@ -355,6 +361,10 @@ class LLMModel:
             p2p_s = self.costs.time_s("p2p", act_bytes, pp_group)
         pt = pipe.pipeline_time(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
         if not pt.exact and m.interleave > 1:
+            if cutoff_s is not None and (pipe.simulated_lower_bound_s(stage_fwd, stage_bwd, m.num_micro_batches,
+                                                                       m.interleave, p2p_s)
+                                         + self.optimizer_s(m, self.params_per_chip_floor(m))) > cutoff_s:
+                return None  # the step is at least pipeline + optimizer; DP sync and I/O add >= 0
             # the closed form is only a lower bound when p2p exceeds a chunk op: simulate
             pt = pipe.pipeline_time_simulated(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
 

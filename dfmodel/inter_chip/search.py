@@ -205,8 +205,13 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
                 continue
         try:
             t_eval = time.perf_counter()
-            ev = dived.pop(i) if i in dived else model.evaluate(m)
+            ev = dived.pop(i) if i in dived else _evaluate_below(model, m, None if exhaustive else cutoff)
             recent_eval_s[:] = (recent_eval_s + [time.perf_counter() - t_eval])[-8:]
+            if ev is None:  # proven slower than the cutoff part-way: as good as pruned by its bound
+                stats.evaluated += 1
+                stats.pruned_bound += 1
+                ledger.bounded([(cutoff, i, True, m)])
+                continue
             if isinstance(ev, InfeasibleError):
                 raise ev
         except DeadlineExpired:  # abandoned mid-evaluation: it stays open (its bound counts)
@@ -287,6 +292,14 @@ def _no_time_for(recent_eval_s: list[float]) -> bool:
     if left is None:
         return False
     return left <= 0.0 or (bool(recent_eval_s) and left < max(recent_eval_s))
+
+
+def _evaluate_below(model, m, cutoff_s: float | None):
+    """``model.evaluate(m)``; None when the model proves part-way that the mapping is slower
+    than ``cutoff_s`` (strictly: a margin of 1e-9 keeps ties, which :func:`_better` breaks)."""
+    if cutoff_s is not None and getattr(model, "evaluate_accepts_cutoff", False):
+        return model.evaluate(m, cutoff_s=cutoff_s * (1.0 + 1e-9))
+    return model.evaluate(m)
 
 
 def _try_evaluate(model, m):
