@@ -208,3 +208,23 @@ def test_symmetric_placements_are_searched_once_and_change_nothing():
     full = solve_llm(w, s, Knobs(), exhaustive=True)
     fast = optimize(w, s)
     assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("capacity", [None, "3 GiB"])
+def test_memory_before_blocks_is_a_floor_on_every_candidate(capacity):
+    """The pre-solve memory screen never exceeds the evaluated memory (so it never rules out a
+    mapping that fits), is not vacuous, and screening changes neither winner nor runners-up."""
+    kw = {"capacity": capacity} if capacity else {}
+    w, s = load_workload(SMALL_LLM), load_system(small_system(4, 2, **kw))
+    model = LLMModel(w, s)
+    evs = [model.evaluate(m) for m in llm_candidates(model, Knobs())]
+    close = 0
+    for ev in evs:
+        floor = LLMModel(w, s).memory_before_blocks(ev.mapping).total_bytes
+        assert floor <= ev.memory.total_bytes * (1 + 1e-12)
+        close += floor >= 0.7 * ev.memory.total_bytes
+    assert close >= len(evs) // 2
+    times = sorted(e.iteration_time_s for e in evs if e.fits)
+    r = optimize(w, s, alternatives=3)
+    assert r.iteration_time_s == pytest.approx(times[0], rel=1e-12)
+    assert [a["iteration_time_s"] for a in r.alternatives] == pytest.approx(times[1:4], rel=1e-12)

@@ -134,6 +134,17 @@ class Evaluation:
     io: IOTerms | None = None  # input and checkpoint details (dfmodel.inter_chip.io)
 
 
+@dataclass
+class MemoryFloorMiss:
+    """What :meth:`LLMModel.evaluate` returns (when screening) for a mapping whose memory
+    lower bound already exceeds the chip: ``memory`` is that bound, never an overestimate."""
+
+    mapping: Mapping
+    memory: "mem.MemoryBreakdown"
+    fits: bool = False
+    iteration_time_s: float = float("inf")
+
+
 def _is_attention_core(kernel) -> bool:
     """Kernels selective recompute re-runs (Korthikanti et al. 2022, section 4.3): the attention
     score, softmax (and dropout) and attention-times-value, which hold the s^2 activations."""
@@ -186,6 +197,7 @@ class LLMModel:
         self.precision = Precision(self.training.precision)
         self._graphs: dict[int, object] = {}
         self._blocks: dict[tuple, BlockTimes | None] = {}
+        self._memory_floors: dict[tuple, "mem.MemoryBreakdown"] = {}
 
     # -- graphs and inner solves (cached) ------------------------------------------------------
     def graphs(self, micro_batch: int, cp: int = 1):
@@ -323,6 +335,40 @@ class LLMModel:
                                        else 12),  # never above the state llm_memory_per_chip counts
         )
 
+    def _block_key(self, which: str, m: Mapping) -> tuple:
+        return (which, m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel) + ((m.cp,) if m.cp > 1 else ())
+
+    def memory_before_blocks(self, m: Mapping) -> "mem.MemoryBreakdown":
+        """A valid lower bound on ``evaluate(m).memory`` (the worst stage), without solving a block.
+
+        A chip holds at least ``1/tp`` of every parameter (TP splits a weight at most ``tp``
+        ways; Megatron replicates only the norms), and whatever the layer split, some stage
+        holds at least ``ceil(L / pp)`` layers. Memory only grows with parameters and layers
+        (:func:`memory.llm_memory_per_chip`), so the worst stage needs at least the least, over
+        stages ``i``, of the split with those ``ceil(L / pp)`` layers on stage ``i`` and none
+        elsewhere. test_search.py checks it against ``evaluate`` on every candidate."""
+        key = tuple(v for k, v in vars(m).items() if k != "placement")
+        if key not in self._memory_floors:
+            g = self.graphs(1)
+            layer = g.layer.params() / m.tp
+            emb = g.embedding.params() / m.tp if g.embedding is not None else 0.0
+            head = g.head.params() / m.tp if g.head is not None else 0.0
+            head += mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp,
+                                                   pp=m.pp, tie_embeddings=self.model.tie_embeddings)
+            k = -(-self.num_layers // m.pp)
+            best = None
+            for i in range(m.pp):
+                stages = [0] * m.pp
+                stages[i] = k
+                params = [n * layer for n in stages]
+                params[0] += emb
+                params[-1] += head
+                b = self.memory_check(m, params, stages, layer)
+                if best is None or b.total_bytes < best.total_bytes:
+                    best = b
+            self._memory_floors[key] = best
+        return self._memory_floors[key]
+
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],
                      layer_params: float) -> "mem.MemoryBreakdown":
         """Worst stage's memory per chip (weights, grads, optimizer, activations in flight,
@@ -342,7 +388,20 @@ class LLMModel:
             cp=m.cp, zero_stage=m.zero_stage)
 
     # -- the full evaluation ----------------------------------------------------------------------
-    def evaluate(self, m: Mapping) -> Evaluation:
+    #: :func:`dfmodel.inter_chip.search.search` may pass ``cutoff_s`` and ``screen_memory``
+    evaluate_accepts_cutoff = True
+
+    def evaluate(self, m: Mapping, cutoff_s: float | None = None,
+                 screen_memory: bool = False) -> "Evaluation | MemoryFloorMiss | None":
+        """The mapping's time, memory and breakdown. With ``cutoff_s``: None instead when a
+        valid lower bound proves the time above it before the costly pipeline simulation (the
+        search then needs no more than that). With ``screen_memory``: a
+        :class:`MemoryFloorMiss` when :meth:`memory_before_blocks` proves, before any block
+        solve, that it cannot fit."""
+        if screen_memory and self._blocks.get(self._block_key("layer", m)) is None:
+            floor = self.memory_before_blocks(m)
+            if not floor.fits:
+                return MemoryFloorMiss(m, floor)
         tp_group, pp_group = m.group("tp"), m.group("pp")
         dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))  # Megatron-Core dp x cp
         key = (m.micro_batch, m.tp, tp_group, m.sequence_parallel)
@@ -380,6 +439,10 @@ class LLMModel:
             p2p_s = self.costs.time_s("p2p", act_bytes, pp_group)
         pt = pipe.pipeline_time(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
         if not pt.exact and m.interleave > 1:
+            if cutoff_s is not None and (pipe.simulated_lower_bound_s(stage_fwd, stage_bwd, m.num_micro_batches,
+                                                                       m.interleave, p2p_s)
+                                         + self.optimizer_s(m, self.params_per_chip_floor(m))) > cutoff_s:
+                return None  # the step is at least pipeline + optimizer; DP sync and I/O add >= 0
             # the closed form is only a lower bound when p2p exceeds a chunk op: simulate
             pt = pipe.pipeline_time_simulated(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
 

@@ -24,6 +24,7 @@ Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from numbers import Real
 from typing import Literal, Sequence
 
@@ -362,22 +363,105 @@ def pipeline_time_simulated(
     """:class:`PipelineTime` from the event simulation (exact for any stage times; O(pp m v)).
 
     ``busy_s`` is the bottleneck stage's compute; ``p2p_exposed_s`` is the makespan minus the
-    makespan of the same schedule without transfers.
+    makespan of the same schedule without transfers. Runs :func:`_simulated_makespan`, the
+    same arithmetic as :func:`simulate_1f1b` without building events, memoised: the search
+    meets the same stage times under many placements (test_pipeline.py checks it against
+    :func:`simulate_1f1b` bit for bit).
 
     >>> pipeline_time_simulated([1.0] * 4, [2.0] * 4, 8).total_s
     33.0
     """
-    ev = simulate_1f1b(stage_fwd_s, stage_bwd_s, num_micro_batches, interleave, p2p_s)
-    total = makespan_s(ev)
-    busy_by_stage: dict[int, float] = {}
-    for e in ev:
-        busy_by_stage[e.stage] = busy_by_stage.get(e.stage, 0.0) + (e.end_s - e.start_s)
-    busy = max(busy_by_stage.values())
-    no_p2p = total if p2p_s == 0 else makespan_s(
-        simulate_1f1b(stage_fwd_s, stage_bwd_s, num_micro_batches, interleave, 0.0)
-    )
+    fwd, bwd, pp = _checked_chunks(stage_fwd_s, stage_bwd_s, num_micro_batches, interleave, p2p_s)
+    fwd_t, bwd_t = tuple(map(tuple, fwd)), tuple(map(tuple, bwd))
+    total, busy = _simulated_makespan(fwd_t, bwd_t, num_micro_batches, interleave, float(p2p_s))
+    no_p2p = total if p2p_s == 0 else _simulated_makespan(fwd_t, bwd_t, num_micro_batches, interleave, 0.0)[0]
     return PipelineTime(total_s=total, bubble_s=total - busy, busy_s=busy,
                         p2p_exposed_s=total - no_p2p, exact=True)
+
+
+@lru_cache(maxsize=4096)
+def _schedule_orders(pp: int, num_micro_batches: int, interleave: int) -> tuple:
+    """Every stage's :func:`schedule_order`, as ``(is_forward, chunk, micro_batch)`` tuples."""
+    return tuple(tuple((k == "F", c, j) for k, c, j in schedule_order(pp, i, num_micro_batches, interleave))
+                 for i in range(pp))
+
+
+@lru_cache(maxsize=8192)
+def _simulated_makespan(fwd: tuple, bwd: tuple, m: int, v: int, p2p_s: float) -> tuple[float, float]:
+    """(makespan, bottleneck stage's busy time) of :func:`simulate_1f1b` on per-chunk times
+    ``fwd[stage][chunk]``, ``bwd[stage][chunk]``: the same event order and the same float
+    operations (so the same bits), with end times in flat lists instead of events."""
+    pp = len(fwd)
+    nvs = pp * v
+    orders = _schedule_orders(pp, m, v)
+    ptr = [0] * pp
+    free = [0.0] * pp
+    busy = [0.0] * pp
+    end_f = [None] * (nvs * m)  # index s * m + j
+    end_b = [None] * (nvs * m)
+    remaining = sum(len(o) for o in orders)
+    makespan = 0.0
+    while remaining:
+        progressed = False
+        for i in range(pp):
+            order, fi, bi = orders[i], fwd[i], bwd[i]
+            while ptr[i] < len(order):
+                is_f, c, j = order[ptr[i]]
+                s = c * pp + i
+                if is_f:
+                    if s > 0:
+                        dep = end_f[(s - 1) * m + j]
+                        if dep is None:
+                            break
+                        ready = dep + p2p_s
+                    else:
+                        ready = 0.0
+                    dur = fi[c]
+                else:
+                    if s < nvs - 1:
+                        dep = end_b[(s + 1) * m + j]
+                        if dep is None:
+                            break
+                        ready = dep + p2p_s
+                    else:
+                        ready = end_f[s * m + j]
+                    ready = max(ready, end_f[s * m + j])  # own forward (always earlier in order)
+                    dur = bi[c]
+                start = max(free[i], ready)
+                free[i] = start + dur
+                busy[i] += free[i] - start
+                (end_f if is_f else end_b)[s * m + j] = free[i]
+                if free[i] > makespan:
+                    makespan = free[i]
+                ptr[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - Megatron's order is deadlock-free
+            raise RuntimeError(f"1F1B schedule deadlocked (pp={pp}, m={m}, v={v})")
+    return makespan, max(busy)
+
+
+def simulated_lower_bound_s(stage_fwd_s: StageTimes, stage_bwd_s: StageTimes, num_micro_batches: int,
+                            interleave: int = 1, p2p_s: float = 0.0) -> float:
+    """A valid lower bound on the simulated makespan, in O(pp) (the search skips simulating a
+    candidate this bound already puts past its cutoff).
+
+    Stage ``i`` runs all its ``m T_i`` of work, and cannot start before micro-batch 0 has gone
+    forward through chunk 0 of stages ``0 .. i-1``, with a transfer after each:
+    ``max_i (sum_{j<i} (F_j0 + p2p) + m T_i)``. test_pipeline.py checks it against the
+    simulation on random cases.
+
+    >>> simulated_lower_bound_s([1.0] * 4, [2.0] * 4, 8)  # stage 3: 3 x 1 + 8 x 3
+    27.0
+    """
+    v, m = interleave, num_micro_batches
+    fwd, bwd, pp = _checked_chunks(stage_fwd_s, stage_bwd_s, m, v, p2p_s)
+    head = 0.0
+    best = 0.0
+    for i in range(pp):
+        best = max(best, head + m * (sum(fwd[i]) + sum(bwd[i])))
+        head += fwd[i][0] + p2p_s
+    return best
 
 
 def peak_in_flight(events: Sequence[Event], stage: int, interleave: int = 1) -> float:

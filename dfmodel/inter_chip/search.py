@@ -205,8 +205,13 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
                 continue
         try:
             t_eval = time.perf_counter()
-            ev = dived.pop(i) if i in dived else model.evaluate(m)
+            ev = dived.pop(i) if i in dived else _evaluate_below(model, m, cutoff, screen=not exhaustive)
             recent_eval_s[:] = (recent_eval_s + [time.perf_counter() - t_eval])[-8:]
+            if ev is None:  # proven slower than the cutoff part-way: as good as pruned by its bound
+                stats.evaluated += 1
+                stats.pruned_bound += 1
+                ledger.bounded([(cutoff, i, True, m)])
+                continue
             if isinstance(ev, InfeasibleError):
                 raise ev
         except DeadlineExpired:  # abandoned mid-evaluation: it stays open (its bound counts)
@@ -259,6 +264,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
                 f"{(smallest_floor - capacity) / 2**30:.1f} GiB"
             )
     if best is None:
+        if not hasattr(worst_memory, "breakdown_s"):  # a screened memory floor: report exact figures
+            worst_memory = model.evaluate(worst_memory.mapping)
         mem = worst_memory.memory
         raise InfeasibleError(
             f"no mapping fits in memory: the smallest needs {mem.total_bytes / 2**30:.1f} GiB per chip "
@@ -287,6 +294,16 @@ def _no_time_for(recent_eval_s: list[float]) -> bool:
     if left is None:
         return False
     return left <= 0.0 or (bool(recent_eval_s) and left < max(recent_eval_s))
+
+
+def _evaluate_below(model, m, cutoff_s: float | None, *, screen: bool):
+    """``model.evaluate(m)``. With ``screen`` (not in an exhaustive run), models that accept it
+    may return None when they prove part-way that the mapping is slower than ``cutoff_s``
+    (strictly: a margin of 1e-9 keeps ties, which :func:`_better` breaks), or a non-fitting
+    memory floor before their costly inner solves."""
+    if screen and getattr(model, "evaluate_accepts_cutoff", False):
+        return model.evaluate(m, cutoff_s=None if cutoff_s is None else cutoff_s * (1.0 + 1e-9), screen_memory=True)
+    return model.evaluate(m)
 
 
 def _try_evaluate(model, m):
