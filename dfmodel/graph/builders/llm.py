@@ -28,6 +28,8 @@ applied inside attention at negligible cost and are not modelled as a kernel.
 from __future__ import annotations
 
 from dfmodel.graph.builders.base import GraphBuilder
+from dfmodel.graph.builders.moe import (ExpertShape, _moe_combine_backward, _moe_combine_forward, _moe_forward,
+                                       _moe_permute_backward, _moe_tensors, expert_shape, has_router)
 from dfmodel.graph.builders.formulas import INDEX_BYTES, LOSS_BYTES, matmul_flop, vector_flop
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
@@ -130,13 +132,19 @@ class _Precisions:
         self.vector_kw = {"precision": "bf16"} if self.fp8 else {}
 
 
-def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
+def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1) -> DataflowGraph:
     """One decoder layer for ``batch`` sequences: forward, backward and weight-gradient kernels.
 
     Graph inputs: ``x`` (the previous layer's output) and ``dy`` (the next layer's gradient);
     outputs: ``y``, ``dx`` and the weight gradients ``dW.*``. Backward kernels read the saved
     forward activations they need (edges from forward to backward kernels), which is what makes
     activation memory and fusion visible to the mapping passes.
+
+    With ``model.moe`` the MLP is the MoE layer of one of ``ep`` expert-parallel ranks
+    (:mod:`dfmodel.graph.builders.moe`): router, permute, the grouped expert GEMMs (the
+    ``fc1``/``fc2`` kernels, batched over the local experts and marked ``expert``), unpermute
+    and the shared experts. Every layer is built as an MoE layer: ``first_dense_layers`` are
+    costed as MoE layers (an upper bound; DeepSeek-V3's 3 dense layers of 61).
 
     >>> from dfmodel.graph.workload import load_workload
     >>> w = load_workload({"kind": "llm", "name": "t", "model": {"hidden": 64, "num_heads": 4,
@@ -151,10 +159,22 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     b, s, h, a, kv, d, f = batch, m.seq_len, m.hidden, m.num_heads, m.kv_heads, m.head_dim, m.ffn
     T, ba = b * s, batch * m.num_heads
     nqkv = (a + 2 * kv) * d
+    moe = m.moe
+    routed = has_router(w)
+    # MLP rows and experts: the dense MLP is one "expert" on all T tokens
+    ex = expert_shape(T, moe, ep) if moe is not None else ExpertShape(1, T, f)
+    f, nE, R = ex.ffn, ex.experts_local, ex.rows_per_expert  # R: rows per local expert
+    TR = nE * R  # routed rows on this rank (T for a dense MLP)
     f_in = 2 * f if m.ffn_type == "swiglu" else f  # swiglu: gate and up projections fused
     act, act_bwd = m.ffn_type, f"{m.ffn_type}_bwd"
     qkv_p, out_p = linear_params(h, nqkv), linear_params(a * d, h)
-    fc1_p, fc2_p, ln_p = linear_params(h, f_in), linear_params(f, h), layernorm_params(h)
+    fc1_p, fc2_p, ln_p = nE * linear_params(h, f_in), nE * linear_params(f, h), layernorm_params(h)
+
+    def mm(rows: int, n: int, k: int) -> dict:
+        """Dims of a (grouped) expert GEMM: batched over the local experts when there are several."""
+        return {"b": nE, "m": rows, "n": n, "k": k} if nE > 1 else {"m": rows, "n": n, "k": k}
+
+    xk = {"expert": True} if moe is not None else {}
     tok = T * h  # elements of one token-by-hidden activation
     pr = _Precisions(w)
     p, pw, gb = pr.act, pr.linear_weight, pr.grad  # activation, linear-weight and gradient bytes
@@ -200,12 +220,16 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
              output_bytes=tok * p, group="attention", **vec)
     g.kernel("fwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", tok), output_bytes=tok * p,
              group="norm", params=ln_p, weight_bytes=ln_p * pr.weight, **vec)
-    g.kernel("fwd.fc1", MM, {"m": T, "n": f_in, "k": h}, flop=matmul_flop(1, T, f_in, h),
-             output_bytes=T * f_in * p, group="mlp", **weights(fc1_p), **cast(tok))
-    g.kernel("fwd.act", EW, {"m": T, "n": f}, flop=vector_flop(act, T * f) + vector_flop("bias", T * f_in),
-             output_bytes=T * f * p, group="mlp", **vec)
-    g.kernel("fwd.fc2", MM, {"m": T, "n": h, "k": f}, flop=matmul_flop(1, T, h, f), output_bytes=tok * p,
-             group="mlp", **weights(fc2_p), **cast(T * f))
+    if routed:
+        _moe_forward(g, w, T, TR, pr)
+    g.kernel("fwd.fc1", MM, mm(R, f_in, h), flop=matmul_flop(nE, R, f_in, h),
+             output_bytes=TR * f_in * p, group="mlp", **weights(fc1_p), **cast(TR * h), **xk)
+    g.kernel("fwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act, TR * f) + vector_flop("bias", TR * f_in),
+             output_bytes=TR * f * p, group="mlp", **vec)
+    g.kernel("fwd.fc2", MM, mm(R, h, f), flop=matmul_flop(nE, R, h, f), output_bytes=TR * h * p,
+             group="mlp", **weights(fc2_p), **cast(TR * f), **xk)
+    if routed:
+        _moe_combine_forward(g, w, T, TR, pr)
     g.kernel("fwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("residual", tok) + vector_flop("bias", tok),
              output_bytes=tok * p, group="mlp", **vec)
 
@@ -216,16 +240,20 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     # fusion accumulates the wgrad GEMM's result into main_grad directly).
     g.kernel("bwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("bias_grad", tok), output_bytes=tok * p,
              phase=BWD, group="mlp", **vec)
-    g.kernel("bwd.fc2", MM, {"m": T, "n": f, "k": h}, flop=matmul_flop(1, T, f, h), output_bytes=T * f * p,
-             phase=BWD, group="mlp", weight_bytes=fc2_p * pw, **lin, **cast(tok))
-    g.kernel("wgrad.fc2", MM, {"m": f, "n": h, "k": T}, flop=matmul_flop(1, f, h, T), output_bytes=fc2_p * gb,
-             phase=WG, group="mlp", **wgrad(fc2_p))
-    g.kernel("bwd.act", EW, {"m": T, "n": f}, flop=vector_flop(act_bwd, T * f) + vector_flop("bias_grad", T * f_in),
-             output_bytes=T * f_in * p, phase=BWD, group="mlp", **vec)
-    g.kernel("bwd.fc1", MM, {"m": T, "n": h, "k": f_in}, flop=matmul_flop(1, T, h, f_in), output_bytes=tok * p,
-             phase=BWD, group="mlp", weight_bytes=fc1_p * pw, **lin, **cast(T * f_in))
-    g.kernel("wgrad.fc1", MM, {"m": h, "n": f_in, "k": T}, flop=matmul_flop(1, h, f_in, T),
-             output_bytes=fc1_p * gb, phase=WG, group="mlp", **wgrad(fc1_p))
+    if routed:
+        _moe_combine_backward(g, w, T, TR, pr)
+    g.kernel("bwd.fc2", MM, mm(R, f, h), flop=matmul_flop(nE, R, f, h), output_bytes=TR * f * p,
+             phase=BWD, group="mlp", weight_bytes=fc2_p * pw, **lin, **cast(TR * h), **xk)
+    g.kernel("wgrad.fc2", MM, {"b": nE, "m": f, "n": h, "k": R} if nE > 1 else {"m": f, "n": h, "k": R},
+             flop=matmul_flop(nE, f, h, R), output_bytes=fc2_p * gb, phase=WG, group="mlp", **wgrad(fc2_p), **xk)
+    g.kernel("bwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act_bwd, TR * f) + vector_flop("bias_grad", TR * f_in),
+             output_bytes=TR * f_in * p, phase=BWD, group="mlp", **vec)
+    g.kernel("bwd.fc1", MM, mm(R, h, f_in), flop=matmul_flop(nE, R, h, f_in), output_bytes=TR * h * p,
+             phase=BWD, group="mlp", weight_bytes=fc1_p * pw, **lin, **cast(TR * f_in), **xk)
+    g.kernel("wgrad.fc1", MM, {"b": nE, "m": h, "n": f_in, "k": R} if nE > 1 else {"m": h, "n": f_in, "k": R},
+             flop=matmul_flop(nE, h, f_in, R), output_bytes=fc1_p * gb, phase=WG, group="mlp", **wgrad(fc1_p), **xk)
+    if routed:
+        _moe_permute_backward(g, w, T, TR, pr)
     g.kernel("bwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,
              phase=BWD, group="norm", weight_bytes=ln_p * pr.weight, **vec)
     g.kernel("bwd.residual1", EW, {"m": T, "n": h},
@@ -286,20 +314,24 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     g.tensor("attn_out", "fwd.out_proj", "fwd.residual1", tok * p, "x", act_shape)
     g.tensor("r1", "fwd.residual1", ["fwd.ln2", "fwd.residual2", "bwd.ln2"], tok * p, ["x", "residual", "saved"],
              act_shape)
-    g.tensor("ln2_out", "fwd.ln2", ["fwd.fc1", "wgrad.fc1"], tok * ag, "a", act_shape)
-    g.tensor("fc1_out", "fwd.fc1", ["fwd.act", "bwd.act"], T * f_in * p, ["x", "saved"], (b, s, f_in))
-    g.tensor("act_out", "fwd.act", ["fwd.fc2", "wgrad.fc2"], T * f * p, "a", (b, s, f))
-    g.tensor("mlp_out", "fwd.fc2", "fwd.residual2", tok * p, "x", act_shape)
+    rshape = lambda n: (nE, R, n) if moe is not None else (b, s, n)  # noqa: E731 -- MLP row shapes
+    if routed:
+        _moe_tensors(g, w, T, TR, pr, act_shape, rshape(h))
+    else:
+        g.tensor("ln2_out", "fwd.ln2", ["fwd.fc1", "wgrad.fc1"], tok * ag, "a", act_shape)
+        g.tensor("mlp_out", "fwd.fc2", "fwd.residual2", tok * p, "x", act_shape)
+        g.tensor("d_y", "bwd.residual2", ["bwd.fc2", "wgrad.fc2", "bwd.residual1"], tok * p,
+                 ["a", "b", "grad_skip"], act_shape)
+        g.tensor("d_ln2_out", "bwd.fc1", "bwd.ln2", tok * p, "grad", act_shape)
+    g.tensor("fc1_out", "fwd.fc1", ["fwd.act", "bwd.act"], TR * f_in * p, ["x", "saved"], rshape(f_in))
+    g.tensor("act_out", "fwd.act", ["fwd.fc2", "wgrad.fc2"], TR * f * p, "a", rshape(f))
     g.tensor("y", "fwd.residual2", None, tok * p, "x", act_shape)
 
     g.tensor("dy", None, "bwd.residual2", tok * p, "grad", act_shape)
-    g.tensor("d_y", "bwd.residual2", ["bwd.fc2", "wgrad.fc2", "bwd.residual1"], tok * p,
-             ["a", "b", "grad_skip"], act_shape)
-    g.tensor("d_act", "bwd.fc2", "bwd.act", T * f * p, "grad", (b, s, f))
+    g.tensor("d_act", "bwd.fc2", "bwd.act", TR * f * p, "grad", rshape(f))
     g.tensor("dW.fc2", "wgrad.fc2", None, fc2_p * gb, "x")
-    g.tensor("d_fc1", "bwd.act", ["bwd.fc1", "wgrad.fc1"], T * f_in * p, ["a", "b"], (b, s, f_in))
+    g.tensor("d_fc1", "bwd.act", ["bwd.fc1", "wgrad.fc1"], TR * f_in * p, ["a", "b"], rshape(f_in))
     g.tensor("dW.fc1", "wgrad.fc1", None, fc1_p * gb, "x")
-    g.tensor("d_ln2_out", "bwd.fc1", "bwd.ln2", tok * p, "grad", act_shape)
     g.tensor("dW.ln2", "bwd.ln2", None, ln_p * gb, "x")
     g.tensor("d_ln2_in", "bwd.ln2", "bwd.residual1", tok * p, "grad", act_shape)
     g.tensor("d_r1", "bwd.residual1", ["bwd.out_proj", "wgrad.out_proj", "bwd.ln1"], tok * p,
