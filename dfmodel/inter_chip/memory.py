@@ -18,7 +18,7 @@ heads, ``t`` tensor-parallel degree, ``f`` FFN hidden size, ``e`` bytes per acti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from dfmodel.inter_chip.pipeline import warmup_forwards
@@ -542,6 +542,8 @@ def llm_memory_per_chip(
     reserve_bytes: float = 0.0,
     cp: int = 1,
     zero_stage: int | None = None,
+    layer_expert_params_per_chip: float = 0.0,
+    ep: int = 1,
 ) -> MemoryBreakdown:
     """The worst stage's memory per chip of LLM training, every term wired as Megatron lays it out.
 
@@ -592,11 +594,23 @@ def llm_memory_per_chip(
     for stage, layers in enumerate(layers_per_stage):
         extra_params = (first_params if stage == 0 else 0.0) + (last_params if stage == pp - 1 else 0.0)
         extra_act = (emb_act if stage == 0 else 0.0) + (head_act if stage == pp - 1 else 0.0)
-        state = model_state_bytes(layers * layer_params_per_chip, dp=dp, distributed_optimizer=distributed_optimizer,
+        state = model_state_bytes(layers * (layer_params_per_chip - layer_expert_params_per_chip), dp=dp,
+                                  distributed_optimizer=distributed_optimizer,
                                   zero_stage=zero_stage,
                                   bytes_per_param_weights=layer_state.weights,
                                   bytes_per_param_grads=layer_state.gradients,
                                   bytes_per_param_optimizer=layer_state.optimizer)
+        if layer_expert_params_per_chip:
+            # MoE experts (already split by ep): their state is sharded over the expert data
+            # parallel ranks, dp x cp / ep (Megatron-Core expert_data_parallel group)
+            xs = model_state_bytes(layers * layer_expert_params_per_chip, dp=max(1, dp // ep),
+                                   distributed_optimizer=distributed_optimizer, zero_stage=zero_stage,
+                                   bytes_per_param_weights=layer_state.weights,
+                                   bytes_per_param_grads=layer_state.gradients,
+                                   bytes_per_param_optimizer=layer_state.optimizer)
+            state = replace(state, weights_bytes=state.weights_bytes + xs.weights_bytes,
+                            gradients_bytes=state.gradients_bytes + xs.gradients_bytes,
+                            optimizer_bytes=state.optimizer_bytes + xs.optimizer_bytes)
         extra = model_state_bytes(extra_params, dp=dp, distributed_optimizer=distributed_optimizer,
                                   zero_stage=zero_stage,
                                   bytes_per_param_weights=other_state.weights,

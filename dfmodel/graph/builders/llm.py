@@ -27,9 +27,11 @@ applied inside attention at negligible cost and are not modelled as a kernel.
 
 from __future__ import annotations
 
+import math
+
 from dfmodel.graph.builders.base import GraphBuilder
 from dfmodel.graph.builders.moe import (ExpertShape, _moe_combine_backward, _moe_combine_forward, _moe_forward,
-                                       _moe_permute_backward, _moe_tensors, expert_shape, has_router)
+                                       _moe_permute_backward, _moe_tensors, expert_shape, has_router, routed_rows)
 from dfmodel.graph.builders.formulas import INDEX_BYTES, LOSS_BYTES, matmul_flop, vector_flop
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
@@ -163,8 +165,10 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1) -> DataflowGraph:
     routed = has_router(w)
     # MLP rows and experts: the dense MLP is one "expert" on all T tokens
     ex = expert_shape(T, moe, ep) if moe is not None else ExpertShape(1, T, f)
-    f, nE, R = ex.ffn, ex.experts_local, ex.rows_per_expert  # R: rows per local expert
-    TR = nE * R  # routed rows on this rank (T for a dense MLP)
+    f, nE, R = ex.ffn, ex.experts_local, ex.rows_per_expert  # R: rows per local expert (padding dims)
+    # routed rows on this rank (T for a dense MLP): the FLOP and bytes; they do not depend on
+    # ep (every rank computes as many rows as its tokens send), only the padding dims R do
+    TR = math.ceil(routed_rows(T, moe) - 1e-9) if moe is not None else T
     f_in = 2 * f if m.ffn_type == "swiglu" else f  # swiglu: gate and up projections fused
     act, act_bwd = m.ffn_type, f"{m.ffn_type}_bwd"
     qkv_p, out_p = linear_params(h, nqkv), linear_params(a * d, h)
@@ -222,11 +226,11 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1) -> DataflowGraph:
              group="norm", params=ln_p, weight_bytes=ln_p * pr.weight, **vec)
     if routed:
         _moe_forward(g, w, T, TR, pr)
-    g.kernel("fwd.fc1", MM, mm(R, f_in, h), flop=matmul_flop(nE, R, f_in, h),
+    g.kernel("fwd.fc1", MM, mm(R, f_in, h), flop=matmul_flop(1, TR, f_in, h),
              output_bytes=TR * f_in * p, group="mlp", **weights(fc1_p), **cast(TR * h), **xk)
     g.kernel("fwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act, TR * f) + vector_flop("bias", TR * f_in),
              output_bytes=TR * f * p, group="mlp", **vec)
-    g.kernel("fwd.fc2", MM, mm(R, h, f), flop=matmul_flop(nE, R, h, f), output_bytes=TR * h * p,
+    g.kernel("fwd.fc2", MM, mm(R, h, f), flop=matmul_flop(1, TR, h, f), output_bytes=TR * h * p,
              group="mlp", **weights(fc2_p), **cast(TR * f), **xk)
     if routed:
         _moe_combine_forward(g, w, T, TR, pr)
@@ -242,16 +246,16 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1) -> DataflowGraph:
              phase=BWD, group="mlp", **vec)
     if routed:
         _moe_combine_backward(g, w, T, TR, pr)
-    g.kernel("bwd.fc2", MM, mm(R, f, h), flop=matmul_flop(nE, R, f, h), output_bytes=TR * f * p,
+    g.kernel("bwd.fc2", MM, mm(R, f, h), flop=matmul_flop(1, TR, f, h), output_bytes=TR * f * p,
              phase=BWD, group="mlp", weight_bytes=fc2_p * pw, **lin, **cast(TR * h), **xk)
     g.kernel("wgrad.fc2", MM, {"b": nE, "m": f, "n": h, "k": R} if nE > 1 else {"m": f, "n": h, "k": R},
-             flop=matmul_flop(nE, f, h, R), output_bytes=fc2_p * gb, phase=WG, group="mlp", **wgrad(fc2_p), **xk)
+             flop=matmul_flop(1, f, h, TR), output_bytes=fc2_p * gb, phase=WG, group="mlp", **wgrad(fc2_p), **xk)
     g.kernel("bwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act_bwd, TR * f) + vector_flop("bias_grad", TR * f_in),
              output_bytes=TR * f_in * p, phase=BWD, group="mlp", **vec)
-    g.kernel("bwd.fc1", MM, mm(R, h, f_in), flop=matmul_flop(nE, R, h, f_in), output_bytes=TR * h * p,
+    g.kernel("bwd.fc1", MM, mm(R, h, f_in), flop=matmul_flop(1, TR, h, f_in), output_bytes=TR * h * p,
              phase=BWD, group="mlp", weight_bytes=fc1_p * pw, **lin, **cast(TR * f_in), **xk)
     g.kernel("wgrad.fc1", MM, {"b": nE, "m": h, "n": f_in, "k": R} if nE > 1 else {"m": h, "n": f_in, "k": R},
-             flop=matmul_flop(nE, h, f_in, R), output_bytes=fc1_p * gb, phase=WG, group="mlp", **wgrad(fc1_p), **xk)
+             flop=matmul_flop(1, h, f_in, TR), output_bytes=fc1_p * gb, phase=WG, group="mlp", **wgrad(fc1_p), **xk)
     if routed:
         _moe_permute_backward(g, w, T, TR, pr)
     g.kernel("bwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,

@@ -94,7 +94,12 @@ def dispatch_bytes_per_rank(tokens: int, moe: MoEConfig, hidden: int, bytes_per_
     return routed_rows(tokens, moe) * hidden * bytes_per_element * (ep - 1) / ep
 
 
-__all__ = ["ExpertShape", "routed_rows", "expert_shape", "has_router", "dispatch_bytes_per_rank"]
+def expert_params(graph) -> float:
+    """Parameters of a graph's expert kernels (``Kernel.expert``): the ones ep splits."""
+    return float(sum(k.params for k in graph.kernels if getattr(k, "expert", False))) if graph is not None else 0.0
+
+
+__all__ = ["expert_params", "ExpertShape", "routed_rows", "expert_shape", "has_router", "dispatch_bytes_per_rank"]
 
 
 # -- kernels and tensors of the routing around the expert GEMMs ---------------------------------
