@@ -121,3 +121,56 @@ def test_bad_moe_fields_are_one_line_errors():
         load_workload(with_moe({"num_experts": 2, "top_k": 3, "expert_ffn_hidden": 8}))
     with pytest.raises(InputError, match="first_dense_layers"):
         load_workload(with_moe({"num_experts": 2, "top_k": 1, "expert_ffn_hidden": 8, "first_dense_layers": 99}))
+
+
+# -- multi-head latent attention ------------------------------------------------------------------
+
+def test_mla_attention_parameters_closed_form():
+    """DeepSeek-V3 attention per layer: down h x (1536+512+64) + norms, up 1536 x 128 x 192 +
+    512 x 128 x 256, out 128 x 128 -> h (+ bias, as every linear here)."""
+    w = load_workload("deepseek_v3")
+    g = build_graphs(w, batch=1, ep=256).layer
+    h = 7168
+    attn = sum(k.params for k in g.kernels if k.group == "attention")
+    down = h * (1536 + 512 + 64) + 1536 + 512
+    up = 1536 * 128 * 192 + 512 * 128 * 256
+    out = 128 * 128 * h + h
+    assert attn == down + up + out
+    # attention with 192-dim queries/keys and 128-dim values (unfused: the workload leaves it to the system)
+    s, bh = w.model.seq_len, 128
+    assert g.kernel("fwd.attn_score").flop == 2 * bh * s * s * 192
+    assert g.kernel("fwd.attn_v").flop == 2 * bh * s * 128 * s
+    assert g.kernel("fwd.out_proj").dims["k"] == 128 * 128
+
+
+def test_deepseek_v3_total_parameters():
+    """61 MoE layers (the 3 dense ones costed as MoE) + embeddings: ~704B, and 671B once the
+    3 dense layers are taken at their real size (report: 671B)."""
+    w = load_workload("deepseek_v3")
+    gs = build_graphs(w, batch=1)
+    total = gs.params()
+    moe_layer = gs.layer.params()
+    dense_mlp = 3 * (7168 * 2 * 18432 + 2 * 18432 + 18432 * 7168 + 7168)
+    routed_and_router = expert_params(gs.layer) + gs.layer.kernel("fwd.router").params
+    shared = sum(k.params for k in gs.layer.kernels if k.name.startswith("fwd.shared"))
+    real = total - 3 * (routed_and_router + shared) + dense_mlp
+    assert real == pytest.approx(671e9, rel=0.01)
+    assert moe_layer > 11e9
+
+
+def test_mla_requires_all_kv_heads():
+    w = copy.deepcopy(SMALL_LLM)
+    w["model"].update(num_kv_heads=4, mla={"q_lora_rank": 64, "kv_lora_rank": 32, "qk_rope_head_dim": 16,
+                                            "qk_nope_head_dim": 32, "v_head_dim": 32})
+    with pytest.raises(InputError, match="num_kv_heads"):
+        load_workload(w)
+
+
+def test_small_mla_moe_search_equals_exhaustive():
+    w = copy.deepcopy(with_moe(MOE))
+    w["model"]["mla"] = {"q_lora_rank": 64, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
+                         "v_head_dim": 32}
+    w, s = load_workload(w), load_system(small_system(4, 2))
+    knobs = Knobs(micro_batch=1)
+    fast, full = solve_llm(w, s, knobs), solve_llm(w, s, knobs, exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)

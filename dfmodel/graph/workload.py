@@ -228,6 +228,32 @@ class MoEConfig(Strict):
 
 
 
+class MLAConfig(Strict):
+    """``model.mla``: multi-head latent attention (DeepSeek-V2 arXiv:2405.04434 sec. 2.1.2;
+    defaults are DeepSeek-V2/V3's: q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64,
+    qk_nope_head_dim 128, v_head_dim 128). See :mod:`dfmodel.graph.builders.mla`."""
+
+    q_lora_rank: PositiveInt = 1536
+    kv_lora_rank: PositiveInt = 512
+    qk_rope_head_dim: PositiveInt = 64
+    qk_nope_head_dim: PositiveInt = 128
+    v_head_dim: PositiveInt = 128
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_in(self) -> int:
+        """Features the up projections read: ``q_lora + kv_lora``."""
+        return self.q_lora_rank + self.kv_lora_rank
+
+    @property
+    def latent_out(self) -> int:
+        """Features the down projections write: ``q_lora + kv_lora + rope``."""
+        return self.latent_in + self.qk_rope_head_dim
+
+
 class LLMArchitecture(Strict):
     """Decoder-only transformer hyper-parameters (see the module doc for each field)."""
 
@@ -252,6 +278,8 @@ class LLMArchitecture(Strict):
     dropout: bool = True
     # mixture of experts (None: every layer has the dense MLP of ffn_hidden)
     moe: MoEConfig | None = None
+    # multi-head latent attention (None: standard multi-/grouped-query attention)
+    mla: MLAConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -281,6 +309,14 @@ class LLMArchitecture(Strict):
         a = info.data.get("num_heads")
         if v is not None and a is not None and a % v:
             raise ValueError(f"must divide model.num_heads ({a}), got {v}")
+        return v
+
+    @field_validator("mla")
+    @classmethod
+    def _mla_all_heads(cls, v: MLAConfig | None, info: ValidationInfo) -> MLAConfig | None:
+        a, kv = info.data.get("num_heads"), info.data.get("num_kv_heads")
+        if v is not None and a is not None and kv is not None and kv != a:
+            raise ValueError(f"MLA gives every head its own keys and values: num_kv_heads must equal num_heads ({a}), got {kv}")
         return v
 
     @field_validator("moe")

@@ -143,6 +143,47 @@ def activation_bytes_per_layer(
     return replicated + sharded + quadratic
 
 
+def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                                   bytes_per_element: float, recompute: str) -> float:
+    """What an MoE MLP and multi-head latent attention change in one layer's saved activations
+    relative to :func:`activation_bytes_per_layer` (which counts a dense MLP of ``ffn_hidden``
+    and ``h / a``-dim heads). 0 for a dense, standard-attention model or with full recompute.
+
+    MoE (Megatron-Core moe_layer / experts; routed rows ``R = s b x top_k x capacity x
+    imbalance``, expert width ``f_e``, expert TP = tp): the dense FC1/FC2 activations ``(2|1 + 1)
+    e s b f / t`` become ``(2|1 + 1) e R f_e / t``; the permuted FC1 input ``e R h`` and the
+    expert outputs kept for the router-probability gradient ``e R h`` (both ``/t`` with SP,
+    as the dense FC1 input), and the fp32 top-k probabilities and int32 indices ``8 s b k``;
+    shared experts add a dense MLP of ``num_shared x f_e``.
+    MLA (:mod:`dfmodel.graph.builders.mla`): Q, K, V and the attention output have ``a`` heads of
+    ``qk_nope + qk_rope`` (Q, K) and ``v_head_dim`` (V, output) instead of ``h / a``; the latent
+    ``e s b (q_lora + kv_lora + rope)`` (``/t`` with SP) is kept for the up projection's weight
+    gradient.
+    """
+    if recompute == "full":
+        return 0.0
+    s, b, t, e, h = seq_len, micro_batch, tp, bytes_per_element, model.hidden
+    sp = t if sequence_parallel else 1
+    gated = 2 if model.ffn_type == "swiglu" else 1
+    delta = 0.0
+    moe = getattr(model, "moe", None)
+    if moe is not None:
+        rows = s * b * moe.routed_token_factor
+        fe = moe.expert_ffn_hidden
+        delta -= (gated + 1) * e * s * b * model.ffn / t
+        delta += (gated + 1) * e * rows * fe / t
+        if moe.num_experts > 1 or moe.num_shared_experts:  # routing (one expert: the identity)
+            delta += 2 * e * rows * h / sp + 8 * s * b * moe.top_k
+        delta += (gated + 1) * e * s * b * moe.num_shared_experts * fe / t
+    mla = getattr(model, "mla", None)
+    if mla is not None:
+        a, kv = model.num_heads, model.kv_heads
+        dense = e * s * b * h / t * 2 + 2 * e * s * b * (h / a) * max(kv / t, 1.0)  # Q, output; K and V
+        latent = e * s * b * a * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) / t  # Q, K, V, output
+        delta += latent - dense + e * s * b * mla.latent_out / sp
+    return delta
+
+
 def embedding_activation_bytes(
     *, seq_len: int, micro_batch: int, hidden: int, tp: int, sequence_parallel: bool, dropout: bool = True
 ) -> float:
@@ -574,8 +615,12 @@ def llm_memory_per_chip(
                   sequence_parallel=sequence_parallel, ffn_hidden=m.ffn, num_kv_heads=m.kv_heads,
                   bytes_per_element=e, dropout=getattr(m, "dropout", True), gated_mlp=m.ffn_type == "swiglu",
                   attention=attention)
-    act_layer = activation_bytes_per_layer(recompute=recompute, **common)
-    working = activation_bytes_per_layer(recompute="none", **common) if recompute == "full" else 0.0
+    act_layer = activation_bytes_per_layer(recompute=recompute, **common) + moe_mla_activation_delta_bytes(
+        m, seq_len=s_local, micro_batch=micro_batch, tp=t, sequence_parallel=sequence_parallel, bytes_per_element=e,
+        recompute=recompute)
+    working = (activation_bytes_per_layer(recompute="none", **common) + moe_mla_activation_delta_bytes(
+        m, seq_len=s_local, micro_batch=micro_batch, tp=t, sequence_parallel=sequence_parallel, bytes_per_element=e,
+        recompute="none")) if recompute == "full" else 0.0
     if zero_stage == 3:
         working += 3 * layer_params_per_chip * e
     fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
