@@ -442,7 +442,7 @@ class LLMModel:
         out: dict[str, tuple[float, float]] = {}
         if m.cp > 1:
             kv = kv_bytes_per_rank(seq_len=self.model.seq_len, micro_batch=m.micro_batch, cp=m.cp, tp=m.tp,
-                                   num_kv_heads=self.model.num_kv_heads, head_dim=self.model.hidden // self.model.num_heads,
+                                   num_kv_heads=self.model.num_kv_heads, head_dim=self._kv_head_dim,
                                    bytes_per_element=self.training.activation_bytes)
             core_b = layer.attention_core_bwd.time_s if layer.attention_core_bwd else 0.0
             x = cp_exchange(m.cp_comm, m.cp, kv, layer.attention_core.time_s, core_b, self.costs, m.group("cp"))
@@ -455,6 +455,13 @@ class LLMModel:
             f, b = self._fsdp_exposed(layer, layer.fwd.time_s, layer.backward_s(m.recompute), m, dp_group)
             out["dp_comm"] = (f - layer.fwd.time_s, b - layer.backward_s(m.recompute))
         return out
+
+    @cached_property
+    def _kv_head_dim(self) -> float:
+        """Mean of the key and value head dims (K + V bytes = 2 x this per head): h / a, or
+        MLA's ``(qk_nope + qk_rope + v_head) / 2`` (it exchanges every head's full K and V)."""
+        mla = getattr(self.model, "mla", None)
+        return (mla.qk_head_dim + mla.v_head_dim) / 2 if mla else self.model.hidden // self.model.num_heads
 
     def _ep_comm(self, m: Mapping) -> tuple[float, float]:
         """Exposed MoE token all-to-alls of one layer and micro-batch over the ep group.
