@@ -111,6 +111,12 @@ __all__ = ["expert_params", "ExpertShape", "routed_rows", "expert_shape", "has_r
 ROUTER_BYTES = 4
 
 
+def linear_params(k: int, n: int) -> int:
+    """A linear layer's parameters with bias, as :func:`dfmodel.graph.builders.llm.linear_params`
+    (kept here so this module does not import the LLM builder that calls it)."""
+    return k * n + n
+
+
 def _kinds():
     from dfmodel.graph.kernel import KernelKind, Phase
 
@@ -145,7 +151,6 @@ def _moe_forward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
 
 def _shared_forward(g, w, T, fs, fs_in, pr) -> None:
     from dfmodel.graph.builders.formulas import matmul_flop, vector_flop
-    from dfmodel.graph.builders.llm import linear_params
 
     MM, EW, _, _, _ = _kinds()
     h, p, act = w.model.hidden, pr.act, w.model.ffn_type
@@ -174,7 +179,6 @@ def _moe_combine_backward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
     """Gradient of the unpermute (rows back to the experts, and the router-probability
     gradient ``<dy, expert_out>`` per chosen expert), then the shared experts' backward."""
     from dfmodel.graph.builders.formulas import matmul_flop, vector_flop
-    from dfmodel.graph.builders.llm import linear_params
 
     MM, EW, _, BWD, WG = _kinds()
     moe, h, p, gb = w.model.moe, w.model.hidden, pr.act, pr.grad
