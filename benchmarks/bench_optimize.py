@@ -26,6 +26,10 @@ CASES = [
      {"tp": 8, "pp": 9, "cp": 2, "dp": 4, "interleave": 7, "micro_batch": 1}),
     ("Llama-3.1 405B 128K (TP8 CP16 PP16 DP8)", "llama3_405b_128k", "dgx_h100", 16384,
      {"tp": 8, "cp": 16, "pp": 16, "dp": 8, "micro_batch": 1}),
+    # issue 10: mixture of experts with expert parallelism (full searches). Mixtral's recipe
+    # batch (256) has no dp dividing the preset's 1008 chips (14 racks): one NVL72 rack.
+    ("Mixtral 8x7B, 72 x gb200_nvl72 (one rack)", "mixtral_8x7b", "gb200_nvl72", 72, {}),
+    ("DeepSeek-V3 671B, 2048 x dgx_h800", "deepseek_v3", "dgx_h800", 2048, {}),
 ]
 
 

@@ -90,12 +90,12 @@ def _batch(w: AnyWorkload, batch: int | None) -> int:
     return batch
 
 
-def build_graphs(workload: WorkloadLike, *, batch: int | None = None) -> GraphSet:
+def build_graphs(workload: WorkloadLike, *, batch: int | None = None, ep: int = 1) -> GraphSet:
     """All graphs of one iteration for ``batch`` samples (default: the workload's global batch).
 
     ``batch`` is sequences (llm), samples (dlrm) or independent transforms (fft); HPL has no
     batch (one factorisation: ``batch`` must be None or 1); an explicit graph stands for the
-    fixed batch it declares.
+    fixed batch it declares. ``ep``: the LLM layer is one of ``ep`` expert-parallel ranks' (MoE).
 
     >>> gs = build_graphs("llama3_70b", batch=1)
     >>> gs.embedding.name, gs.head.name
@@ -104,7 +104,7 @@ def build_graphs(workload: WorkloadLike, *, batch: int | None = None) -> GraphSe
     w = load_workload(workload)
     b = _batch(w, batch)
     if isinstance(w, LLMWorkload):
-        return GraphSet(build_llm_layer(w, b), w.model.num_layers, build_llm_embedding(w, b), build_llm_head(w, b))
+        return GraphSet(build_llm_layer(w, b, ep), w.model.num_layers, build_llm_embedding(w, b), build_llm_head(w, b))
     if isinstance(w, DLRMWorkload):
         return GraphSet(build_dlrm(w, b))
     if isinstance(w, FFTWorkload):

@@ -67,6 +67,9 @@ class Kernel:
     # Efficiency factor of the chip spec that applies instead of matmul/vector ("attention": a
     # fused FlashAttention kernel).
     efficiency: str | None = None
+    # An MoE expert's kernel: its weights, gradients and optimizer state are split over the ep
+    # ranks and its gradients reduced over dp x cp / ep (dfmodel.graph.builders.moe).
+    expert: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -196,6 +196,69 @@ class Training(Strict):
 # -- llm ---------------------------------------------------------------------------------------------
 
 
+class MoEConfig(Strict):
+    """``model.moe``: a mixture-of-experts MLP in every layer after ``first_dense_layers``.
+
+    Follows Megatron-Core's MoE layer (megatron/core/transformer/moe/): a router GEMM and
+    top-k softmax pick ``top_k`` of ``num_experts`` routed experts per token, tokens are
+    dispatched to the experts' ranks with an all-to-all, the experts run as one grouped GEMM and
+    the results return with a second all-to-all; ``num_shared_experts`` run on every token as a
+    dense MLP of ``num_shared_experts * expert_ffn_hidden`` (DeepSeekMoE, Dai et al. 2024).
+    ``capacity_factor`` (Fedus et al. 2021, Switch Transformer eq. 3) and ``load_imbalance``
+    (busiest expert's tokens over the mean) scale the routed tokens each rank computes; both
+    1.0 = dropless and perfectly balanced (Megatron-Core's default).
+    """
+
+    num_experts: PositiveInt
+    top_k: PositiveInt
+    expert_ffn_hidden: PositiveInt
+    num_shared_experts: Annotated[int, Field(ge=0)] = 0
+    first_dense_layers: Annotated[int, Field(ge=0)] = 0
+    capacity_factor: Annotated[float, Field(ge=1.0)] = 1.0
+    load_imbalance: Annotated[float, Field(ge=1.0)] = 1.0
+
+    @field_validator("top_k")
+    @classmethod
+    def _k_le_experts(cls, v: int, info: ValidationInfo) -> int:
+        e = info.data.get("num_experts")
+        if e is not None and v > e:
+            raise ValueError(f"must be at most model.moe.num_experts ({e}), got {v}")
+        return v
+
+    @property
+    def routed_token_factor(self) -> float:
+        """Expert-GEMM rows per token on the busiest rank: ``top_k x capacity x imbalance``."""
+        return self.top_k * self.capacity_factor * self.load_imbalance
+
+
+
+
+class MLAConfig(Strict):
+    """``model.mla``: multi-head latent attention (DeepSeek-V2 arXiv:2405.04434 sec. 2.1.2;
+    defaults are DeepSeek-V2/V3's: q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64,
+    qk_nope_head_dim 128, v_head_dim 128). See :mod:`dfmodel.graph.builders.mla`."""
+
+    q_lora_rank: PositiveInt = 1536
+    kv_lora_rank: PositiveInt = 512
+    qk_rope_head_dim: PositiveInt = 64
+    qk_nope_head_dim: PositiveInt = 128
+    v_head_dim: PositiveInt = 128
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_in(self) -> int:
+        """Features the up projections read: ``q_lora + kv_lora``."""
+        return self.q_lora_rank + self.kv_lora_rank
+
+    @property
+    def latent_out(self) -> int:
+        """Features the down projections write: ``q_lora + kv_lora + rope``."""
+        return self.latent_in + self.qk_rope_head_dim
+
+
 class LLMArchitecture(Strict):
     """Decoder-only transformer hyper-parameters (see the module doc for each field)."""
 
@@ -218,6 +281,10 @@ class LLMArchitecture(Strict):
     # backward); Llama and Nemotron recipes train without dropout (NeMo llama31 / nemotron4:
     # hidden_dropout = attention_dropout = 0)
     dropout: bool = True
+    # mixture of experts (None: every layer has the dense MLP of ffn_hidden)
+    moe: MoEConfig | None = None
+    # multi-head latent attention (None: standard multi-/grouped-query attention)
+    mla: MLAConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -247,6 +314,22 @@ class LLMArchitecture(Strict):
         a = info.data.get("num_heads")
         if v is not None and a is not None and a % v:
             raise ValueError(f"must divide model.num_heads ({a}), got {v}")
+        return v
+
+    @field_validator("mla")
+    @classmethod
+    def _mla_all_heads(cls, v: MLAConfig | None, info: ValidationInfo) -> MLAConfig | None:
+        a, kv = info.data.get("num_heads"), info.data.get("num_kv_heads")
+        if v is not None and a is not None and kv is not None and kv != a:
+            raise ValueError(f"MLA gives every head its own keys and values: num_kv_heads must equal num_heads ({a}), got {kv}")
+        return v
+
+    @field_validator("moe")
+    @classmethod
+    def _dense_layers_fit(cls, v: MoEConfig | None, info: ValidationInfo) -> MoEConfig | None:
+        n = info.data.get("num_layers")
+        if v is not None and n is not None and v.first_dense_layers >= n:
+            raise ValueError(f"first_dense_layers must be below model.num_layers ({n}), got {v.first_dense_layers}")
         return v
 
     @property

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
 from dfmodel.graph.build import build_graphs
+from dfmodel.graph.builders.moe import dispatch_bytes_per_rank, expert_params
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.graph.workload import resolve_attention
@@ -200,16 +201,17 @@ class LLMModel:
         self._memory_floors: dict[tuple, "mem.MemoryBreakdown"] = {}
 
     # -- graphs and inner solves (cached) ------------------------------------------------------
-    def graphs(self, micro_batch: int, cp: int = 1):
-        """Graphs of one micro-batch on one cp rank (cp = 1: the whole sequence)."""
-        key = micro_batch if cp == 1 else (micro_batch, cp)
+    def graphs(self, micro_batch: int, cp: int = 1, ep: int = 1):
+        """Graphs of one micro-batch on one cp rank (cp = 1: the whole sequence) and one of
+        ``ep`` expert-parallel ranks (MoE: it holds ``E / ep`` experts)."""
+        key = (micro_batch if cp == 1 else (micro_batch, cp)) if ep == 1 else (micro_batch, cp, "ep", ep)
         if key not in self._graphs:
             if cp == 1:
-                self._graphs[key] = build_graphs(self.workload, batch=micro_batch)
+                self._graphs[key] = build_graphs(self.workload, batch=micro_batch, ep=ep)
             else:
                 local = self.model.seq_len // cp
                 w = self.workload.model_copy(update={"model": self.model.model_copy(update={"seq_len": local})})
-                gs, full = build_graphs(w, batch=micro_batch), self.graphs(1)
+                gs, full = build_graphs(w, batch=micro_batch, ep=ep), self.graphs(1, 1, ep)
                 self._graphs[key] = replace(
                     gs,
                     layer=with_params_of(cp_rank_graph(gs.layer, cp, local), full.layer),
@@ -218,10 +220,12 @@ class LLMModel:
                 )
         return self._graphs[key]
 
-    def block(self, which: str, micro_batch: int, tp: int, tp_group, sp: bool, cp: int = 1) -> BlockTimes | None:
-        key = (which, micro_batch, tp, tp_group, sp) + ((cp,) if cp > 1 else ())
+    def block(self, which: str, micro_batch: int, tp: int, tp_group, sp: bool, cp: int = 1,
+              ep: int = 1) -> BlockTimes | None:
+        ep = ep if which == "layer" else 1  # only the layer holds experts
+        key = (which, micro_batch, tp, tp_group, sp) + ((cp,) if cp > 1 else ()) + ((("ep", ep),) if ep > 1 else ())
         if key not in self._blocks:
-            graph = getattr(self.graphs(micro_batch, cp), which)
+            graph = getattr(self.graphs(micro_batch, cp, ep), which)
             self._blocks[key] = None if graph is None else self._solve_block(graph, tp, tp_group, sp, core_bwd=cp > 1)
         return self._blocks[key]
 
@@ -297,7 +301,9 @@ class LLMModel:
         """A tighter valid bound once the candidate's blocks are solved (None before): the same
         pipeline argument with the exact per-micro-batch stage times summed over all stages."""
         key = (m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel) + ((m.cp,) if m.cp > 1 else ())
-        blocks = [self._blocks.get((w, *key), False) for w in ("layer", "embedding", "head")]
+        ep_key = (("ep", m.ep),) if m.ep > 1 else ()
+        blocks = [self._blocks.get((w, *key, *(ep_key if w == "layer" else ())), False)
+                  for w in ("layer", "embedding", "head")]
         if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
             return None
         layer, emb, head = blocks
@@ -308,8 +314,13 @@ class LLMModel:
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
     def params_per_chip_floor(self, m: Mapping) -> float:
-        """Fewest parameters any chip can hold: all of them split evenly over TP x PP."""
-        return self.graphs(1).params() / (m.tp * m.pp) if hasattr(self.graphs(1), "params") else 0.0
+        """Fewest parameters any chip can hold: all of them split evenly over TP x PP (MoE:
+        expert parameters also over ep; their optimizer state, sharded over dp x cp / ep ranks,
+        is then ``expert / (dp x cp)`` per chip as the dense part's, so this stays a floor)."""
+        if not hasattr(self.graphs(1), "params"):
+            return 0.0
+        experts = self.num_layers * expert_params(self.graphs(1).layer)
+        return (self.graphs(1).params() - experts * (1 - 1 / m.ep)) / (m.tp * m.pp)
 
     def optimizer_s(self, m: Mapping, params_per_chip: float) -> float:
         shard_dp = m.dp_cp if m.distributed_optimizer else 1
@@ -321,7 +332,7 @@ class LLMModel:
         can reach for these degrees and micro-batching (valid: prunes before any inner solve)."""
         return mem.memory_lower_bound_bytes(
             num_layers=self.num_layers,
-            params_per_layer=self.graphs(1).layer.params(),
+            params_per_layer=self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep),
             seq_len=self.model.seq_len // m.cp,
             micro_batch=m.micro_batch,
             hidden=self.model.hidden,
@@ -370,7 +381,7 @@ class LLMModel:
         return self._memory_floors[key]
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],
-                     layer_params: float) -> "mem.MemoryBreakdown":
+                     layer_params: float, layer_sharded: DataflowGraph | None = None) -> "mem.MemoryBreakdown":
         """Worst stage's memory per chip (weights, grads, optimizer, activations in flight,
         reserve): :func:`memory.llm_memory_per_chip`. ``params_per_stage`` holds the layer
         parameters plus the embedding (first stage) and head and tied copy (last stage);
@@ -385,7 +396,7 @@ class LLMModel:
             distributed_optimizer=m.distributed_optimizer, layer_params_per_chip=layer_params,
             first_params=first, last_params=last, layers_per_stage=layers_per_stage,
             capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes,
-            cp=m.cp, zero_stage=m.zero_stage)
+            cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=expert_params(layer_sharded), ep=m.ep)
 
     # -- the full evaluation ----------------------------------------------------------------------
     #: :func:`dfmodel.inter_chip.search.search` may pass ``cutoff_s`` and ``screen_memory``
@@ -405,7 +416,7 @@ class LLMModel:
         tp_group, pp_group = m.group("tp"), m.group("pp")
         dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))  # Megatron-Core dp x cp
         key = (m.micro_batch, m.tp, tp_group, m.sequence_parallel)
-        layer = self.block("layer", *key, m.cp)
+        layer = self.block("layer", *key, m.cp, m.ep)
         emb = self.block("embedding", *key, m.cp)
         head = self.block("head", *key, m.cp)
         # exposed communication per layer and micro-batch, by breakdown key: (forward, backward)
@@ -455,7 +466,10 @@ class LLMModel:
         worst_params = max(params_stage)
 
         dp_exposed = self._dp_sync_s(m, worst_params, stage_fwd[0], stage_bwd[0], dp_group)
-        opt_s = self.optimizer_s(m, worst_params)
+        # MoE: expert state is sharded over dp x cp / ep ranks, not dp x cp (Megatron-Core's
+        # expert data parallel group): ep times the per-chip optimizer bytes of its local experts
+        worst_experts = stages[max(range(m.pp), key=lambda i: params_stage[i])] * expert_params(layer.sharded.graph)
+        opt_s = self.optimizer_s(m, worst_params + (m.ep - 1) * worst_experts)
         step_s = pt.total_s + dp_exposed + opt_s
         io = io_terms(self.system, self.training, self.training.global_batch, step_s, self.checkpoint_state(m),
                       source=self.workload.source)
@@ -485,7 +499,7 @@ class LLMModel:
         )
         for k in COMM_KEYS:  # every dimension's key, 0 when it has none
             breakdown[k] = breakdown.get(k, 0.0) + comm.pop(k, 0.0)
-        memory = self.memory_check(m, params_stage, stages, layer.params_per_chip)
+        memory = self.memory_check(m, params_stage, stages, layer.params_per_chip, layer.sharded.graph)
         proven = layer.fwd.proven_optimal and layer.bwd.proven_optimal
         return Evaluation(
             m,
@@ -516,17 +530,46 @@ class LLMModel:
         out: dict[str, tuple[float, float]] = {}
         if m.cp > 1:
             kv = kv_bytes_per_rank(seq_len=self.model.seq_len, micro_batch=m.micro_batch, cp=m.cp, tp=m.tp,
-                                   num_kv_heads=self.model.num_kv_heads, head_dim=self.model.hidden // self.model.num_heads,
+                                   num_kv_heads=self.model.num_kv_heads, head_dim=self._kv_head_dim,
                                    bytes_per_element=self.training.activation_bytes)
             core_b = layer.attention_core_bwd.time_s if layer.attention_core_bwd else 0.0
             x = cp_exchange(m.cp_comm, m.cp, kv, layer.attention_core.time_s, core_b, self.costs, m.group("cp"))
             # recompute re-runs the forward attention, and with it the K/V exchange
             again = x.fwd_s if m.recompute in ("selective", "full") else 0.0
             out["cp_comm"] = (x.fwd_s, x.bwd_s + again)
+        if m.ep > 1:
+            out["ep_comm"] = self._ep_comm(m)
         if m.zero_stage == 3:
             f, b = self._fsdp_exposed(layer, layer.fwd.time_s, layer.backward_s(m.recompute), m, dp_group)
             out["dp_comm"] = (f - layer.fwd.time_s, b - layer.backward_s(m.recompute))
         return out
+
+    @cached_property
+    def _kv_head_dim(self) -> float:
+        """Mean of the key and value head dims (K + V bytes = 2 x this per head): h / a, or
+        MLA's ``(qk_nope + qk_rope + v_head) / 2`` (it exchanges every head's full K and V)."""
+        mla = getattr(self.model, "mla", None)
+        return (mla.qk_head_dim + mla.v_head_dim) / 2 if mla else self.model.hidden // self.model.num_heads
+
+    def _ep_comm(self, m: Mapping) -> tuple[float, float]:
+        """Exposed MoE token all-to-alls of one layer and micro-batch over the ep group.
+
+        Megatron-Core's ``MoEAlltoAllTokenDispatcher``: forward = dispatch + combine, backward =
+        their two transposes, each an all-to-all in which a rank sends
+        :func:`~dfmodel.graph.builders.moe.dispatch_bytes_per_rank` (its ``T / tp`` sequence-
+        parallel tokens x top_k x capacity x imbalance rows of ``h`` activations, the ``(ep-1)/ep``
+        bound for other ranks). They sit on the critical path between router and experts and
+        are exposed whole (no overlap with the layer's compute; Megatron-Core overlaps them only
+        across micro-batches with its separate 1F1B A2A-overlap schedule, not modelled). Full
+        recomputation runs the forward pair again.
+        """
+        tokens = m.micro_batch * (self.model.seq_len // m.cp) // m.tp
+        nbytes = dispatch_bytes_per_rank(tokens, self.model.moe, self.model.hidden, self.training.activation_bytes, m.ep)
+        # the cost table's all_to_all takes the whole local buffer (S/p to each member): send
+        # bytes x ep / (ep - 1)
+        one_s = self.costs.time_s("all_to_all", nbytes * m.ep / (m.ep - 1), m.group("ep"))
+        again = 2 * one_s if m.recompute == "full" else 0.0
+        return 2 * one_s, 2 * one_s + again
 
     def _fsdp_exposed(self, blk: BlockTimes | None, fwd_s: float, bwd_s: float, m: Mapping, group) -> tuple[float, float]:
         """ZeRO-3 / FSDP times of one block per micro-batch: (forward, backward) with the

@@ -18,7 +18,7 @@ heads, ``t`` tensor-parallel degree, ``f`` FFN hidden size, ``e`` bytes per acti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from dfmodel.inter_chip.pipeline import warmup_forwards
@@ -143,6 +143,47 @@ def activation_bytes_per_layer(
         per_score = e + (mask + e if dropout else 0)  # softmax out (+ mask + dropout out)
         quadratic = per_score * a * s * (s if key_len is None else key_len) * b / t
     return replicated + sharded + quadratic
+
+
+def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                                   bytes_per_element: float, recompute: str) -> float:
+    """What an MoE MLP and multi-head latent attention change in one layer's saved activations
+    relative to :func:`activation_bytes_per_layer` (which counts a dense MLP of ``ffn_hidden``
+    and ``h / a``-dim heads). 0 for a dense, standard-attention model or with full recompute.
+
+    MoE (Megatron-Core moe_layer / experts; routed rows ``R = s b x top_k x capacity x
+    imbalance``, expert width ``f_e``, expert TP = tp): the dense FC1/FC2 activations ``(2|1 + 1)
+    e s b f / t`` become ``(2|1 + 1) e R f_e / t``; the permuted FC1 input ``e R h`` and the
+    expert outputs kept for the router-probability gradient ``e R h`` (both ``/t`` with SP,
+    as the dense FC1 input), and the fp32 top-k probabilities and int32 indices ``8 s b k``;
+    shared experts add a dense MLP of ``num_shared x f_e``.
+    MLA (:mod:`dfmodel.graph.builders.mla`): Q, K, V and the attention output have ``a`` heads of
+    ``qk_nope + qk_rope`` (Q, K) and ``v_head_dim`` (V, output) instead of ``h / a``; the latent
+    ``e s b (q_lora + kv_lora + rope)`` (``/t`` with SP) is kept for the up projection's weight
+    gradient.
+    """
+    if recompute == "full":
+        return 0.0
+    s, b, t, e, h = seq_len, micro_batch, tp, bytes_per_element, model.hidden
+    sp = t if sequence_parallel else 1
+    gated = 2 if model.ffn_type == "swiglu" else 1
+    delta = 0.0
+    moe = getattr(model, "moe", None)
+    if moe is not None:
+        rows = s * b * moe.routed_token_factor
+        fe = moe.expert_ffn_hidden
+        delta -= (gated + 1) * e * s * b * model.ffn / t
+        delta += (gated + 1) * e * rows * fe / t
+        if moe.num_experts > 1 or moe.num_shared_experts:  # routing (one expert: the identity)
+            delta += 2 * e * rows * h / sp + 8 * s * b * moe.top_k
+        delta += (gated + 1) * e * s * b * moe.num_shared_experts * fe / t
+    mla = getattr(model, "mla", None)
+    if mla is not None:
+        a, kv = model.num_heads, model.kv_heads
+        dense = e * s * b * h / t * 2 + 2 * e * s * b * (h / a) * max(kv / t, 1.0)  # Q, output; K and V
+        latent = e * s * b * a * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) / t  # Q, K, V, output
+        delta += latent - dense + e * s * b * mla.latent_out / sp
+    return delta
 
 
 def embedding_activation_bytes(
@@ -571,6 +612,8 @@ def llm_memory_per_chip(
     reserve_bytes: float = 0.0,
     cp: int = 1,
     zero_stage: int | None = None,
+    layer_expert_params_per_chip: float = 0.0,
+    ep: int = 1,
 ) -> MemoryBreakdown:
     """The worst stage's memory per chip of LLM training, every term wired as Megatron lays it out.
 
@@ -601,8 +644,12 @@ def llm_memory_per_chip(
                   sequence_parallel=sequence_parallel, ffn_hidden=m.ffn, num_kv_heads=m.kv_heads,
                   bytes_per_element=e, dropout=getattr(m, "dropout", True), gated_mlp=m.ffn_type == "swiglu",
                   attention=attention, linear_input_bytes=fp8_linear_input_bytes(training))
-    act_layer = activation_bytes_per_layer(recompute=recompute, **common)
-    working = activation_bytes_per_layer(recompute="none", **common) if recompute == "full" else 0.0
+    act_layer = activation_bytes_per_layer(recompute=recompute, **common) + moe_mla_activation_delta_bytes(
+        m, seq_len=s_local, micro_batch=micro_batch, tp=t, sequence_parallel=sequence_parallel, bytes_per_element=e,
+        recompute=recompute)
+    working = (activation_bytes_per_layer(recompute="none", **common) + moe_mla_activation_delta_bytes(
+        m, seq_len=s_local, micro_batch=micro_batch, tp=t, sequence_parallel=sequence_parallel, bytes_per_element=e,
+        recompute="none")) if recompute == "full" else 0.0
     if zero_stage == 3:
         working += 3 * layer_params_per_chip * e
     fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
@@ -623,11 +670,23 @@ def llm_memory_per_chip(
     for stage, layers in enumerate(layers_per_stage):
         extra_params = (first_params if stage == 0 else 0.0) + (last_params if stage == pp - 1 else 0.0)
         extra_act = (emb_act if stage == 0 else 0.0) + (head_act if stage == pp - 1 else 0.0)
-        state = model_state_bytes(layers * layer_params_per_chip, dp=dp, distributed_optimizer=distributed_optimizer,
+        state = model_state_bytes(layers * (layer_params_per_chip - layer_expert_params_per_chip), dp=dp,
+                                  distributed_optimizer=distributed_optimizer,
                                   zero_stage=zero_stage,
                                   bytes_per_param_weights=layer_state.weights,
                                   bytes_per_param_grads=layer_state.gradients,
                                   bytes_per_param_optimizer=layer_state.optimizer)
+        if layer_expert_params_per_chip:
+            # MoE experts (already split by ep): their state is sharded over the expert data
+            # parallel ranks, dp x cp / ep (Megatron-Core expert_data_parallel group)
+            xs = model_state_bytes(layers * layer_expert_params_per_chip, dp=max(1, dp // ep),
+                                   distributed_optimizer=distributed_optimizer, zero_stage=zero_stage,
+                                   bytes_per_param_weights=layer_state.weights,
+                                   bytes_per_param_grads=layer_state.gradients,
+                                   bytes_per_param_optimizer=layer_state.optimizer)
+            state = replace(state, weights_bytes=state.weights_bytes + xs.weights_bytes,
+                            gradients_bytes=state.gradients_bytes + xs.gradients_bytes,
+                            optimizer_bytes=state.optimizer_bytes + xs.optimizer_bytes)
         extra = model_state_bytes(extra_params, dp=dp, distributed_optimizer=distributed_optimizer,
                                   zero_stage=zero_stage,
                                   bytes_per_param_weights=other_state.weights,

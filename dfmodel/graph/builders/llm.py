@@ -27,7 +27,12 @@ applied inside attention at negligible cost and are not modelled as a kernel.
 
 from __future__ import annotations
 
+import math
+
 from dfmodel.graph.builders.base import GraphBuilder
+from dfmodel.graph.builders.moe import (ExpertShape, _moe_combine_backward, _moe_combine_forward, _moe_forward,
+                                       _moe_permute_backward, _moe_tensors, expert_shape, has_router, routed_rows)
+from dfmodel.graph.builders.mla import _mla_down_backward, _mla_down_forward, _mla_tensors, mla_up_flop, mla_up_params
 from dfmodel.graph.builders.formulas import INDEX_BYTES, LOSS_BYTES, matmul_flop, vector_flop
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
@@ -130,13 +135,19 @@ class _Precisions:
         self.vector_kw = {"precision": "bf16"} if self.fp8 else {}
 
 
-def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
+def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1) -> DataflowGraph:
     """One decoder layer for ``batch`` sequences: forward, backward and weight-gradient kernels.
 
     Graph inputs: ``x`` (the previous layer's output) and ``dy`` (the next layer's gradient);
     outputs: ``y``, ``dx`` and the weight gradients ``dW.*``. Backward kernels read the saved
     forward activations they need (edges from forward to backward kernels), which is what makes
     activation memory and fusion visible to the mapping passes.
+
+    With ``model.moe`` the MLP is the MoE layer of one of ``ep`` expert-parallel ranks
+    (:mod:`dfmodel.graph.builders.moe`): router, permute, the grouped expert GEMMs (the
+    ``fc1``/``fc2`` kernels, batched over the local experts and marked ``expert``), unpermute
+    and the shared experts. Every layer is built as an MoE layer: ``first_dense_layers`` are
+    costed as MoE layers (an upper bound; DeepSeek-V3's 3 dense layers of 61).
 
     >>> from dfmodel.graph.workload import load_workload
     >>> w = load_workload({"kind": "llm", "name": "t", "model": {"hidden": 64, "num_heads": 4,
@@ -150,11 +161,30 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     m = w.model
     b, s, h, a, kv, d, f = batch, m.seq_len, m.hidden, m.num_heads, m.kv_heads, m.head_dim, m.ffn
     T, ba = b * s, batch * m.num_heads
-    nqkv = (a + 2 * kv) * d
+    # query/key and value head dims (d for standard attention; MLA: nope + rope, and v_head_dim)
+    mla = m.mla
+    dq, dv = (mla.qk_head_dim, mla.v_head_dim) if mla is not None else (d, d)
+    nqkv = (a + kv) * dq + kv * dv
+    # inputs of the qkv GEMM: ln1's h features, or MLA's compressed latents (q_lora + kv_lora)
+    nin = mla.latent_in if mla is not None else h
+    moe = m.moe
+    routed = has_router(w)
+    # MLP rows and experts: the dense MLP is one "expert" on all T tokens
+    ex = expert_shape(T, moe, ep) if moe is not None else ExpertShape(1, T, f)
+    f, nE, R = ex.ffn, ex.experts_local, ex.rows_per_expert  # R: rows per local expert (padding dims)
+    # routed rows on this rank (T for a dense MLP): the FLOP and bytes; they do not depend on
+    # ep (every rank computes as many rows as its tokens send), only the padding dims R do
+    TR = math.ceil(routed_rows(T, moe) - 1e-9) if moe is not None else T
     f_in = 2 * f if m.ffn_type == "swiglu" else f  # swiglu: gate and up projections fused
     act, act_bwd = m.ffn_type, f"{m.ffn_type}_bwd"
-    qkv_p, out_p = linear_params(h, nqkv), linear_params(a * d, h)
-    fc1_p, fc2_p, ln_p = linear_params(h, f_in), linear_params(f, h), layernorm_params(h)
+    qkv_p, out_p = (mla_up_params(mla, a) if mla else linear_params(h, nqkv)), linear_params(a * dv, h)
+    fc1_p, fc2_p, ln_p = nE * linear_params(h, f_in), nE * linear_params(f, h), layernorm_params(h)
+
+    def mm(rows: int, n: int, k: int) -> dict:
+        """Dims of a (grouped) expert GEMM: batched over the local experts when there are several."""
+        return {"b": nE, "m": rows, "n": n, "k": k} if nE > 1 else {"m": rows, "n": n, "k": k}
+
+    xk = {"expert": True} if moe is not None else {}
     tok = T * h  # elements of one token-by-hidden activation
     pr = _Precisions(w)
     p, pw, gb = pr.act, pr.linear_weight, pr.grad  # activation, linear-weight and gradient bytes
@@ -176,36 +206,42 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     # ---- forward ------------------------------------------------------------------------------
     g.kernel("fwd.ln1", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", tok), output_bytes=tok * p,
              group="norm", params=ln_p, weight_bytes=ln_p * pr.weight, **vec)
-    g.kernel("fwd.qkv", MM, {"m": T, "n": nqkv, "k": h}, flop=matmul_flop(1, T, nqkv, h),
-             output_bytes=T * nqkv * p, group="attention", **weights(qkv_p), **cast(tok))
+    if mla:
+        _mla_down_forward(g, mla, T, h, pr)
+    g.kernel("fwd.qkv", MM, {"m": T, "n": nqkv, "k": nin}, flop=mla_up_flop(mla, T, a) if mla else matmul_flop(1, T, nqkv, h),
+             output_bytes=T * nqkv * p, group="attention", **weights(qkv_p), **cast(T * nin))
     if flash:
         # one fused kernel: S = QK^T, online softmax, O = PV; only O and the row log-sum-exp
         # (fp32) reach HBM (FlashAttention, Dao et al. 2022, Algorithm 1; FA-2 Algorithm 1)
         cf = causal_fraction(s)
-        fa_fwd = cf * (matmul_flop(ba, s, s, d) + matmul_flop(ba, s, d, s))
-        g.kernel("fwd.flash_attn", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=fa_fwd,
-                 output_bytes=T * a * d * p + ba * s * LOSS_BYTES, group="attention",
+        fa_fwd = cf * (matmul_flop(ba, s, s, dq) + matmul_flop(ba, s, dv, s))
+        g.kernel("fwd.flash_attn", MM, {"b": ba, "m": s, "n": s, "k": dq}, flop=fa_fwd,
+                 output_bytes=T * a * dv * p + ba * s * LOSS_BYTES, group="attention",
                  efficiency="attention", **att)
     else:
         # GQA: each of the a query heads attends to its group's shared K/V head; FLOP as for MHA
-        g.kernel("fwd.attn_score", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=matmul_flop(ba, s, s, d),
+        g.kernel("fwd.attn_score", MM, {"b": ba, "m": s, "n": s, "k": dq}, flop=matmul_flop(ba, s, s, dq),
                  output_bytes=ba * s * s * p, group="attention", **att)
         g.kernel("fwd.softmax", RED, {"m": ba * s, "n": s}, flop=vector_flop("softmax", ba * s * s),
                  output_bytes=ba * s * s * p, group="attention", **vec)
-        g.kernel("fwd.attn_v", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
-                 output_bytes=T * a * d * p, group="attention", **att)
-    g.kernel("fwd.out_proj", MM, {"m": T, "n": h, "k": a * d}, flop=matmul_flop(1, T, h, a * d),
-             output_bytes=tok * p, group="attention", **weights(out_p), **cast(T * a * d))
+        g.kernel("fwd.attn_v", MM, {"b": ba, "m": s, "n": dv, "k": s}, flop=matmul_flop(ba, s, dv, s),
+                 output_bytes=T * a * dv * p, group="attention", **att)
+    g.kernel("fwd.out_proj", MM, {"m": T, "n": h, "k": a * dv}, flop=matmul_flop(1, T, h, a * dv),
+             output_bytes=tok * p, group="attention", **weights(out_p), **cast(T * a * dv))
     g.kernel("fwd.residual1", EW, {"m": T, "n": h}, flop=vector_flop("residual", tok) + vector_flop("bias", tok),
              output_bytes=tok * p, group="attention", **vec)
     g.kernel("fwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", tok), output_bytes=tok * p,
              group="norm", params=ln_p, weight_bytes=ln_p * pr.weight, **vec)
-    g.kernel("fwd.fc1", MM, {"m": T, "n": f_in, "k": h}, flop=matmul_flop(1, T, f_in, h),
-             output_bytes=T * f_in * p, group="mlp", **weights(fc1_p), **cast(tok))
-    g.kernel("fwd.act", EW, {"m": T, "n": f}, flop=vector_flop(act, T * f) + vector_flop("bias", T * f_in),
-             output_bytes=T * f * p, group="mlp", **vec)
-    g.kernel("fwd.fc2", MM, {"m": T, "n": h, "k": f}, flop=matmul_flop(1, T, h, f), output_bytes=tok * p,
-             group="mlp", **weights(fc2_p), **cast(T * f))
+    if routed:
+        _moe_forward(g, w, T, TR, pr)
+    g.kernel("fwd.fc1", MM, mm(R, f_in, h), flop=matmul_flop(1, TR, f_in, h),
+             output_bytes=TR * f_in * p, group="mlp", **weights(fc1_p), **cast(TR * h), **xk)
+    g.kernel("fwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act, TR * f) + vector_flop("bias", TR * f_in),
+             output_bytes=TR * f * p, group="mlp", **vec)
+    g.kernel("fwd.fc2", MM, mm(R, h, f), flop=matmul_flop(1, TR, h, f), output_bytes=TR * h * p,
+             group="mlp", **weights(fc2_p), **cast(TR * f), **xk)
+    if routed:
+        _moe_combine_forward(g, w, T, TR, pr)
     g.kernel("fwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("residual", tok) + vector_flop("bias", tok),
              output_bytes=tok * p, group="mlp", **vec)
 
@@ -216,48 +252,55 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     # fusion accumulates the wgrad GEMM's result into main_grad directly).
     g.kernel("bwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("bias_grad", tok), output_bytes=tok * p,
              phase=BWD, group="mlp", **vec)
-    g.kernel("bwd.fc2", MM, {"m": T, "n": f, "k": h}, flop=matmul_flop(1, T, f, h), output_bytes=T * f * p,
-             phase=BWD, group="mlp", weight_bytes=fc2_p * pw, **lin, **cast(tok))
-    g.kernel("wgrad.fc2", MM, {"m": f, "n": h, "k": T}, flop=matmul_flop(1, f, h, T), output_bytes=fc2_p * gb,
-             phase=WG, group="mlp", **wgrad(fc2_p))
-    g.kernel("bwd.act", EW, {"m": T, "n": f}, flop=vector_flop(act_bwd, T * f) + vector_flop("bias_grad", T * f_in),
-             output_bytes=T * f_in * p, phase=BWD, group="mlp", **vec)
-    g.kernel("bwd.fc1", MM, {"m": T, "n": h, "k": f_in}, flop=matmul_flop(1, T, h, f_in), output_bytes=tok * p,
-             phase=BWD, group="mlp", weight_bytes=fc1_p * pw, **lin, **cast(T * f_in))
-    g.kernel("wgrad.fc1", MM, {"m": h, "n": f_in, "k": T}, flop=matmul_flop(1, h, f_in, T),
-             output_bytes=fc1_p * gb, phase=WG, group="mlp", **wgrad(fc1_p))
+    if routed:
+        _moe_combine_backward(g, w, T, TR, pr)
+    g.kernel("bwd.fc2", MM, mm(R, f, h), flop=matmul_flop(1, TR, f, h), output_bytes=TR * f * p,
+             phase=BWD, group="mlp", weight_bytes=fc2_p * pw, **lin, **cast(TR * h), **xk)
+    g.kernel("wgrad.fc2", MM, {"b": nE, "m": f, "n": h, "k": R} if nE > 1 else {"m": f, "n": h, "k": R},
+             flop=matmul_flop(1, f, h, TR), output_bytes=fc2_p * gb, phase=WG, group="mlp", **wgrad(fc2_p), **xk)
+    g.kernel("bwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act_bwd, TR * f) + vector_flop("bias_grad", TR * f_in),
+             output_bytes=TR * f_in * p, phase=BWD, group="mlp", **vec)
+    g.kernel("bwd.fc1", MM, mm(R, h, f_in), flop=matmul_flop(1, TR, h, f_in), output_bytes=TR * h * p,
+             phase=BWD, group="mlp", weight_bytes=fc1_p * pw, **lin, **cast(TR * f_in), **xk)
+    g.kernel("wgrad.fc1", MM, {"b": nE, "m": h, "n": f_in, "k": R} if nE > 1 else {"m": h, "n": f_in, "k": R},
+             flop=matmul_flop(1, h, f_in, TR), output_bytes=fc1_p * gb, phase=WG, group="mlp", **wgrad(fc1_p), **xk)
+    if routed:
+        _moe_permute_backward(g, w, T, TR, pr)
     g.kernel("bwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,
              phase=BWD, group="norm", weight_bytes=ln_p * pr.weight, **vec)
     g.kernel("bwd.residual1", EW, {"m": T, "n": h},
              flop=vector_flop("residual", tok) + vector_flop("bias_grad", tok), output_bytes=tok * p,
              phase=BWD, group="attention", **vec)
-    g.kernel("bwd.out_proj", MM, {"m": T, "n": a * d, "k": h}, flop=matmul_flop(1, T, a * d, h),
-             output_bytes=T * a * d * p, phase=BWD, group="attention", weight_bytes=out_p * pw, **lin, **cast(tok))
-    g.kernel("wgrad.out_proj", MM, {"m": a * d, "n": h, "k": T}, flop=matmul_flop(1, a * d, h, T),
+    g.kernel("bwd.out_proj", MM, {"m": T, "n": a * dv, "k": h}, flop=matmul_flop(1, T, a * dv, h),
+             output_bytes=T * a * dv * p, phase=BWD, group="attention", weight_bytes=out_p * pw, **lin, **cast(tok))
+    g.kernel("wgrad.out_proj", MM, {"m": a * dv, "n": h, "k": T}, flop=matmul_flop(1, a * dv, h, T),
              output_bytes=out_p * gb, phase=WG, group="attention", **wgrad(out_p))
     if flash:
         # FA-2 backward (Dao 2023, sec. 3.2 / Algorithm 2): recompute S = QK^T and P from the
         # saved log-sum-exp, then dV = P^T dO, dP = dO V^T, dS = P * (dP - D), dQ = dS K,
         # dK = dS^T Q: five s x s x d matmuls against the forward's two, 2.5x its FLOP.
-        g.kernel("bwd.flash_attn", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=2.5 * fa_fwd,
-                 output_bytes=(T * a * d + 2 * T * kv * d) * p, phase=BWD, group="attention",
+        g.kernel("bwd.flash_attn", MM, {"b": ba, "m": s, "n": s, "k": dq}, flop=2.5 * fa_fwd,
+                 output_bytes=(T * (a + kv) * dq + T * kv * dv) * p, phase=BWD, group="attention",
                  efficiency="attention", **att)
     else:
         # attention has no weights: each forward matmul has two data-gradient matmuls
-        g.kernel("bwd.attn_v.dp", MM, {"b": ba, "m": s, "n": s, "k": d}, flop=matmul_flop(ba, s, s, d),
+        g.kernel("bwd.attn_v.dp", MM, {"b": ba, "m": s, "n": s, "k": dv}, flop=matmul_flop(ba, s, s, dv),
                  output_bytes=ba * s * s * p, phase=BWD, group="attention", **att)  # dP = dCtx V^T
-        g.kernel("bwd.attn_v.dv", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
-                 output_bytes=T * kv * d * p, phase=BWD, group="attention", **att)  # dV = P^T dCtx
+        g.kernel("bwd.attn_v.dv", MM, {"b": ba, "m": s, "n": dv, "k": s}, flop=matmul_flop(ba, s, dv, s),
+                 output_bytes=T * kv * dv * p, phase=BWD, group="attention", **att)  # dV = P^T dCtx
         g.kernel("bwd.softmax", RED, {"m": ba * s, "n": s}, flop=vector_flop("softmax_bwd", ba * s * s),
                  output_bytes=ba * s * s * p, phase=BWD, group="attention", **vec)
-        g.kernel("bwd.attn_score.dq", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
-                 output_bytes=T * a * d * p, phase=BWD, group="attention", **att)  # dQ = dS K
-        g.kernel("bwd.attn_score.dk", MM, {"b": ba, "m": s, "n": d, "k": s}, flop=matmul_flop(ba, s, d, s),
-                 output_bytes=T * kv * d * p, phase=BWD, group="attention", **att)  # dK = dS^T Q
-    g.kernel("bwd.qkv", MM, {"m": T, "n": h, "k": nqkv}, flop=matmul_flop(1, T, h, nqkv), output_bytes=tok * p,
+        g.kernel("bwd.attn_score.dq", MM, {"b": ba, "m": s, "n": dq, "k": s}, flop=matmul_flop(ba, s, dq, s),
+                 output_bytes=T * a * dq * p, phase=BWD, group="attention", **att)  # dQ = dS K
+        g.kernel("bwd.attn_score.dk", MM, {"b": ba, "m": s, "n": dq, "k": s}, flop=matmul_flop(ba, s, dq, s),
+                 output_bytes=T * kv * dq * p, phase=BWD, group="attention", **att)  # dK = dS^T Q
+    up_flop = mla_up_flop(mla, T, a) if mla else matmul_flop(1, T, h, nqkv)  # data and weight grads: as forward
+    g.kernel("bwd.qkv", MM, {"m": T, "n": nin, "k": nqkv}, flop=up_flop, output_bytes=T * nin * p,
              phase=BWD, group="attention", weight_bytes=qkv_p * pw, **lin, **cast(T * nqkv))
-    g.kernel("wgrad.qkv", MM, {"m": h, "n": nqkv, "k": T}, flop=matmul_flop(1, h, nqkv, T),
+    g.kernel("wgrad.qkv", MM, {"m": nin, "n": nqkv, "k": T}, flop=up_flop,
              output_bytes=qkv_p * gb, phase=WG, group="attention", **wgrad(qkv_p))
+    if mla:
+        _mla_down_backward(g, mla, T, h, pr)
     g.kernel("bwd.ln1", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,
              phase=BWD, group="norm", weight_bytes=ln_p * pr.weight, **vec)
 
@@ -265,61 +308,68 @@ def build_llm_layer(w: LLMWorkload, batch: int) -> DataflowGraph:
     act_shape = (b, s, h)
     ag = pr.allgather  # bytes of the layernorm outputs TP all-gathers (1 with FP8 all-gather)
     g.tensor("x", None, ["fwd.ln1", "fwd.residual1", "bwd.ln1"], tok * p, ["x", "residual", "saved"], act_shape)
-    g.tensor("ln1_out", "fwd.ln1", ["fwd.qkv", "wgrad.qkv"], tok * ag, "a", act_shape)
+    if mla:
+        _mla_tensors(g, mla, b, s, h, pr)
+    else:
+        g.tensor("ln1_out", "fwd.ln1", ["fwd.qkv", "wgrad.qkv"], tok * ag, "a", act_shape)
+        g.tensor("d_ln1_out", "bwd.qkv", "bwd.ln1", tok * p, "grad", act_shape)
     if flash:
-        g.tensor("q", "fwd.qkv", ["fwd.flash_attn", "bwd.flash_attn"], T * a * d * p, ["a", "saved"], (b, s, a, d))
-        g.tensor("k", "fwd.qkv", ["fwd.flash_attn", "bwd.flash_attn"], T * kv * d * p, ["b", "saved"],
-                 (b, s, kv, d))
-        g.tensor("v", "fwd.qkv", ["fwd.flash_attn", "bwd.flash_attn"], T * kv * d * p, ["b", "saved"],
-                 (b, s, kv, d))
-        g.tensor("ctx", "fwd.flash_attn", ["fwd.out_proj", "wgrad.out_proj", "bwd.flash_attn"], T * a * d * p,
-                 ["a", "a", "saved"], (b, s, a, d))
+        g.tensor("q", "fwd.qkv", ["fwd.flash_attn", "bwd.flash_attn"], T * a * dq * p, ["a", "saved"], (b, s, a, dq))
+        g.tensor("k", "fwd.qkv", ["fwd.flash_attn", "bwd.flash_attn"], T * kv * dq * p, ["b", "saved"],
+                 (b, s, kv, dq))
+        g.tensor("v", "fwd.qkv", ["fwd.flash_attn", "bwd.flash_attn"], T * kv * dv * p, ["b", "saved"],
+                 (b, s, kv, dv))
+        g.tensor("ctx", "fwd.flash_attn", ["fwd.out_proj", "wgrad.out_proj", "bwd.flash_attn"], T * a * dv * p,
+                 ["a", "a", "saved"], (b, s, a, dv))
         g.tensor("lse", "fwd.flash_attn", "bwd.flash_attn", ba * s * LOSS_BYTES, "saved", (b, a, s))
     else:
-        g.tensor("q", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dk"], T * a * d * p, ["a", "b"], (b, s, a, d))
-        g.tensor("k", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dq"], T * kv * d * p, "b", (b, s, kv, d))
-        g.tensor("v", "fwd.qkv", ["fwd.attn_v", "bwd.attn_v.dp"], T * kv * d * p, "b", (b, s, kv, d))
+        g.tensor("q", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dk"], T * a * dq * p, ["a", "b"], (b, s, a, dq))
+        g.tensor("k", "fwd.qkv", ["fwd.attn_score", "bwd.attn_score.dq"], T * kv * dq * p, "b", (b, s, kv, dq))
+        g.tensor("v", "fwd.qkv", ["fwd.attn_v", "bwd.attn_v.dp"], T * kv * dv * p, "b", (b, s, kv, dv))
         g.tensor("scores", "fwd.attn_score", "fwd.softmax", ba * s * s * p, "x", (b, a, s, s))
         g.tensor("probs", "fwd.softmax", ["fwd.attn_v", "bwd.softmax", "bwd.attn_v.dv"], ba * s * s * p,
                  ["a", "saved", "a"], (b, a, s, s))
-        g.tensor("ctx", "fwd.attn_v", ["fwd.out_proj", "wgrad.out_proj"], T * a * d * p, "a", (b, s, a, d))
+        g.tensor("ctx", "fwd.attn_v", ["fwd.out_proj", "wgrad.out_proj"], T * a * dv * p, "a", (b, s, a, dv))
     g.tensor("attn_out", "fwd.out_proj", "fwd.residual1", tok * p, "x", act_shape)
     g.tensor("r1", "fwd.residual1", ["fwd.ln2", "fwd.residual2", "bwd.ln2"], tok * p, ["x", "residual", "saved"],
              act_shape)
-    g.tensor("ln2_out", "fwd.ln2", ["fwd.fc1", "wgrad.fc1"], tok * ag, "a", act_shape)
-    g.tensor("fc1_out", "fwd.fc1", ["fwd.act", "bwd.act"], T * f_in * p, ["x", "saved"], (b, s, f_in))
-    g.tensor("act_out", "fwd.act", ["fwd.fc2", "wgrad.fc2"], T * f * p, "a", (b, s, f))
-    g.tensor("mlp_out", "fwd.fc2", "fwd.residual2", tok * p, "x", act_shape)
+    rshape = lambda n: (nE, R, n) if moe is not None else (b, s, n)  # noqa: E731 -- MLP row shapes
+    if routed:
+        _moe_tensors(g, w, T, TR, pr, act_shape, rshape(h))
+    else:
+        g.tensor("ln2_out", "fwd.ln2", ["fwd.fc1", "wgrad.fc1"], tok * ag, "a", act_shape)
+        g.tensor("mlp_out", "fwd.fc2", "fwd.residual2", tok * p, "x", act_shape)
+        g.tensor("d_y", "bwd.residual2", ["bwd.fc2", "wgrad.fc2", "bwd.residual1"], tok * p,
+                 ["a", "b", "grad_skip"], act_shape)
+        g.tensor("d_ln2_out", "bwd.fc1", "bwd.ln2", tok * p, "grad", act_shape)
+    g.tensor("fc1_out", "fwd.fc1", ["fwd.act", "bwd.act"], TR * f_in * p, ["x", "saved"], rshape(f_in))
+    g.tensor("act_out", "fwd.act", ["fwd.fc2", "wgrad.fc2"], TR * f * p, "a", rshape(f))
     g.tensor("y", "fwd.residual2", None, tok * p, "x", act_shape)
 
     g.tensor("dy", None, "bwd.residual2", tok * p, "grad", act_shape)
-    g.tensor("d_y", "bwd.residual2", ["bwd.fc2", "wgrad.fc2", "bwd.residual1"], tok * p,
-             ["a", "b", "grad_skip"], act_shape)
-    g.tensor("d_act", "bwd.fc2", "bwd.act", T * f * p, "grad", (b, s, f))
+    g.tensor("d_act", "bwd.fc2", "bwd.act", TR * f * p, "grad", rshape(f))
     g.tensor("dW.fc2", "wgrad.fc2", None, fc2_p * gb, "x")
-    g.tensor("d_fc1", "bwd.act", ["bwd.fc1", "wgrad.fc1"], T * f_in * p, ["a", "b"], (b, s, f_in))
+    g.tensor("d_fc1", "bwd.act", ["bwd.fc1", "wgrad.fc1"], TR * f_in * p, ["a", "b"], rshape(f_in))
     g.tensor("dW.fc1", "wgrad.fc1", None, fc1_p * gb, "x")
-    g.tensor("d_ln2_out", "bwd.fc1", "bwd.ln2", tok * p, "grad", act_shape)
     g.tensor("dW.ln2", "bwd.ln2", None, ln_p * gb, "x")
     g.tensor("d_ln2_in", "bwd.ln2", "bwd.residual1", tok * p, "grad", act_shape)
     g.tensor("d_r1", "bwd.residual1", ["bwd.out_proj", "wgrad.out_proj", "bwd.ln1"], tok * p,
              ["a", "b", "grad_skip"], act_shape)
     g.tensor("dW.out_proj", "wgrad.out_proj", None, out_p * gb, "x")
     if flash:
-        g.tensor("d_ctx", "bwd.out_proj", "bwd.flash_attn", T * a * d * p, "grad", (b, s, a, d))
-        g.tensor("dq", "bwd.flash_attn", ["bwd.qkv", "wgrad.qkv"], T * a * d * p, ["a", "b"], (b, s, a, d))
-        g.tensor("dk", "bwd.flash_attn", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
-        g.tensor("dv", "bwd.flash_attn", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
+        g.tensor("d_ctx", "bwd.out_proj", "bwd.flash_attn", T * a * dv * p, "grad", (b, s, a, dv))
+        g.tensor("dq", "bwd.flash_attn", ["bwd.qkv", "wgrad.qkv"], T * a * dq * p, ["a", "b"], (b, s, a, dq))
+        g.tensor("dk", "bwd.flash_attn", ["bwd.qkv", "wgrad.qkv"], T * kv * dq * p, ["a", "b"], (b, s, kv, dq))
+        g.tensor("dv", "bwd.flash_attn", ["bwd.qkv", "wgrad.qkv"], T * kv * dv * p, ["a", "b"], (b, s, kv, dv))
     else:
-        g.tensor("d_ctx", "bwd.out_proj", ["bwd.attn_v.dp", "bwd.attn_v.dv"], T * a * d * p, ["a", "b"],
-                 (b, s, a, d))
+        g.tensor("d_ctx", "bwd.out_proj", ["bwd.attn_v.dp", "bwd.attn_v.dv"], T * a * dv * p, ["a", "b"],
+                 (b, s, a, dv))
         g.tensor("d_probs", "bwd.attn_v.dp", "bwd.softmax", ba * s * s * p, "grad", (b, a, s, s))
-        g.tensor("dv", "bwd.attn_v.dv", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
+        g.tensor("dv", "bwd.attn_v.dv", ["bwd.qkv", "wgrad.qkv"], T * kv * dv * p, ["a", "b"], (b, s, kv, dv))
         g.tensor("d_scores", "bwd.softmax", ["bwd.attn_score.dq", "bwd.attn_score.dk"], ba * s * s * p, "a",
                  (b, a, s, s))
-        g.tensor("dq", "bwd.attn_score.dq", ["bwd.qkv", "wgrad.qkv"], T * a * d * p, ["a", "b"], (b, s, a, d))
-        g.tensor("dk", "bwd.attn_score.dk", ["bwd.qkv", "wgrad.qkv"], T * kv * d * p, ["a", "b"], (b, s, kv, d))
-    g.tensor("d_ln1_out", "bwd.qkv", "bwd.ln1", tok * p, "grad", act_shape)
+        g.tensor("dq", "bwd.attn_score.dq", ["bwd.qkv", "wgrad.qkv"], T * a * dq * p, ["a", "b"], (b, s, a, dq))
+        g.tensor("dk", "bwd.attn_score.dk", ["bwd.qkv", "wgrad.qkv"], T * kv * dq * p, ["a", "b"], (b, s, kv, dq))
     g.tensor("dW.qkv", "wgrad.qkv", None, qkv_p * gb, "x")
     g.tensor("dW.ln1", "bwd.ln1", None, ln_p * gb, "x")
     g.tensor("dx", "bwd.ln1", None, tok * p, "x", act_shape)
