@@ -663,15 +663,7 @@ class DLRMFamily(ModelFamily):
     """``kind: dlrm`` behind the common family interface (:mod:`dfmodel.inter_chip.family_api`)."""
 
     kind = "dlrm"
-
-    def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None) -> DLRMModel:
-        return DLRMModel(workload, system, solver=solver, time_limit_s=time_limit_s)
-
-    def candidates(self, model, knobs):
-        return candidates(model, knobs)
-
-    def result(self, model, best, stats):
-        return to_result(model, best, stats)
-
-    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
-        return solve_dlrm(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)
+    model_class = DLRMModel
+    candidates_fn = staticmethod(candidates)
+    result_fn = staticmethod(to_result)
+    solve_fn = staticmethod(solve_dlrm)

@@ -68,6 +68,21 @@ class ModelFamily:
     name the model class and the module functions (candidates, to_result, solve)."""
 
     kind = ""
+    model_class: type | None = None
+    #: the family module's plain functions, as ``staticmethod(...)`` in each subclass
+    candidates_fn = result_fn = solve_fn = None
+
+    def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None):
+        return self.model_class(workload, system, solver=solver, time_limit_s=time_limit_s)
+
+    def candidates(self, model, knobs):
+        return self.candidates_fn(model, knobs)
+
+    def result(self, model, best, stats):
+        return self.result_fn(model, best, stats)
+
+    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
+        return self.solve_fn(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)
 
     def lower_bound_s(self, model, mapping) -> float:
         return model.lower_bound_s(mapping)

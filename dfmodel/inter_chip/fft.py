@@ -333,15 +333,7 @@ class FFTFamily(ModelFamily):
     """``kind: fft`` behind the common family interface (:mod:`dfmodel.inter_chip.family_api`)."""
 
     kind = "fft"
-
-    def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None) -> FFTModel:
-        return FFTModel(workload, system, solver=solver, time_limit_s=time_limit_s)
-
-    def candidates(self, model, knobs):
-        return candidates(model, knobs)
-
-    def result(self, model, best, stats):
-        return to_result(model, best, stats, [])
-
-    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
-        return solve_fft(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)
+    model_class = FFTModel
+    candidates_fn = staticmethod(candidates)
+    result_fn = staticmethod(lambda model, best, stats: to_result(model, best, stats, []))
+    solve_fn = staticmethod(solve_fft)

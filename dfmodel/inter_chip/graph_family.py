@@ -113,7 +113,7 @@ from dfmodel.inter_chip.llm import OPTIMIZER_BYTES_PER_PARAM
 from dfmodel.inter_chip.pipeline import dp_sync_time
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip.cost import combine_times
-from dfmodel.algorithms import MAX_EDGES, MAX_IDEALS, Chain, TooLarge, enumerate_ideals, min_max_chain, pack_masks
+from dfmodel.algorithms import MAX_IDEALS, Chain, TooLarge, enumerate_ideals, min_max_chain, pack_masks
 from dfmodel.netmodels import CostTable, split_dims
 from dfmodel.result import Parallelism
 from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, memory_time_s
@@ -771,16 +771,11 @@ class GraphFamily(ModelFamily):
     """``kind: graph`` behind the common family interface (:mod:`dfmodel.inter_chip.family_api`)."""
 
     kind = "graph"
+    model_class = GraphModel
+    candidates_fn = staticmethod(candidates)
+    result_fn = staticmethod(to_result)
+    solve_fn = staticmethod(solve_graph)
 
     def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None) -> GraphModel:
         pp_fixed = knobs is not None and knobs.pp is not None and knobs.pp > 1
         return GraphModel(workload, system, solver=solver, time_limit_s=time_limit_s, pp_fixed=pp_fixed)
-
-    def candidates(self, model, knobs):
-        return candidates(model, knobs)
-
-    def result(self, model, best, stats):
-        return to_result(model, best, stats)
-
-    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
-        return solve_graph(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)

@@ -349,15 +349,7 @@ class HPLFamily(ModelFamily):
     """``kind: hpl`` behind the common family interface (:mod:`dfmodel.inter_chip.family_api`)."""
 
     kind = "hpl"
-
-    def model(self, workload, system, *, solver="auto", time_limit_s=None, knobs=None) -> HPLModel:
-        return HPLModel(workload, system, solver=solver, time_limit_s=time_limit_s)
-
-    def candidates(self, model, knobs):
-        return candidates(model, knobs)
-
-    def result(self, model, best, stats):
-        return to_result(model, best, stats)
-
-    def solve(self, workload, system, knobs, *, solver="auto", time_limit_s=None, exhaustive=False):
-        return solve_hpl(workload, system, knobs, solver=solver, time_limit_s=time_limit_s, exhaustive=exhaustive)
+    model_class = HPLModel
+    candidates_fn = staticmethod(candidates)
+    result_fn = staticmethod(to_result)
+    solve_fn = staticmethod(solve_hpl)
