@@ -103,6 +103,8 @@ def test_bounds_valid_for_ep_candidates():
         ev = model.evaluate(m)
         assert model.lower_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
         assert model.memory_floor_bytes(m) <= ev.memory.total_bytes * (1 + 1e-12)
+        # the screen the search runs before any block solve must count experts / ep too
+        assert model.memory_before_blocks(m).total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
 
 
 def test_more_ep_never_more_expert_memory():

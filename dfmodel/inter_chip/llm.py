@@ -361,7 +361,8 @@ class LLMModel:
         key = tuple(v for k, v in vars(m).items() if k != "placement")
         if key not in self._memory_floors:
             g = self.graphs(1)
-            layer = g.layer.params() / m.tp
+            experts = expert_params(g.layer) / (m.ep * m.tp)  # a rank holds E / ep experts, split tp ways
+            layer = (g.layer.params() - expert_params(g.layer)) / m.tp + experts
             emb = g.embedding.params() / m.tp if g.embedding is not None else 0.0
             head = g.head.params() / m.tp if g.head is not None else 0.0
             head += mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp,
@@ -374,18 +375,22 @@ class LLMModel:
                 params = [n * layer for n in stages]
                 params[0] += emb
                 params[-1] += head
-                b = self.memory_check(m, params, stages, layer)
+                b = self.memory_check(m, params, stages, layer, layer_expert_params=experts)
                 if best is None or b.total_bytes < best.total_bytes:
                     best = b
             self._memory_floors[key] = best
         return self._memory_floors[key]
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],
-                     layer_params: float, layer_sharded: DataflowGraph | None = None) -> "mem.MemoryBreakdown":
+                     layer_params: float, layer_sharded: DataflowGraph | None = None,
+                     layer_expert_params: float | None = None) -> "mem.MemoryBreakdown":
         """Worst stage's memory per chip (weights, grads, optimizer, activations in flight,
         reserve): :func:`memory.llm_memory_per_chip`. ``params_per_stage`` holds the layer
         parameters plus the embedding (first stage) and head and tied copy (last stage);
-        ``layer_params`` is one layer's parameters on a chip."""
+        ``layer_params`` is one layer's parameters on a chip, of which ``layer_expert_params``
+        (default: counted on ``layer_sharded``) are MoE expert parameters."""
+        if layer_expert_params is None:
+            layer_expert_params = expert_params(layer_sharded)
         first = params_per_stage[0] - layers_per_stage[0] * layer_params
         last = params_per_stage[-1] - layers_per_stage[-1] * layer_params if m.pp > 1 else 0.0
         chip_memory = self.system.chip.memory
@@ -396,7 +401,7 @@ class LLMModel:
             distributed_optimizer=m.distributed_optimizer, layer_params_per_chip=layer_params,
             first_params=first, last_params=last, layers_per_stage=layers_per_stage,
             capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes,
-            cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=expert_params(layer_sharded), ep=m.ep)
+            cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep)
 
     # -- the full evaluation ----------------------------------------------------------------------
     #: :func:`dfmodel.inter_chip.search.search` may pass ``cutoff_s`` and ``screen_memory``
