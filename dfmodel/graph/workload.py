@@ -196,6 +196,33 @@ class Training(Strict):
 # -- llm ---------------------------------------------------------------------------------------------
 
 
+def not_above(other: str, message: str = "must be at most {other} ({bound}), got {value}"):
+    """A pydantic field validator: the value may not exceed the (already validated) field
+    ``other``; ``message`` is formatted with ``other``, ``bound`` and ``value``.
+
+    >>> from pydantic import BaseModel, field_validator
+    >>> class Grid(BaseModel):
+    ...     n: int
+    ...     nb: int
+    ...     _nb_le_n = field_validator("nb")(not_above("n"))
+    >>> Grid(n=4, nb=8)
+    Traceback (most recent call last):
+    ...
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for Grid
+    nb
+      Value error, must be at most n (4), got 8 [type=value_error, input_value=8, input_type=int]
+    ...
+    """
+
+    def check(cls, v, info: ValidationInfo):
+        bound = info.data.get(other)
+        if bound is not None and v > bound:
+            raise ValueError(message.format(other=other, bound=bound, value=v))
+        return v
+
+    return classmethod(check)
+
+
 class MoEConfig(Strict):
     """``model.moe``: a mixture-of-experts MLP in every layer after ``first_dense_layers``.
 
@@ -217,13 +244,8 @@ class MoEConfig(Strict):
     capacity_factor: Annotated[float, Field(ge=1.0)] = 1.0
     load_imbalance: Annotated[float, Field(ge=1.0)] = 1.0
 
-    @field_validator("top_k")
-    @classmethod
-    def _k_le_experts(cls, v: int, info: ValidationInfo) -> int:
-        e = info.data.get("num_experts")
-        if e is not None and v > e:
-            raise ValueError(f"must be at most model.moe.num_experts ({e}), got {v}")
-        return v
+    _k_le_experts = field_validator("top_k")(
+        not_above("num_experts", "must be at most model.moe.num_experts ({bound}), got {value}"))
 
     @property
     def routed_token_factor(self) -> float:
@@ -472,13 +494,7 @@ class HPLWorkload(_Base):
                     data[upper.lower()] = data.pop(upper)
         return data
 
-    @field_validator("nb")
-    @classmethod
-    def _nb_le_n(cls, v: int, info: ValidationInfo) -> int:
-        n = info.data.get("n")
-        if n is not None and v > n:
-            raise ValueError(f"must be <= n ({n}), got {v}")
-        return v
+    _nb_le_n = field_validator("nb")(not_above("n", "must be <= n ({bound}), got {value}"))
 
     @property
     def default_batch(self) -> int:
