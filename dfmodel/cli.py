@@ -242,6 +242,9 @@ def solve(
     tp_comm_overlap: Optional[bool] = typer.Option(
         None, "--tp-comm-overlap/--no-tp-comm-overlap",
         help="Fix Megatron's tp_comm_overlap (TP collectives chunked under their GEMMs, TE userbuffers) on or off."),
+    overlap_moe_expert_parallel_comm: Optional[bool] = typer.Option(
+        None, "--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm",
+        help="Fix the MoE all-to-all overlap (Megatron-Core --overlap-moe-expert-parallel-comm, DeepSeek DualPipe) on or off."),
     overlap_param_gather: Optional[bool] = typer.Option(
         None, "--overlap-param-gather/--no-overlap-param-gather",
         help="Fix Megatron's overlap_param_gather (distributed-optimizer parameter all-gather hidden) on or off."),
@@ -282,7 +285,9 @@ def solve(
             zero=zero, alternatives=alternatives, progress=progress,
             **{k: v for k, v in {"cp_comm": cp_comm, "overlap_grad_reduce": overlap_grad_reduce,
                                  "overlap_param_gather": overlap_param_gather,
-                                 "tp_comm_overlap": tp_comm_overlap}.items() if v is not None},
+                                 "tp_comm_overlap": tp_comm_overlap,
+                                 "overlap_moe_expert_parallel_comm": overlap_moe_expert_parallel_comm,
+                                 }.items() if v is not None},
         )
     if plot_path:
         from dfmodel.plots import plot_result, save

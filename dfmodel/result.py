@@ -29,6 +29,7 @@ class Parallelism:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
 
 
 @dataclass

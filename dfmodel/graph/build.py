@@ -17,6 +17,7 @@ from dfmodel.graph.builders import (
     build_explicit,
     build_fft,
     build_hpl,
+    build_llm_dense_layer,
     build_llm_embedding,
     build_llm_head,
     build_llm_layer,
@@ -41,7 +42,9 @@ class GraphSet:
     """The graphs of one training iteration (or one HPC run).
 
     ``layer`` repeats ``num_layers`` times; ``embedding`` and ``head`` (LLMs with a vocabulary)
-    run once. Totals are per iteration of ``batch`` samples (the batch the graphs were built for).
+    run once. An MoE model's first ``num_dense_layers`` layers (DeepSeek-V3: 3 of 61) are
+    ``dense_layer`` instead; ``layer`` (the MoE layer) then repeats ``num_layers -
+    num_dense_layers`` times. Totals are per iteration of ``batch`` samples (the batch the graphs were built for).
 
     >>> gs = build_graphs("gpt3_175b", batch=1)
     >>> gs.num_layers, gs.kernels_per_layer
@@ -54,10 +57,19 @@ class GraphSet:
     num_layers: int = 1
     embedding: DataflowGraph | None = None
     head: DataflowGraph | None = None
+    dense_layer: DataflowGraph | None = None
+    num_dense_layers: int = 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """How many times ``layer`` repeats (all layers unless some are dense)."""
+        return self.num_layers - (self.num_dense_layers if self.dense_layer is not None else 0)
 
     def parts(self) -> list[tuple[DataflowGraph, int]]:
         """(graph, repeat count) for every graph of the iteration."""
-        out = [(self.layer, self.num_layers)]
+        out = [(self.layer, self.num_moe_layers)]
+        if self.dense_layer is not None and self.num_dense_layers:
+            out.append((self.dense_layer, self.num_dense_layers))
         out += [(g, 1) for g in (self.embedding, self.head) if g is not None]
         return out
 
@@ -104,7 +116,9 @@ def build_graphs(workload: WorkloadLike, *, batch: int | None = None, ep: int = 
     w = load_workload(workload)
     b = _batch(w, batch)
     if isinstance(w, LLMWorkload):
-        return GraphSet(build_llm_layer(w, b, ep), w.model.num_layers, build_llm_embedding(w, b), build_llm_head(w, b))
+        dense = build_llm_dense_layer(w, b)
+        return GraphSet(build_llm_layer(w, b, ep), w.model.num_layers, build_llm_embedding(w, b), build_llm_head(w, b),
+                        dense, w.model.moe.first_dense_layers if dense is not None else 0)
     if isinstance(w, DLRMWorkload):
         return GraphSet(build_dlrm(w, b))
     if isinstance(w, FFTWorkload):

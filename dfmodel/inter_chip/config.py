@@ -70,6 +70,13 @@ OPTIONS: tuple[Option, ...] = (
     # mappings that do not set it identical to before.
     Option("tp_comm_overlap", (False, True), False,
            "split TP all-gathers / reduce-scatters into chunks overlapped with their GEMMs (TE userbuffers)"),
+    # Megatron-Core's --overlap-moe-expert-parallel-comm / DeepSeek-V3's DualPipe: the MoE
+    # dispatch / combine all-to-alls of one micro-batch run under another micro-batch's
+    # computation, which loses the SMs the communication kernels hold
+    # (dfmodel.inter_chip.experts.overlapped_a2a_exposed_s). Not dominant (that SM cost), so the
+    # free search tries both where ep > 1; off is neutral (today's results unchanged).
+    Option("overlap_moe_expert_parallel_comm", (False, True), False,
+           "hide MoE dispatch/combine all-to-alls under another micro-batch's compute (DualPipe / Megatron-Core)"),
 )
 OPTION_NAMES = tuple(o.name for o in OPTIONS)
 
@@ -112,6 +119,7 @@ class Mapping(Placed):
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
 
     @property
     def distributed_optimizer(self) -> bool:
@@ -153,6 +161,7 @@ class Knobs:
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
+    overlap_moe_expert_parallel_comm: bool | None = None
 
     def fixed(self) -> dict[str, object]:
         """The knobs the user set."""

@@ -25,6 +25,7 @@ from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import pipeline as pipe
 from dfmodel.inter_chip.checkpoint import checkpoint_state
 from dfmodel.inter_chip.config import DIM_NAMES, Mapping
+from dfmodel.inter_chip import experts as moe_terms
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
@@ -217,12 +218,14 @@ class LLMModel:
                     layer=with_params_of(cp_rank_graph(gs.layer, cp, local), full.layer),
                     embedding=with_params_of(gs.embedding, full.embedding),
                     head=with_params_of(gs.head, full.head),
+                    dense_layer=(with_params_of(cp_rank_graph(gs.dense_layer, cp, local), full.dense_layer)
+                                 if gs.dense_layer is not None else None),
                 )
         return self._graphs[key]
 
     def block(self, which: str, micro_batch: int, tp: int, tp_group, sp: bool, cp: int = 1,
               ep: int = 1) -> BlockTimes | None:
-        ep = ep if which == "layer" else 1  # only the layer holds experts
+        ep = ep if which == "layer" else 1  # only the (MoE) layer holds experts
         key = (which, micro_batch, tp, tp_group, sp) + ((cp,) if cp > 1 else ()) + ((("ep", ep),) if ep > 1 else ())
         if key not in self._blocks:
             graph = getattr(self.graphs(micro_batch, cp, ep), which)
@@ -256,6 +259,16 @@ class LLMModel:
         return self.model.num_layers
 
     @cached_property
+    def num_dense_layers(self) -> int:
+        """Dense layers before an MoE model's MoE layers (``moe.first_dense_layers``; DeepSeek-V3: 3)."""
+        return self.graphs(1).num_dense_layers
+
+    @cached_property
+    def num_moe_layers(self) -> int:
+        """Layers built as :meth:`graphs` ``.layer`` (all of them for a dense model)."""
+        return self.num_layers - self.num_dense_layers
+
+    @cached_property
     def num_experts(self) -> int:
         """Routed experts per MoE layer (0 for a dense model)."""
         moe = getattr(self.model, "moe", None)
@@ -278,13 +291,16 @@ class LLMModel:
                 total += k.flop / achieved_rate_Fps(chip, k, self.precision)
             return total
 
-        layer = floor(gs.layer)
-        extra = {
-            "none": 0.0,
-            "selective": floor(gs.layer, _is_attention_core),
-            "full": floor(gs.layer, lambda k: k.phase == Phase.forward),
-        }[recompute]
-        return (layer + extra) * self.num_layers + floor(gs.embedding) + floor(gs.head)
+        def with_recompute(graph):
+            extra = {
+                "none": 0.0,
+                "selective": floor(graph, _is_attention_core),
+                "full": floor(graph, lambda k: k.phase == Phase.forward),
+            }[recompute]
+            return floor(graph) + extra
+
+        dense = with_recompute(gs.dense_layer) * self.num_dense_layers if self.num_dense_layers else 0.0
+        return with_recompute(gs.layer) * self.num_moe_layers + dense + floor(gs.embedding) + floor(gs.head)
 
     def lower_bound_s(self, m: Mapping) -> float:
         """Valid lower bound on ``evaluate(m).iteration_time_s``.
@@ -302,12 +318,14 @@ class LLMModel:
         pipeline argument with the exact per-micro-batch stage times summed over all stages."""
         key = (m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel) + ((m.cp,) if m.cp > 1 else ())
         ep_key = (("ep", m.ep),) if m.ep > 1 else ()
-        blocks = [self._blocks.get((w, *key, *(ep_key if w == "layer" else ())), False)
-                  for w in ("layer", "embedding", "head")]
+        names = ("layer", "embedding", "head") + (("dense_layer",) if self.num_dense_layers else ())
+        blocks = [self._blocks.get((w, *key, *(ep_key if w == "layer" else ())), False) for w in names]
         if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
             return None
-        layer, emb, head = blocks
-        total = self.num_layers * (layer.fwd.time_s + layer.backward_s(m.recompute))
+        layer, emb, head = blocks[:3]
+        total = self.num_moe_layers * (layer.fwd.time_s + layer.backward_s(m.recompute))
+        if self.num_dense_layers:
+            total += self.num_dense_layers * (blocks[3].fwd.time_s + blocks[3].backward_s(m.recompute))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
@@ -319,12 +337,19 @@ class LLMModel:
         is then ``expert / (dp x cp)`` per chip as the dense part's, so this stays a floor)."""
         if not hasattr(self.graphs(1), "params"):
             return 0.0
-        experts = self.num_layers * expert_params(self.graphs(1).layer)
+        experts = self.num_moe_layers * expert_params(self.graphs(1).layer)
         return (self.graphs(1).params() - experts * (1 - 1 / m.ep)) / (m.tp * m.pp)
 
-    def optimizer_s(self, m: Mapping, params_per_chip: float) -> float:
-        shard_dp = m.dp_cp if m.distributed_optimizer else 1
-        return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * params_per_chip / shard_dp)
+    def optimizer_s(self, m: Mapping, params_per_chip: float, expert_params_per_chip: float = 0.0) -> float:
+        """Adam step time of a chip holding ``params_per_chip`` parameters, of which
+        ``expert_params_per_chip`` are MoE expert parameters: the distributed optimizer shards
+        the others over the dp x cp ranks and the experts over the expert data-parallel ranks,
+        ``dp x cp / ep`` (Megatron-Core's expert_data_parallel group)."""
+        if not m.distributed_optimizer:
+            return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * params_per_chip)
+        dense = (params_per_chip - expert_params_per_chip) / m.dp_cp
+        experts = expert_params_per_chip / max(1, m.dp_cp // m.ep)
+        return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * (dense + experts))
 
     # -- memory ---------------------------------------------------------------------------------
     def memory_floor_bytes(self, m: Mapping) -> float:
@@ -332,7 +357,9 @@ class LLMModel:
         can reach for these degrees and micro-batching (valid: prunes before any inner solve)."""
         return mem.memory_lower_bound_bytes(
             num_layers=self.num_layers,
-            params_per_layer=self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep),
+            # the fewest parameters a layer of either kind holds (MoE: experts split by ep)
+            params_per_layer=min([self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)]
+                                 + ([self.graphs(1).dense_layer.params()] if self.num_dense_layers else [])),
             seq_len=self.model.seq_len // m.cp,
             micro_batch=m.micro_batch,
             hidden=self.model.hidden,
@@ -357,7 +384,10 @@ class LLMModel:
         holds at least ``ceil(L / pp)`` layers. Memory only grows with parameters and layers
         (:func:`memory.llm_memory_per_chip`), so the worst stage needs at least the least, over
         stages ``i``, of the split with those ``ceil(L / pp)`` layers on stage ``i`` and none
-        elsewhere. test_search.py checks it against ``evaluate`` on every candidate."""
+        elsewhere. MoE models with dense layers: a stage's memory is the sum of its layers'
+        terms, so it is at least that of the same number of layers all of the cheaper kind
+        (the least of the all-MoE and the all-dense split). test_search.py checks it against
+        ``evaluate`` on every candidate."""
         key = tuple(v for k, v in vars(m).items() if k != "placement")
         if key not in self._memory_floors:
             g = self.graphs(1)
@@ -367,32 +397,42 @@ class LLMModel:
             head = g.head.params() / m.tp if g.head is not None else 0.0
             head += mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp,
                                                    pp=m.pp, tie_embeddings=self.model.tie_embeddings)
+            dense = g.dense_layer.params() / m.tp if self.num_dense_layers else None
             k = -(-self.num_layers // m.pp)
             best = None
             for i in range(m.pp):
                 stages = [0] * m.pp
                 stages[i] = k
-                params = [n * layer for n in stages]
-                params[0] += emb
-                params[-1] += head
-                b = self.memory_check(m, params, stages, layer, layer_expert_params=experts)
-                if best is None or b.total_bytes < best.total_bytes:
-                    best = b
+                for kind_dense in (False, True) if dense is not None else (False,):
+                    per = dense if kind_dense else layer
+                    params = [n * per for n in stages]
+                    params[0] += emb
+                    params[-1] += head
+                    b = self.memory_check(m, params, [0] * m.pp if kind_dense else stages, layer,
+                                          layer_expert_params=experts, dense_per_stage=stages if kind_dense else None,
+                                          dense_layer_params=dense or 0.0)
+                    if best is None or b.total_bytes < best.total_bytes:
+                        best = b
             self._memory_floors[key] = best
         return self._memory_floors[key]
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],
                      layer_params: float, layer_sharded: DataflowGraph | None = None,
-                     layer_expert_params: float | None = None) -> "mem.MemoryBreakdown":
+                     layer_expert_params: float | None = None, dense_per_stage: list[int] | None = None,
+                     dense_layer_params: float = 0.0) -> "mem.MemoryBreakdown":
         """Worst stage's memory per chip (weights, grads, optimizer, activations in flight,
         reserve): :func:`memory.llm_memory_per_chip`. ``params_per_stage`` holds the layer
         parameters plus the embedding (first stage) and head and tied copy (last stage);
-        ``layer_params`` is one layer's parameters on a chip, of which ``layer_expert_params``
-        (default: counted on ``layer_sharded``) are MoE expert parameters."""
+        ``layers_per_stage`` counts the (MoE) layers of ``layer_params`` parameters on a chip,
+        of which ``layer_expert_params`` (default: counted on ``layer_sharded``) are MoE expert
+        parameters; ``dense_per_stage`` the dense layers of an MoE model (``dense_layer_params``
+        each)."""
         if layer_expert_params is None:
             layer_expert_params = expert_params(layer_sharded)
-        first = params_per_stage[0] - layers_per_stage[0] * layer_params
-        last = params_per_stage[-1] - layers_per_stage[-1] * layer_params if m.pp > 1 else 0.0
+        dense_n = dense_per_stage or [0] * m.pp
+        first = params_per_stage[0] - layers_per_stage[0] * layer_params - dense_n[0] * dense_layer_params
+        last = (params_per_stage[-1] - layers_per_stage[-1] * layer_params - dense_n[-1] * dense_layer_params
+                if m.pp > 1 else 0.0)
         chip_memory = self.system.chip.memory
         return mem.llm_memory_per_chip(
             model=self.model, training=self.training, attention=self.model.attention or "unfused",
@@ -401,7 +441,9 @@ class LLMModel:
             distributed_optimizer=m.distributed_optimizer, layer_params_per_chip=layer_params,
             first_params=first, last_params=last, layers_per_stage=layers_per_stage,
             capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes,
-            cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep)
+            cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep,
+            **({"dense_layers_per_stage": dense_n, "dense_layer_params_per_chip": dense_layer_params}
+               if dense_per_stage is not None else {}))
 
     # -- the full evaluation ----------------------------------------------------------------------
     #: :func:`dfmodel.inter_chip.search.search` may pass ``cutoff_s`` and ``screen_memory``
@@ -426,24 +468,25 @@ class LLMModel:
         head = self.block("head", *key, m.cp)
         # exposed communication per layer and micro-batch, by breakdown key: (forward, backward)
         extra = self._layer_comm(m, layer, dp_group)
-        extra_f = sum(f for f, _ in extra.values())
-        extra_b = sum(b for _, b in extra.values())
-        t_f = layer.fwd.time_s + extra_f
-        t_b = layer.backward_s(m.recompute) + extra_b
-        if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
-            fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
-            redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
-            t_f, t_b = fwd_ub + extra_f, bwd_ub + redo + extra_b
+        t_f, t_b = self._layer_phases_s(m, layer, extra)
+        # an MoE model's dense layers (DeepSeek-V3's first 3): their own block and times
+        dense = self.block("dense_layer", *key, m.cp) if self.num_dense_layers else None
+        extra_d = self._layer_comm(m, dense, dp_group, experts=False) if dense else {}
+        td_f, td_b = self._layer_phases_s(m, dense, extra_d) if dense else (0.0, 0.0)
         emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
         head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
         if m.zero_stage == 3:  # their parameters are gathered like a layer's
             emb_f, emb_b = self._fsdp_exposed(emb, emb_f, emb_b, m, dp_group)
             head_f, head_b = self._fsdp_exposed(head, head_f, head_b, m, dp_group)
 
-        layers = _balance(self.num_layers, m.pp, m.interleave, t_f + t_b, emb_f + emb_b, head_f + head_b)
+        per_layer_s = (t_f + t_b if not dense else
+                       (td_f + td_b,) * self.num_dense_layers + (t_f + t_b,) * self.num_moe_layers)
+        layers = _balance(self.num_layers, m.pp, m.interleave, per_layer_s, emb_f + emb_b, head_f + head_b)
         stages = self._stage_layers(layers, m)
-        stage_fwd = [n * t_f for n in stages]
-        stage_bwd = [n * t_b for n in stages]
+        dense_st = moe_terms.dense_layers_per_stage(layers, m.pp, self.num_dense_layers)
+        moe_st = [n - d for n, d in zip(stages, dense_st)]
+        stage_fwd = [n * t_f + d * td_f for n, d in zip(moe_st, dense_st)]
+        stage_bwd = [n * t_b + d * td_b for n, d in zip(moe_st, dense_st)]
         stage_fwd[0] += emb_f
         stage_bwd[0] += emb_b
         stage_fwd[-1] += head_f
@@ -462,7 +505,8 @@ class LLMModel:
             # the closed form is only a lower bound when p2p exceeds a chunk op: simulate
             pt = pipe.pipeline_time_simulated(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
 
-        params_stage = [n * layer.params_per_chip for n in stages]
+        params_stage = [n * layer.params_per_chip + d * (dense.params_per_chip if dense else 0.0)
+                        for n, d in zip(moe_st, dense_st)]
         params_stage[0] += emb.params_per_chip if emb else 0.0
         params_stage[-1] += head.params_per_chip if head else 0.0
         params_stage[-1] += mem.tied_embedding_copy_params(
@@ -470,11 +514,12 @@ class LLMModel:
             tie_embeddings=self.model.tie_embeddings)
         worst_params = max(params_stage)
 
-        dp_exposed = self._dp_sync_s(m, worst_params, stage_fwd[0], stage_bwd[0], dp_group)
-        # MoE: expert state is sharded over dp x cp / ep ranks, not dp x cp (Megatron-Core's
-        # expert data parallel group): ep times the per-chip optimizer bytes of its local experts
-        worst_experts = stages[max(range(m.pp), key=lambda i: params_stage[i])] * expert_params(layer.sharded.graph)
-        opt_s = self.optimizer_s(m, worst_params + (m.ep - 1) * worst_experts)
+        # MoE: expert gradients and optimizer state live on the expert data-parallel ranks,
+        # dp x cp / ep (Megatron-Core's expert_data_parallel group), not the dp x cp ranks
+        worst_experts = moe_st[max(range(m.pp), key=lambda i: params_stage[i])] * expert_params(layer.sharded.graph)
+        dp_exposed = self._dp_sync_s(m, worst_params, stage_fwd[0], stage_bwd[0], dp_group,
+                                     expert_params_per_chip=worst_experts)
+        opt_s = self.optimizer_s(m, worst_params, worst_experts)
         step_s = pt.total_s + dp_exposed + opt_s
         io = io_terms(self.system, self.training, self.training.global_batch, step_s, self.checkpoint_state(m),
                       source=self.workload.source)
@@ -484,13 +529,16 @@ class LLMModel:
         b = max(range(m.pp), key=lambda i: stage_fwd[i] + stage_bwd[i])
         busy = m.num_micro_batches * (stage_fwd[b] + stage_bwd[b])
         # the bottleneck stage's busy time: exposed per-layer communication, the rest by component
-        comm = {k: m.num_micro_batches * stages[b] * (f + bw) for k, (f, bw) in extra.items()}
+        comm = {k: m.num_micro_batches * moe_st[b] * (f + bw) for k, (f, bw) in extra.items()}
+        for k, (f, bw) in extra_d.items():
+            comm[k] = comm.get(k, 0.0) + m.num_micro_batches * dense_st[b] * (f + bw)
         if m.zero_stage == 3:
             for blk, f0, b0, here in ((emb, emb_f, emb_b, b == 0), (head, head_f, head_b, b == m.pp - 1)):
                 if blk and here:
                     exposed = (f0 - blk.fwd.time_s) + (b0 - blk.backward_s("none"))
                     comm["dp_comm"] = comm.get("dp_comm", 0.0) + m.num_micro_batches * exposed
-        shares = self._stage_shares(stages[b], m, layer, emb if b == 0 else None, head if b == m.pp - 1 else None)
+        shares = self._stage_shares(moe_st[b], m, layer, emb if b == 0 else None, head if b == m.pp - 1 else None,
+                                    dense=(dense_st[b], dense) if dense else None)
         rest = busy - sum(comm.values())
         breakdown = {k: rest * shares[k] for k in COMPONENTS}
         pp_comm = min(max(pt.total_s - busy, 0.0), pt.p2p_exposed_s)
@@ -504,7 +552,9 @@ class LLMModel:
         )
         for k in COMM_KEYS:  # every dimension's key, 0 when it has none
             breakdown[k] = breakdown.get(k, 0.0) + comm.pop(k, 0.0)
-        memory = self.memory_check(m, params_stage, stages, layer.params_per_chip, layer.sharded.graph)
+        memory = self.memory_check(m, params_stage, moe_st, layer.params_per_chip, layer.sharded.graph,
+                                   dense_per_stage=dense_st if dense else None,
+                                   dense_layer_params=dense.params_per_chip if dense else 0.0)
         proven = layer.fwd.proven_optimal and layer.bwd.proven_optimal
         return Evaluation(
             m,
@@ -530,8 +580,22 @@ class LLMModel:
                                 dp=m.dp_cp, checkpoint=ckpt)
 
     # -- communication terms of the record's dimensions -----------------------------------------
-    def _layer_comm(self, m: Mapping, layer: BlockTimes, dp_group) -> dict[str, tuple[float, float]]:
-        """Exposed communication of one layer and micro-batch, (forward, backward) per key."""
+    def _layer_phases_s(self, m: Mapping, layer: BlockTimes, extra: dict[str, tuple[float, float]]) -> tuple[float, float]:
+        """(forward, backward) time of one layer and micro-batch with its exposed communication
+        ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap."""
+        extra_f = sum(f for f, _ in extra.values())
+        extra_b = sum(b for _, b in extra.values())
+        t_f = layer.fwd.time_s + extra_f
+        t_b = layer.backward_s(m.recompute) + extra_b
+        if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
+            fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
+            redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
+            t_f, t_b = fwd_ub + extra_f, bwd_ub + redo + extra_b
+        return t_f, t_b
+
+    def _layer_comm(self, m: Mapping, layer: BlockTimes, dp_group, experts: bool = True) -> dict[str, tuple[float, float]]:
+        """Exposed communication of one layer and micro-batch, (forward, backward) per key
+        (``experts=False``: an MoE model's dense layer, no all-to-alls)."""
         out: dict[str, tuple[float, float]] = {}
         if m.cp > 1:
             kv = kv_bytes_per_rank(seq_len=self.model.seq_len, micro_batch=m.micro_batch, cp=m.cp, tp=m.tp,
@@ -542,8 +606,8 @@ class LLMModel:
             # recompute re-runs the forward attention, and with it the K/V exchange
             again = x.fwd_s if m.recompute in ("selective", "full") else 0.0
             out["cp_comm"] = (x.fwd_s, x.bwd_s + again)
-        if m.ep > 1:
-            out["ep_comm"] = self._ep_comm(m)
+        if m.ep > 1 and experts:
+            out["ep_comm"] = self._ep_comm(m, layer)
         if m.zero_stage == 3:
             f, b = self._fsdp_exposed(layer, layer.fwd.time_s, layer.backward_s(m.recompute), m, dp_group)
             out["dp_comm"] = (f - layer.fwd.time_s, b - layer.backward_s(m.recompute))
@@ -556,17 +620,44 @@ class LLMModel:
         mla = getattr(self.model, "mla", None)
         return (mla.qk_head_dim + mla.v_head_dim) / 2 if mla else self.model.hidden // self.model.num_heads
 
-    def _ep_comm(self, m: Mapping) -> tuple[float, float]:
+    def _expert_dp_group(self, m: Mapping):
+        """Megatron-Core's expert data-parallel group: the dp x cp ranks holding the same
+        experts, ``dp x cp / ep`` of them (expert TP = TP, Megatron-LM's default:
+        ``expert_tensor_parallel_size`` is set to ``tensor_model_parallel_size`` when unset,
+        megatron/training/arguments.py). Expert gradients are reduced and ZeRO-sharded over it."""
+        return moe_terms.complement_group(self.system, merge_groups(self.system, m.group("cp"), m.group("dp")),
+                                          m.group("ep"))
+
+    def _grad_groups(self, m: Mapping, params: float, expert_params_per_chip: float, group) -> list[tuple[float, tuple]]:
+        """(parameters, group) pairs whose gradients sync together: the non-expert ones over
+        the dp x cp ``group``, the experts over the expert data-parallel group. When both groups
+        are the same ranks (ep = 1) they are one collective (one bucketed communicator), so a
+        1-expert MoE syncs exactly as the dense MLP it equals."""
+        edp = self._expert_dp_group(m) if expert_params_per_chip else group
+        if edp == tuple(group):
+            return [(params, group)]
+        return [(params - expert_params_per_chip, group), (expert_params_per_chip, edp)]
+
+    def _ep_comm(self, m: Mapping, layer: BlockTimes | None = None) -> tuple[float, float]:
         """Exposed MoE token all-to-alls of one layer and micro-batch over the ep group.
 
         Megatron-Core's ``MoEAlltoAllTokenDispatcher``: forward = dispatch + combine, backward =
         their two transposes, each an all-to-all in which a rank sends
         :func:`~dfmodel.graph.builders.moe.dispatch_bytes_per_rank` (its ``T / tp`` sequence-
         parallel tokens x top_k x capacity x imbalance rows of ``h`` activations, the ``(ep-1)/ep``
-        bound for other ranks). They sit on the critical path between router and experts and
-        are exposed whole (no overlap with the layer's compute; Megatron-Core overlaps them only
-        across micro-batches with its separate 1F1B A2A-overlap schedule, not modelled). Full
-        recomputation runs the forward pair again.
+        bound for other ranks). Without overlap they sit on the critical path between router
+        and experts and are exposed whole. Full recomputation runs the forward pair again.
+
+        ``overlap_moe_expert_parallel_comm`` (Megatron-Core's flag of that name, which pairs the
+        forward of micro-batch ``i + 1`` with the backward of ``i`` layer by layer; DeepSeek-V3's
+        DualPipe, arXiv:2412.19437 sec. 3.2.1, which pairs a forward and a backward chunk): the
+        layer's all-to-alls ``a`` run under the computation ``c`` of the paired forward +
+        backward of the layer, which loses the SMs the communication kernels hold; exposed
+        ``max(a - c, f a)`` (:func:`~dfmodel.inter_chip.experts.overlapped_a2a_exposed_s`,
+        ``f`` = 20 of 132 SMs), split over forward and backward as the all-to-alls are. Applied
+        to every micro-batch (the pipeline's warm-up and cool-down forwards have no partner:
+        an optimistic simplification of at most ``pp - 1`` micro-batches per stage). DualPipe's
+        own smaller bubble and its two parameter copies are not modelled (1F1B's bubble).
         """
         tokens = m.micro_batch * (self.model.seq_len // m.cp) // m.tp
         nbytes = dispatch_bytes_per_rank(tokens, self.model.moe, self.model.hidden, self.training.activation_bytes, m.ep)
@@ -574,7 +665,14 @@ class LLMModel:
         # bytes x ep / (ep - 1)
         one_s = self.costs.time_s("all_to_all", nbytes * m.ep / (m.ep - 1), m.group("ep"))
         again = 2 * one_s if m.recompute == "full" else 0.0
-        return 2 * one_s, 2 * one_s + again
+        fwd_s, bwd_s = 2 * one_s, 2 * one_s + again
+        if (layer is not None and m.overlap_moe_expert_parallel_comm
+                and moe_terms.a2a_overlap_applies(ep=m.ep, num_micro_batches=m.num_micro_batches)):
+            compute_s = layer.fwd.time_s + layer.backward_s(m.recompute)
+            exposed = moe_terms.overlapped_a2a_exposed_s(fwd_s + bwd_s, compute_s, moe_terms.a2a_sm_fraction())
+            share = exposed / (fwd_s + bwd_s)
+            return fwd_s * share, bwd_s * share
+        return fwd_s, bwd_s
 
     def _fsdp_exposed(self, blk: BlockTimes | None, fwd_s: float, bwd_s: float, m: Mapping, group) -> tuple[float, float]:
         """ZeRO-3 / FSDP times of one block per micro-batch: (forward, backward) with the
@@ -589,14 +687,18 @@ class LLMModel:
         """
         if blk is None or m.dp_cp == 1:
             return fwd_s, bwd_s
-        # 16-bit parameters gathered, gradients reduce-scattered in the framework's reduce precision
-        ag = self.costs.time_s("all_gather", blk.params_per_chip * self.training.activation_bytes, group)
-        rs = self.costs.time_s("reduce_scatter", blk.params_per_chip * self.training.grad_bytes, group)
+        # 16-bit parameters gathered, gradients reduce-scattered in the framework's reduce precision;
+        # MoE experts over the expert data-parallel ranks (dp x cp / ep), the rest over dp x cp
+        experts = expert_params(blk.sharded.graph)
+        parts = self._grad_groups(m, blk.params_per_chip, experts, group)
+        ag = sum(self.costs.time_s("all_gather", p * self.training.activation_bytes, g) for p, g in parts if g)
+        rs = sum(self.costs.time_s("reduce_scatter", p * self.training.grad_bytes, g) for p, g in parts if g)
         if m.overlap_param_gather:
             return max(fwd_s, ag), max(bwd_s, ag + rs)
         return fwd_s + ag, bwd_s + ag + rs
 
-    def _dp_sync_s(self, m: Mapping, params: float, fwd0_s: float, bwd0_s: float, group) -> float:
+    def _dp_sync_s(self, m: Mapping, params: float, fwd0_s: float, bwd0_s: float, group,
+                   expert_params_per_chip: float = 0.0) -> float:
         """Exposed gradient synchronisation over the dp x cp ranks at the end of the iteration.
 
         Stage 0 runs the last backward, so its gradients sync last (its backward is the window).
@@ -606,15 +708,25 @@ class LLMModel:
         first ``m - 1`` under the next micro-batch's backward; 3: the per-block collectives of
         :meth:`_fsdp_exposed`, nothing at the end. A collective whose overlap flag is off is
         exposed whole; the others share the window as :func:`pipeline.dp_sync_exposed_s` says.
+
+        MoE: the ``expert_params_per_chip`` of ``params`` are reduced (and gathered) over the
+        expert data-parallel ranks, ``dp x cp / ep`` (Megatron-Core keeps expert parameters in
+        their own buffers, synchronised over ``expert_data_parallel_group``), after the others
+        on the same stream.
         """
         if m.dp_cp == 1 or m.zero_stage == 3:
             return 0.0
-        grad_bytes = params * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
-        if m.zero_stage == 0:
-            reduce_s, gather_s = self.costs.time_s("all_reduce", grad_bytes, group), 0.0
-        else:  # gradients reduce-scattered, 16-bit parameters all-gathered
-            reduce_s = self.costs.time_s("reduce_scatter", grad_bytes, group)
-            gather_s = self.costs.time_s("all_gather", params * self.training.activation_bytes, group)
+        parts = self._grad_groups(m, params, expert_params_per_chip, group)
+        reduce_s = gather_s = 0.0
+        for n, g in parts:
+            if not g or n <= 0:  # one rank holds these experts: nothing to reduce
+                continue
+            grad_bytes = n * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
+            if m.zero_stage == 0:
+                reduce_s += self.costs.time_s("all_reduce", grad_bytes, g)
+            else:  # gradients reduce-scattered, 16-bit parameters all-gathered
+                reduce_s += self.costs.time_s("reduce_scatter", grad_bytes, g)
+                gather_s += self.costs.time_s("all_gather", n * self.training.activation_bytes, g)
         hidden = (reduce_s if m.overlap_grad_reduce else 0.0) + (gather_s if m.overlap_param_gather else 0.0)
         exposed = (reduce_s if not m.overlap_grad_reduce else 0.0) + (gather_s if not m.overlap_param_gather else 0.0)
         if hidden:
@@ -633,8 +745,12 @@ class LLMModel:
             return list(layers)
         return [sum(layers[i::m.pp]) for i in range(m.pp)]
 
-    def _stage_shares(self, n_layers: int, m: Mapping, layer: BlockTimes, emb, head) -> dict[str, float]:
+    def _stage_shares(self, n_layers: int, m: Mapping, layer: BlockTimes, emb, head,
+                      dense: tuple[int, BlockTimes] | None = None) -> dict[str, float]:
         parts = {k: n_layers * v for k, v in layer.parts(m.recompute).items()}
+        if dense is not None:
+            for k, v in dense[1].parts(m.recompute).items():
+                parts[k] += dense[0] * v
         for blk in (emb, head):
             if blk:
                 for k, v in blk.parts("none").items():

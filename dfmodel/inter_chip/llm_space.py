@@ -102,6 +102,8 @@ def option_values(knobs: Knobs, deg: dict[str, int]) -> list[dict[str, object]]:
                 values = [0]  # nothing to shard over
             if opt.name in ("cp_comm", "tp_comm_overlap") and deg[opt.name[:2]] == 1:
                 values = [opt.neutral]  # nothing to exchange / overlap
+            if opt.name == "overlap_moe_expert_parallel_comm" and deg["ep"] == 1:
+                values = [opt.neutral]  # no all-to-alls to hide
         combos = [{**c, opt.name: v} for c in combos for v in values]
     return combos
 

@@ -614,6 +614,8 @@ def llm_memory_per_chip(
     zero_stage: int | None = None,
     layer_expert_params_per_chip: float = 0.0,
     ep: int = 1,
+    dense_layers_per_stage: list[int] | None = None,
+    dense_layer_params_per_chip: float = 0.0,
 ) -> MemoryBreakdown:
     """The worst stage's memory per chip of LLM training, every term wired as Megatron lays it out.
 
@@ -636,6 +638,10 @@ def llm_memory_per_chip(
     - with full recomputation, the one layer whose activations are rebuilt during its backward
       (the working buffer Table 2 of Korthikanti et al. omits);
     - the chip's ``reserve_bytes`` (runtime and library memory the model cannot use).
+
+    An MoE model's dense layers (``moe.first_dense_layers``; DeepSeek-V3: 3) are counted apart:
+    ``layers_per_stage`` are then the MoE layers, ``dense_layers_per_stage`` the dense ones, each
+    with ``dense_layer_params_per_chip`` parameters (no experts) and a dense MLP's activations.
     """
     m, t = model, tp
     e = training.activation_bytes
@@ -644,14 +650,23 @@ def llm_memory_per_chip(
                   sequence_parallel=sequence_parallel, ffn_hidden=m.ffn, num_kv_heads=m.kv_heads,
                   bytes_per_element=e, dropout=getattr(m, "dropout", True), gated_mlp=m.ffn_type == "swiglu",
                   attention=attention, linear_input_bytes=fp8_linear_input_bytes(training))
-    act_layer = activation_bytes_per_layer(recompute=recompute, **common) + moe_mla_activation_delta_bytes(
-        m, seq_len=s_local, micro_batch=micro_batch, tp=t, sequence_parallel=sequence_parallel, bytes_per_element=e,
-        recompute=recompute)
-    working = (activation_bytes_per_layer(recompute="none", **common) + moe_mla_activation_delta_bytes(
-        m, seq_len=s_local, micro_batch=micro_batch, tp=t, sequence_parallel=sequence_parallel, bytes_per_element=e,
-        recompute="none")) if recompute == "full" else 0.0
-    if zero_stage == 3:
-        working += 3 * layer_params_per_chip * e
+    def layer_act(model, rc):
+        return activation_bytes_per_layer(recompute=rc, **common) + moe_mla_activation_delta_bytes(
+            model, seq_len=s_local, micro_batch=micro_batch, tp=t, sequence_parallel=sequence_parallel,
+            bytes_per_element=e, recompute=rc)
+
+    def working_of(model, params):
+        """One layer's working buffer: its activations rebuilt under full recompute, ZeRO-3's gathers."""
+        return ((layer_act(model, "none") if recompute == "full" else 0.0)
+                + (3 * params * e if zero_stage == 3 else 0.0))
+
+    act_layer = layer_act(m, recompute)
+    working_moe = working_of(m, layer_params_per_chip)
+    dense_n = dense_layers_per_stage or [0] * len(layers_per_stage)
+    act_dense = working_dense = 0.0
+    if any(dense_n):
+        dense_model = m.model_copy(update={"moe": None})
+        act_dense, working_dense = layer_act(dense_model, recompute), working_of(dense_model, dense_layer_params_per_chip)
     fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
     rem = getattr(training, "param_remainders", False)
     layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
@@ -668,9 +683,14 @@ def llm_memory_per_chip(
                                      bytes_per_element=e) if m.vocab_size else 0.0
     worst = None
     for stage, layers in enumerate(layers_per_stage):
+        dense = dense_n[stage]
         extra_params = (first_params if stage == 0 else 0.0) + (last_params if stage == pp - 1 else 0.0)
         extra_act = (emb_act if stage == 0 else 0.0) + (head_act if stage == pp - 1 else 0.0)
-        state = model_state_bytes(layers * (layer_params_per_chip - layer_expert_params_per_chip), dp=dp,
+        # the largest working buffer among the layer kinds this stage runs
+        working = (max(working_moe if layers else 0.0, working_dense if dense else 0.0) if any(dense_n)
+                   else working_moe)
+        state = model_state_bytes(layers * (layer_params_per_chip - layer_expert_params_per_chip)
+                                  + dense * dense_layer_params_per_chip, dp=dp,
                                   distributed_optimizer=distributed_optimizer,
                                   zero_stage=zero_stage,
                                   bytes_per_param_weights=layer_state.weights,
@@ -697,7 +717,7 @@ def llm_memory_per_chip(
             weights_bytes=state.weights_bytes + extra.weights_bytes,
             gradients_bytes=state.gradients_bytes + extra.gradients_bytes,
             optimizer_bytes=state.optimizer_bytes + extra.optimizer_bytes,
-            activations_bytes=(act_layer * layers + extra_act) * in_flight + working,
+            activations_bytes=(act_layer * layers + act_dense * dense + extra_act) * in_flight + working,
             capacity_bytes=float(capacity_bytes),
             reserve_bytes=float(reserve_bytes),
         )

@@ -135,7 +135,7 @@ class _Precisions:
         self.vector_kw = {"precision": "bf16"} if self.fp8 else {}
 
 
-def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1) -> DataflowGraph:
+def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "layer") -> DataflowGraph:
     """One decoder layer for ``batch`` sequences: forward, backward and weight-gradient kernels.
 
     Graph inputs: ``x`` (the previous layer's output) and ``dy`` (the next layer's gradient);
@@ -146,8 +146,8 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1) -> DataflowGraph:
     With ``model.moe`` the MLP is the MoE layer of one of ``ep`` expert-parallel ranks
     (:mod:`dfmodel.graph.builders.moe`): router, permute, the grouped expert GEMMs (the
     ``fc1``/``fc2`` kernels, batched over the local experts and marked ``expert``), unpermute
-    and the shared experts. Every layer is built as an MoE layer: ``first_dense_layers`` are
-    costed as MoE layers (an upper bound; DeepSeek-V3's 3 dense layers of 61).
+    and the shared experts. The ``first_dense_layers`` of an MoE model (DeepSeek-V3: 3 of 61)
+    are :func:`build_llm_dense_layer`. ``part`` names the graph (``<workload>.<part>``).
 
     >>> from dfmodel.graph.workload import load_workload
     >>> w = load_workload({"kind": "llm", "name": "t", "model": {"hidden": 64, "num_heads": 4,
@@ -373,7 +373,28 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1) -> DataflowGraph:
     g.tensor("dW.qkv", "wgrad.qkv", None, qkv_p * gb, "x")
     g.tensor("dW.ln1", "bwd.ln1", None, ln_p * gb, "x")
     g.tensor("dx", "bwd.ln1", None, tok * p, "x", act_shape)
-    return g.build(f"{w.name}.layer", _meta(w, batch, "layer"))
+    return g.build(f"{w.name}.{part}", _meta(w, batch, part))
+
+
+def build_llm_dense_layer(w: LLMWorkload, batch: int) -> DataflowGraph | None:
+    """One of the dense decoder layers that precede an MoE model's MoE layers
+    (``model.moe.first_dense_layers``), or None when there are none.
+
+    DeepSeek-V3 (arXiv:2412.19437 sec. 4.2, config.json ``first_k_dense_replace: 3``,
+    ``intermediate_size: 18432``): the first three layers keep a dense SwiGLU FFN of
+    ``ffn_hidden`` and the same attention (MLA) as every other layer; no router, no experts.
+
+    >>> from dfmodel.graph.workload import load_workload
+    >>> w = load_workload("deepseek_v3")
+    >>> g = build_llm_dense_layer(w, 1)
+    >>> g.name, g.kernel("fwd.fc1").dims["n"], any(k.expert for k in g.kernels)
+    ('deepseek_v3.dense_layer', 36864, False)
+    """
+    moe = w.model.moe
+    if moe is None or moe.first_dense_layers == 0:
+        return None
+    dense = w.model_copy(update={"model": w.model.model_copy(update={"moe": None})})
+    return build_llm_layer(dense, batch, part="dense_layer")
 
 
 def build_llm_embedding(w: LLMWorkload, batch: int) -> DataflowGraph | None:
