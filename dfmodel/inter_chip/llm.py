@@ -323,9 +323,11 @@ class LLMModel:
         if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
             return None
         layer, emb, head = blocks[:3]
-        total = self.num_moe_layers * (layer.fwd.time_s + layer.backward_s(m.recompute))
+        # the layer phases as evaluate() times them before any exposed communication (with
+        # tp_comm_overlap's userbuffers: the raw phases were above them, an invalid bound)
+        total = self.num_moe_layers * sum(self._layer_phases_s(m, layer, {}))
         if self.num_dense_layers:
-            total += self.num_dense_layers * (blocks[3].fwd.time_s + blocks[3].backward_s(m.recompute))
+            total += self.num_dense_layers * sum(self._layer_phases_s(m, blocks[3], {}))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
