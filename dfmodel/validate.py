@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from dfmodel.errors import DFModelError, InputError
+from dfmodel.graph.workload import MLAConfig, MoEConfig
 from dfmodel.system.schema import Strict
 from dfmodel.yamlio import field_path, validation_message
 
@@ -42,6 +43,9 @@ class CaseModel(Strict):
     attention: Literal["flash", "unfused"] | None = None
     dropout: bool | None = None
     tie_embeddings: bool | None = None
+    #: mixture of experts / multi-head latent attention: the ``kind: llm`` workload blocks
+    moe: MoEConfig | None = None
+    mla: MLAConfig | None = None
 
 
 class CaseTraining(Strict):
@@ -77,6 +81,14 @@ class CaseParallelism(Strict):
     distributed_optimizer: bool | None = None
     #: Megatron's tp_comm_overlap (TE userbuffers) as the run set it; None: the optimizer picks
     tp_comm_overlap: bool | None = None
+    #: expert parallelism (MoE), carved out of the dp x cp ranks
+    ep: int = Field(default=1, gt=0)
+    #: Megatron-Core expert_tensor_parallel_size as the run set it (None: = tp, Megatron's
+    #: default); the model runs experts with TP = tp, so a case with another value is skipped
+    #: with that reason (:data:`NOT_YET_EVALUABLE`)
+    expert_tensor_parallel: int | None = Field(default=None, gt=0)
+    #: Megatron-Core --overlap-moe-expert-parallel-comm / DeepSeek DualPipe; None: optimizer picks
+    overlap_moe_expert_parallel_comm: bool | None = None
 
 
 class CaseMeasured(Strict):
@@ -167,6 +179,12 @@ NOT_YET_EVALUABLE = [
                if c.get("family") not in (None, "llm", "llm_training") else None),
     lambda c: (f"needs context parallelism (cp={_get(c, 'parallelism', 'cp')})"
                if (_get(c, "parallelism", "cp") or 1) > 1 and not supports_knob("cp") else None),
+    # experts run with TP = tp here (Megatron-LM's default expert_tensor_parallel_size); a run
+    # with another expert TP has another ep group (ep x etp x edp = tp x dp x cp) and layout
+    lambda c: (f"needs expert tensor parallelism {_get(c, 'parallelism', 'expert_tensor_parallel')} != tp "
+               f"{_get(c, 'parallelism', 'tp')} (modelled: expert TP = TP)"
+               if _get(c, "parallelism", "expert_tensor_parallel") not in (None, _get(c, "parallelism", "tp"))
+               else None),
 ]
 
 
@@ -274,6 +292,10 @@ def knobs_of(case: Case) -> dict[str, Any]:
         knobs["cp"] = p.cp
     if p.tp_comm_overlap is not None:
         knobs["tp_comm_overlap"] = p.tp_comm_overlap
+    if p.ep != 1:
+        knobs["ep"] = p.ep
+    if p.overlap_moe_expert_parallel_comm is not None:
+        knobs["overlap_moe_expert_parallel_comm"] = p.overlap_moe_expert_parallel_comm
     return knobs
 
 
@@ -321,7 +343,9 @@ def prediction_range(w: dict, system: Any, n: int, knobs: dict[str, Any], picked
 def describe(parallelism) -> str:
     p = parallelism
     return (f"TP{p.tp} PP{p.pp} DP{p.dp} mb{p.micro_batch} v{p.interleave} {p.recompute}"
-            f"{' SP' if p.sequence_parallel else ''}")
+            f"{' SP' if p.sequence_parallel else ''}"
+            f"{f' EP{p.ep}' if getattr(p, 'ep', 1) > 1 else ''}"
+            f"{' a2a-overlap' if getattr(p, 'overlap_moe_expert_parallel_comm', False) else ''}")
 
 
 def optimize_as_megatron(w: dict, system: Any, n: int, knobs: dict[str, Any]):

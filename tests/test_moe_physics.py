@@ -238,3 +238,22 @@ def test_refined_bound_valid_with_tp_comm_overlap():
     for m in cands[::3]:
         ev = model.evaluate(m)
         assert model.refined_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
+
+
+# -- calibration cases -------------------------------------------------------------------------
+def test_moe_calibration_cases_load_and_map():
+    from dfmodel.validate import knobs_of, load_cases, not_evaluable, read_case_items, workload_of
+
+    cases = load_cases("moe_training")
+    ds = next(c for c in cases if c.id == "deepseek-v3-h800-2048")
+    w = load_workload(workload_of(ds))
+    assert w.model.moe.first_dense_layers == 3 and w.model.mla is not None
+    assert build_graphs(w, batch=1).params() == pytest.approx(671e9, rel=0.005)
+    k = knobs_of(ds)
+    assert k["ep"] == 64 and k["overlap_moe_expert_parallel_comm"] is True and k["dp"] == 128
+    # 15360 x 4096 tokens at 180K GPU hours per trillion tokens on 2048 GPUs
+    assert ds.measured.iteration_time_s == pytest.approx(15360 * 4096 * 180e3 * 3600 / (1e12 * 2048), rel=1e-3)
+    _, items = read_case_items("moe_training")
+    reasons = {i["id"]: not_evaluable(i) for i in items}
+    assert "expert tensor parallelism" in reasons["dgxc-deepseek-v3-bf16-h100-1024"]
+    assert reasons["deepseek-v3-h800-2048"] is None
