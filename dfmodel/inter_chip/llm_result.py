@@ -80,7 +80,9 @@ def _recompute_flop(model: LLMModel, m) -> float:
 
     if m.recompute == "none":
         return 0.0
-    layer = model.graphs(1).layer
+    gs = model.graphs(1)
     pred = _is_attention_core if m.recompute == "selective" else (lambda k: k.phase == Phase.forward)
-    per_layer = sum(k.flop for k in layer.kernels if pred(k))
-    return per_layer * model.num_layers * model.training.global_batch
+    # every layer kind times its count (an MoE model's dense layers apart)
+    per_model = sum(sum(k.flop for k in g.kernels if pred(k)) * n
+                    for g, n in ((gs.layer, gs.num_moe_layers), (gs.dense_layer, gs.num_dense_layers)) if g is not None)
+    return per_model * model.training.global_batch
