@@ -242,6 +242,9 @@ def solve(
     tp_comm_overlap: Optional[bool] = typer.Option(
         None, "--tp-comm-overlap/--no-tp-comm-overlap",
         help="Fix Megatron's tp_comm_overlap (TP collectives chunked under their GEMMs, TE userbuffers) on or off."),
+    etp: Optional[int] = typer.Option(
+        None, help="Fix expert tensor parallelism (MoE): 0 = same as TP (Megatron default), 1 = experts unsplit, "
+        "the ep group spans the TP ranks (Megatron-Core --expert-tensor-parallel-size 1)."),
     overlap_moe_expert_parallel_comm: Optional[bool] = typer.Option(
         None, "--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm",
         help="Fix the MoE all-to-all overlap (Megatron-Core --overlap-moe-expert-parallel-comm, DeepSeek DualPipe) on or off."),
@@ -287,6 +290,7 @@ def solve(
                                  "overlap_param_gather": overlap_param_gather,
                                  "tp_comm_overlap": tp_comm_overlap,
                                  "overlap_moe_expert_parallel_comm": overlap_moe_expert_parallel_comm,
+                                 "etp": etp,
                                  }.items() if v is not None},
         )
     if plot_path:

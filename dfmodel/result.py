@@ -30,6 +30,7 @@ class Parallelism:
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     overlap_moe_expert_parallel_comm: bool = False
+    etp: int = 0  # expert tensor parallelism: 0 = same as tp (Megatron default), 1 = experts unsplit
 
 
 @dataclass

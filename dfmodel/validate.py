@@ -84,8 +84,8 @@ class CaseParallelism(Strict):
     #: expert parallelism (MoE), carved out of the dp x cp ranks
     ep: int = Field(default=1, gt=0)
     #: Megatron-Core expert_tensor_parallel_size as the run set it (None: = tp, Megatron's
-    #: default); the model runs experts with TP = tp, so a case with another value is skipped
-    #: with that reason (:data:`NOT_YET_EVALUABLE`)
+    #: default); modelled: 1 or tp (another value is skipped with that reason,
+    #: :data:`NOT_YET_EVALUABLE`)
     expert_tensor_parallel: int | None = Field(default=None, gt=0)
     #: Megatron-Core --overlap-moe-expert-parallel-comm / DeepSeek DualPipe; None: optimizer picks
     overlap_moe_expert_parallel_comm: bool | None = None
@@ -179,11 +179,10 @@ NOT_YET_EVALUABLE = [
                if c.get("family") not in (None, "llm", "llm_training") else None),
     lambda c: (f"needs context parallelism (cp={_get(c, 'parallelism', 'cp')})"
                if (_get(c, "parallelism", "cp") or 1) > 1 and not supports_knob("cp") else None),
-    # experts run with TP = tp here (Megatron-LM's default expert_tensor_parallel_size); a run
-    # with another expert TP has another ep group (ep x etp x edp = tp x dp x cp) and layout
-    lambda c: (f"needs expert tensor parallelism {_get(c, 'parallelism', 'expert_tensor_parallel')} != tp "
-               f"{_get(c, 'parallelism', 'tp')} (modelled: expert TP = TP)"
-               if _get(c, "parallelism", "expert_tensor_parallel") not in (None, _get(c, "parallelism", "tp"))
+    # expert TP is modelled as TP (Megatron-LM's default) or 1 (experts unsplit)
+    lambda c: (f"needs expert tensor parallelism {_get(c, 'parallelism', 'expert_tensor_parallel')} "
+               f"(modelled: 1 or tp = {_get(c, 'parallelism', 'tp')})"
+               if _get(c, "parallelism", "expert_tensor_parallel") not in (None, 1, _get(c, "parallelism", "tp"))
                else None),
 ]
 
@@ -296,6 +295,8 @@ def knobs_of(case: Case) -> dict[str, Any]:
         knobs["ep"] = p.ep
     if p.overlap_moe_expert_parallel_comm is not None:
         knobs["overlap_moe_expert_parallel_comm"] = p.overlap_moe_expert_parallel_comm
+    if p.ep != 1 and p.expert_tensor_parallel is not None:
+        knobs["etp"] = 1 if p.expert_tensor_parallel == 1 and p.tp > 1 else 0
     return knobs
 
 
@@ -345,6 +346,7 @@ def describe(parallelism) -> str:
     return (f"TP{p.tp} PP{p.pp} DP{p.dp} mb{p.micro_batch} v{p.interleave} {p.recompute}"
             f"{' SP' if p.sequence_parallel else ''}"
             f"{f' EP{p.ep}' if getattr(p, 'ep', 1) > 1 else ''}"
+            f"{' ETP1' if getattr(p, 'etp', 0) == 1 and p.tp > 1 else ''}"
             f"{' a2a-overlap' if getattr(p, 'overlap_moe_expert_parallel_comm', False) else ''}")
 
 

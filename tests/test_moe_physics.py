@@ -255,5 +255,61 @@ def test_moe_calibration_cases_load_and_map():
     assert ds.measured.iteration_time_s == pytest.approx(15360 * 4096 * 180e3 * 3600 / (1e12 * 2048), rel=1e-3)
     _, items = read_case_items("moe_training")
     reasons = {i["id"]: not_evaluable(i) for i in items}
-    assert "expert tensor parallelism" in reasons["dgxc-deepseek-v3-bf16-h100-1024"]
+    assert reasons["dgxc-deepseek-v3-bf16-h100-1024"] is None  # expert TP 1: modelled
+    assert knobs_of(next(c for c in cases if c.id == "dgxc-deepseek-v3-bf16-h100-1024"))["etp"] == 1
     assert reasons["deepseek-v3-h800-2048"] is None
+
+
+# -- expert tensor parallelism -------------------------------------------------------------------
+def _etp_pair(model, **knobs):
+    base = dict(tp=2, pp=1, ep=2, micro_batch=1, recompute="none", sequence_parallel=True,
+                overlap_moe_expert_parallel_comm=False, tp_comm_overlap=False, zero_stage=1)
+    base.update(knobs)
+    return [next(c for c in llm_candidates(model, Knobs(**base, etp=v))) for v in (0, 1)]
+
+
+def test_expert_tp_1_keeps_experts_whole_and_spans_tp_with_ep():
+    """etp 0 (= tp 2): each rank holds E / ep experts, each TP-split in two; etp 1: the ep group
+    is the 2 TP ranks x ep / 2 dp ranks, each rank holds E / ep whole experts (Megatron-Core)."""
+    w, s = load_workload(moe_workload()), load_system(small_system(4, 2))
+    model = LLMModel(w, s)
+    full = expert_params(build_graphs(w, batch=1).layer)
+    for ep in (2, 4):
+        m0, m1 = _etp_pair(model, ep=ep)
+        e0, e1 = model.evaluate(m0), model.evaluate(m1)
+        assert expert_params(e0.layer.sharded.graph) == pytest.approx(full / (ep * 2), rel=1e-9)
+        assert expert_params(e1.layer.sharded.graph) == pytest.approx(full / ep, rel=1e-9)
+        fc1 = e1.layer.sharded.graph.kernel("fwd.fc1")
+        f_in = 2 * 64 if w.model.ffn_type == "swiglu" else 64
+        assert fc1.dims["b"] == 8 // ep and fc1.dims["n"] == f_in  # whole experts, not TP-split
+        assert e1.layer.sharded.plan.strategy["fwd.fc1"] == "expert"
+        # the same FLOP per rank either way (the TP group's routed rows split over its members)
+        assert fc1.flop == pytest.approx(e0.layer.sharded.graph.kernel("fwd.fc1").flop, rel=1e-9)
+        # groups: ep spans the TP ranks; expert data parallel = tp x dp x cp / ep
+        size = lambda g: eval("*".join(str(n) for _, n in g) or "1")  # noqa: E731
+        epg = dict(m1.group("ep"))
+        assert all(epg.get(d, 1) % n == 0 for d, n in m1.group("tp"))  # the TP ranks are in it
+        assert size(m1.group("ep")) == ep
+        assert size(model._expert_dp_group(m1)) == m1.tp * m1.dp * m1.cp // ep == m1.expert_dp
+        assert size(model._expert_dp_group(m0)) == m0.dp * m0.cp // ep == m0.expert_dp
+
+
+def test_expert_tp_1_allows_ep_beyond_dp():
+    """ep = tp x dp (8 on 8 chips with tp 2, dp 4) exists only with expert TP 1."""
+    model = LLMModel(load_workload(moe_workload()), load_system(small_system(4, 2)))
+    cands = list(llm_candidates(model, Knobs(tp=2, pp=1, ep=8, micro_batch=1, recompute="none")))
+    assert cands and all(c.etp == 1 and c.sequence_parallel for c in cands)
+    assert not list(llm_candidates(model, Knobs(tp=2, pp=1, ep=8, micro_batch=1, recompute="none", etp=0)))
+
+
+def test_search_equals_exhaustive_with_expert_tp():
+    w, s = load_workload(moe_workload(first_dense_layers=1)), load_system(small_system(4, 2))
+    knobs = Knobs(micro_batch=1, tp=2, recompute="none")
+    fast, full = solve_llm(w, s, knobs), solve_llm(w, s, knobs, exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+    model = LLMModel(w, s)
+    for m in [c for c in llm_candidates(model, knobs) if c.etp == 1][::4]:
+        ev = model.evaluate(m)
+        assert model.lower_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
+        assert model.memory_before_blocks(m).total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
+        assert model.memory_floor_bytes(m) <= ev.memory.total_bytes * (1 + 1e-12)

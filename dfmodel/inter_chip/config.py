@@ -77,6 +77,12 @@ OPTIONS: tuple[Option, ...] = (
     # free search tries both where ep > 1; off is neutral (today's results unchanged).
     Option("overlap_moe_expert_parallel_comm", (False, True), False,
            "hide MoE dispatch/combine all-to-alls under another micro-batch's compute (DualPipe / Megatron-Core)"),
+    # Expert tensor parallelism (Megatron-Core --expert-tensor-parallel-size): 0 = the TP degree,
+    # Megatron-LM's default (arguments.py sets it to tensor_model_parallel_size when unset): experts
+    # TP-split like the dense MLP, ep carved out of dp x cp; 1 = experts whole, the ep group spans
+    # the TP ranks (ep x etp x edp = tp x dp x cp, parallel_state.py), as NVIDIA's DeepSeek-V3
+    # recipes run (ETP 1 with TP 2). Both are tried where valid (ep > 1, tp > 1, tp | ep, SP on).
+    Option("etp", (0, 1), 0, "expert tensor parallelism: 0 = same as tp (Megatron default), 1 = experts unsplit"),
 )
 OPTION_NAMES = tuple(o.name for o in OPTIONS)
 
@@ -120,6 +126,23 @@ class Mapping(Placed):
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     overlap_moe_expert_parallel_comm: bool = False
+    etp: int = 0
+
+    @property
+    def whole_experts(self) -> bool:
+        """Expert TP 1 with TP > 1: experts unsplit, the ep group spans the TP ranks."""
+        return self.etp == 1 and self.tp > 1
+
+    @property
+    def ep_outside_tp(self) -> int:
+        """The part of the ep group carved out of the dp x cp ranks (ep / tp with expert TP 1)."""
+        return self.ep // self.tp if self.whole_experts else self.ep
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts (Megatron-Core expert_data_parallel_size, per pipeline
+        stage): ``tp x dp x cp / (ep x etp)``; with expert TP = TP, ``dp x cp / ep``."""
+        return max(1, self.dp_cp // self.ep_outside_tp)
 
     @property
     def distributed_optimizer(self) -> bool:
@@ -162,6 +185,7 @@ class Knobs:
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
     overlap_moe_expert_parallel_comm: bool | None = None
+    etp: int | None = None
 
     def fixed(self) -> dict[str, object]:
         """The knobs the user set."""

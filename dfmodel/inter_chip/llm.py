@@ -224,17 +224,25 @@ class LLMModel:
         return self._graphs[key]
 
     def block(self, which: str, micro_batch: int, tp: int, tp_group, sp: bool, cp: int = 1,
-              ep: int = 1) -> BlockTimes | None:
+              ep: int = 1, whole_experts: bool = False) -> BlockTimes | None:
+        """One block solved on the TP group. The (MoE) layer is one of ``ep`` expert-parallel
+        ranks' (of the TP group's, with ``whole_experts``: expert TP 1, the group splits its
+        ``E / ep`` experts over its members instead of TP-splitting each)."""
         ep = ep if which == "layer" else 1  # only the (MoE) layer holds experts
-        key = (which, micro_batch, tp, tp_group, sp) + ((cp,) if cp > 1 else ()) + ((("ep", ep),) if ep > 1 else ())
+        whole_experts = whole_experts and which == "layer" and tp > 1
+        key = ((which, micro_batch, tp, tp_group, sp) + ((cp,) if cp > 1 else ()) + ((("ep", ep),) if ep > 1 else ())
+               + (("etp1",) if whole_experts else ()))
         if key not in self._blocks:
             graph = getattr(self.graphs(micro_batch, cp, ep), which)
-            self._blocks[key] = None if graph is None else self._solve_block(graph, tp, tp_group, sp, core_bwd=cp > 1)
+            self._blocks[key] = None if graph is None else self._solve_block(graph, tp, tp_group, sp, core_bwd=cp > 1,
+                                                                             whole_experts=whole_experts)
         return self._blocks[key]
 
-    def _solve_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool, core_bwd: bool = False) -> BlockTimes:
+    def _solve_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool, core_bwd: bool = False,
+                     whole_experts: bool = False) -> BlockTimes:
         sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver,
-                        megatron_layouts=True)  # time and memory from the same (Megatron) layouts
+                        megatron_layouts=True,  # time and memory from the same (Megatron) layouts
+                        whole_experts=whole_experts)
         g = sharded.graph
         by_phase = {
             "fwd": [k.name for k in g.kernels if k.phase == Phase.forward],
@@ -317,7 +325,7 @@ class LLMModel:
         """A tighter valid bound once the candidate's blocks are solved (None before): the same
         pipeline argument with the exact per-micro-batch stage times summed over all stages."""
         key = (m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel) + ((m.cp,) if m.cp > 1 else ())
-        ep_key = (("ep", m.ep),) if m.ep > 1 else ()
+        ep_key = self._layer_key_tail(m)
         names = ("layer", "embedding", "head") + (("dense_layer",) if self.num_dense_layers else ())
         blocks = [self._blocks.get((w, *key, *(ep_key if w == "layer" else ())), False) for w in names]
         if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
@@ -350,7 +358,7 @@ class LLMModel:
         if not m.distributed_optimizer:
             return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * params_per_chip)
         dense = (params_per_chip - expert_params_per_chip) / m.dp_cp
-        experts = expert_params_per_chip / max(1, m.dp_cp // m.ep)
+        experts = expert_params_per_chip / m.expert_dp
         return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * (dense + experts))
 
     # -- memory ---------------------------------------------------------------------------------
@@ -376,7 +384,14 @@ class LLMModel:
         )
 
     def _block_key(self, which: str, m: Mapping) -> tuple:
-        return (which, m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel) + ((m.cp,) if m.cp > 1 else ())
+        return ((which, m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel) + ((m.cp,) if m.cp > 1 else ())
+                + (self._layer_key_tail(m) if which == "layer" else ()))
+
+    @staticmethod
+    def _layer_key_tail(m: Mapping) -> tuple:
+        """What the (MoE) layer block's cache key adds: its graph's ep ranks and expert TP 1."""
+        ep = m.ep_outside_tp
+        return ((("ep", ep),) if ep > 1 else ()) + (("etp1",) if m.whole_experts else ())
 
     def memory_before_blocks(self, m: Mapping) -> "mem.MemoryBreakdown":
         """A valid lower bound on ``evaluate(m).memory`` (the worst stage), without solving a block.
@@ -393,7 +408,8 @@ class LLMModel:
         key = tuple(v for k, v in vars(m).items() if k != "placement")
         if key not in self._memory_floors:
             g = self.graphs(1)
-            experts = expert_params(g.layer) / (m.ep * m.tp)  # a rank holds E / ep experts, split tp ways
+            # a rank holds E / ep experts, split tp ways (whole with expert TP 1)
+            experts = expert_params(g.layer) / (m.ep * (1 if m.whole_experts else m.tp))
             layer = (g.layer.params() - expert_params(g.layer)) / m.tp + experts
             emb = g.embedding.params() / m.tp if g.embedding is not None else 0.0
             head = g.head.params() / m.tp if g.head is not None else 0.0
@@ -443,7 +459,7 @@ class LLMModel:
             distributed_optimizer=m.distributed_optimizer, layer_params_per_chip=layer_params,
             first_params=first, last_params=last, layers_per_stage=layers_per_stage,
             capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes,
-            cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep,
+            cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep_outside_tp,
             **({"dense_layers_per_stage": dense_n, "dense_layer_params_per_chip": dense_layer_params}
                if dense_per_stage is not None else {}))
 
@@ -465,7 +481,8 @@ class LLMModel:
         tp_group, pp_group = m.group("tp"), m.group("pp")
         dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))  # Megatron-Core dp x cp
         key = (m.micro_batch, m.tp, tp_group, m.sequence_parallel)
-        layer = self.block("layer", *key, m.cp, m.ep)
+        # expert TP 1: the TP group holds E / (ep / tp) experts and splits them over its members
+        layer = self.block("layer", *key, m.cp, m.ep_outside_tp, whole_experts=m.whole_experts)
         emb = self.block("embedding", *key, m.cp)
         head = self.block("head", *key, m.cp)
         # exposed communication per layer and micro-batch, by breakdown key: (forward, backward)
@@ -623,11 +640,13 @@ class LLMModel:
         return (mla.qk_head_dim + mla.v_head_dim) / 2 if mla else self.model.hidden // self.model.num_heads
 
     def _expert_dp_group(self, m: Mapping):
-        """Megatron-Core's expert data-parallel group: the dp x cp ranks holding the same
-        experts, ``dp x cp / ep`` of them (expert TP = TP, Megatron-LM's default:
-        ``expert_tensor_parallel_size`` is set to ``tensor_model_parallel_size`` when unset,
-        megatron/training/arguments.py). Expert gradients are reduced and ZeRO-sharded over it."""
-        return moe_terms.complement_group(self.system, merge_groups(self.system, m.group("cp"), m.group("dp")),
+        """Megatron-Core's expert data-parallel group: the ranks holding the same experts,
+        ``tp x dp x cp / (ep x etp)`` of them (parallel_state.py): ``dp x cp / ep`` with expert
+        TP = TP (Megatron-LM's default: ``expert_tensor_parallel_size`` is set to
+        ``tensor_model_parallel_size`` when unset, megatron/training/arguments.py), ``tp x dp x
+        cp / ep`` with expert TP 1. Expert gradients are reduced and ZeRO-sharded over it."""
+        ranks = (m.group("tp"),) if m.whole_experts else ()  # expert TP 1: ep spans the TP ranks
+        return moe_terms.complement_group(self.system, merge_groups(self.system, *ranks, m.group("cp"), m.group("dp")),
                                           m.group("ep"))
 
     def _grad_groups(self, m: Mapping, params: float, expert_params_per_chip: float, group) -> list[tuple[float, tuple]]:

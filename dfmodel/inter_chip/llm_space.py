@@ -61,15 +61,29 @@ def cp_degrees(model, knobs: Knobs) -> list[int]:
     return [c for c in _choices(knobs.cp, divisors(n)) if s % (2 * c) == 0 or c == 1]
 
 
-def ep_degrees(model, knobs: Knobs, dp_cp: int) -> list[int]:
-    """Expert-parallel degrees: divisors of the dp x cp ranks and of the expert count."""
+def ep_degrees(model, knobs: Knobs, dp_cp: int, tp: int = 1) -> list[int]:
+    """Expert-parallel degrees dividing the expert count: divisors of the dp x cp ranks (expert
+    TP = TP), and with expert TP 1 (``etp``) also multiples of ``tp`` whose ``ep / tp`` divides
+    them (the ep group spans the TP ranks: Megatron-Core, ep x etp x edp = tp x dp x cp)."""
     experts = model.num_experts
     if experts <= 1:
         if knobs.ep not in (None, 1):
             raise InputError(f"the workload has no experts to split (no model.moe block); ep must be 1, got {knobs.ep}",
                              source=getattr(model.workload, "source", None), field="ep")
         return [1]
-    return [e for e in _choices(knobs.ep, divisors(dp_cp)) if dp_cp % e == 0 and experts % e == 0]
+    options = set(divisors(dp_cp)) if knobs.etp != 1 else set()
+    if knobs.etp != 0 and tp > 1:
+        options |= {tp * e for e in divisors(dp_cp)}
+    return [e for e in _choices(knobs.ep, sorted(options)) if experts % e == 0
+            and any(_etp_valid(v, tp, e, dp_cp) for v in ((knobs.etp,) if knobs.etp is not None else (0, 1)))]
+
+
+def _etp_valid(etp: int, tp: int, ep: int, dp_cp: int) -> bool:
+    """Expert TP 0 (= tp): ep carved out of dp x cp; 1: the ep group is the TP ranks times
+    ``ep / tp`` of the dp x cp ranks (with tp = 1 the two are the same)."""
+    if etp == 0 or tp == 1:
+        return dp_cp % ep == 0
+    return ep % tp == 0 and dp_cp % (ep // tp) == 0
 
 
 def interleaves(knobs: Knobs, pp: int, m: int, num_layers: int) -> list[int]:
@@ -104,23 +118,31 @@ def option_values(knobs: Knobs, deg: dict[str, int]) -> list[dict[str, object]]:
                 values = [opt.neutral]  # nothing to exchange / overlap
             if opt.name == "overlap_moe_expert_parallel_comm" and deg["ep"] == 1:
                 values = [opt.neutral]  # no all-to-alls to hide
+            if opt.name == "etp" and (deg["ep"] == 1 or deg["tp"] == 1):
+                values = [opt.neutral]  # nothing TP-split to keep whole / the same thing
+        if opt.name == "etp":
+            values = [v for v in values if _etp_valid(v, deg["tp"], deg["ep"], deg["dp"] * deg["cp"])]
         combos = [{**c, opt.name: v} for c in combos for v in values]
     return combos
 
 
-def placements(system, deg: dict[str, int]) -> list[tuple]:
+def placements(system, deg: dict[str, int], etp: int = 0) -> list[tuple]:
     """Every network layout of the degrees, as ``placement`` tuples naming every dimension of
-    the record (``tp``, ``pp``, ``dp`` first, then the rest; unplaced ones get ``()``)."""
+    the record (``tp``, ``pp``, ``dp`` first, then the rest; unplaced ones get ``()``). The ep
+    group is the innermost ``ep`` of the dp x cp ranks, or with expert TP 1 (``etp``) the TP
+    ranks times the innermost ``ep / tp`` of them."""
     chip = {"tp": deg["tp"], "pp": deg["pp"], "dp": deg["dp"]}
     chip.update({d: deg[d] for d in CHIP_DIMS if d not in chip and deg[d] > 1})
     out = []
     for place in split_dims(system, chip):
         groups = {d: tuple(place.get(d, ())) for d in CHIP_DIMS}
         if deg["ep"] > 1:
-            ep = inner_group(system, merge_groups(system, groups["cp"], groups["dp"]), deg["ep"])
+            whole = etp == 1 and deg["tp"] > 1
+            outside = deg["ep"] // deg["tp"] if whole else deg["ep"]
+            ep = inner_group(system, merge_groups(system, groups["cp"], groups["dp"]), outside)
             if ep is None:
                 continue
-            groups["ep"] = ep
+            groups["ep"] = merge_groups(system, groups["tp"], ep) if whole else ep
         order = ("tp", "pp", "dp") + tuple(d for d in DIM_NAMES if d not in ("tp", "pp", "dp"))
         out.append(tuple((d, groups.get(d, ())) for d in order))
     return out
@@ -138,9 +160,9 @@ def llm_candidates(model, knobs: Knobs):
         for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch, cp=cp):
             if heads % tp or (kv % tp and tp % kv):
                 continue
-            for ep in ep_degrees(model, knobs, dp * cp):
+            for ep in ep_degrees(model, knobs, dp * cp, tp):
                 deg = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
-                places = placements(system, deg)
+                places_of = {0: placements(system, deg)}
                 per_dp = batch // dp
                 fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
                 for mb in _choices(fixed_mb, divisors(per_dp)):
@@ -151,7 +173,12 @@ def llm_candidates(model, knobs: Knobs):
                         for rc in _choices(knobs.recompute, RECOMPUTE):
                             for spar in _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False]):
                                 for opts in option_values(knobs, deg):
-                                    for place in places:
+                                    etp = opts.get("etp", 0)
+                                    if etp == 1 and tp > 1 and not spar:
+                                        continue  # Megatron-Core: expert TP 1 with TP needs SP
+                                    if etp not in places_of:
+                                        places_of[etp] = placements(system, deg, etp)
+                                    for place in places_of[etp]:
                                         yield Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place,
                                                       cp=cp, ep=ep, **opts)
 

@@ -93,10 +93,12 @@ class ShardingProblem:
     """Everything the sharding MILP and its oracle need about one graph on one TP group."""
 
     def __init__(self, graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, tokens_split: bool,
-                 megatron_layouts: bool = False):
+                 megatron_layouts: bool = False, whole_experts: bool = False):
         self.graph, self.system, self.group, self.costs = graph, system, group, cost_table
         self.tokens_split = tokens_split and group.size > 1
         self.megatron_layouts = megatron_layouts
+        #: expert TP 1 (MoE): grouped expert GEMMs split their experts over the group, whole
+        self.whole_experts = whole_experts and self.tokens_split
         self.precision = graph.meta.get("precision", "bf16")
         self.groups: dict[str, list[Kernel]] = defaultdict(list)
         for k in graph.kernels:
@@ -109,19 +111,22 @@ class ShardingProblem:
         """Strategy names valid for every kernel of each group (the weight is split once)."""
         out = {}
         for g, ks in self.groups.items():
-            names = [s.name for s in strategies(ks[0], tokens_split=self.tokens_split)]
+            names = [s.name for s in strategies(ks[0], tokens_split=self.tokens_split,
+                                                whole_experts=self.whole_experts)]
             for k in ks[1:]:
-                valid = {s.name for s in strategies(k, tokens_split=self.tokens_split)}
+                valid = {s.name for s in strategies(k, tokens_split=self.tokens_split, whole_experts=self.whole_experts)}
                 names = [n for n in names if n in valid]
             if ks[0].group == "vocab_embedding":  # always vocabulary-parallel (strategies.py)
                 names = [n for n in names if n != "rep"]
+            if "expert" in names:  # Megatron-Core with expert TP 1: the experts are never TP-split
+                names = ["expert"]
             if self.megatron_layouts and self.group.size > 1:
                 names = megatron_options(ks[0], names, self.tokens_split)
             out[g] = names if self.group.size > 1 else ["rep"]
         return out
 
     def strategy(self, kernel: Kernel, name: str) -> Strategy:
-        for s in strategies(kernel, tokens_split=self.tokens_split):
+        for s in strategies(kernel, tokens_split=self.tokens_split, whole_experts=self.whole_experts):
             if s.name == name:
                 return s
         raise KeyError(name)
@@ -388,13 +393,15 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
 
 
 def shard(graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, sequence_parallel: bool = True,
-          solver: str = "auto", time_limit_s: float | None = None, megatron_layouts: bool = False) -> ShardedGraph:
+          solver: str = "auto", time_limit_s: float | None = None, megatron_layouts: bool = False,
+          whole_experts: bool = False) -> ShardedGraph:
     """Optimal sharding of ``graph`` over ``group`` and the per-chip graph it yields.
 
     ``sequence_parallel`` allows the token-split layout ``T`` (Megatron sequence parallelism and
     token-split matmuls); without it layouts are replicated, feature-split or partial.
     ``megatron_layouts`` restricts the choice to Megatron-LM's layouts (:func:`megatron_options`).
+    ``whole_experts``: expert TP 1 (the grouped expert GEMMs split their experts, never TP-split).
     """
     problem = ShardingProblem(graph, system, group, cost_table, tokens_split=sequence_parallel,
-                              megatron_layouts=megatron_layouts)
+                              megatron_layouts=megatron_layouts, whole_experts=whole_experts)
     return apply_sharding(problem, solve_sharding(problem, solver=solver, time_limit_s=time_limit_s))

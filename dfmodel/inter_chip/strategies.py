@@ -76,6 +76,16 @@ WEIGHTED = {
     ),
 }
 
+# Grouped expert GEMMs (MoE) with expert tensor parallelism 1 (Megatron-Core
+# --expert-tensor-parallel-size 1): the TP ranks hold different whole experts (the ep group spans
+# them) and each computes the routed rows of its own experts: the expert batch dim ``b`` is
+# split, rows arrive and leave split (``T``), weights and weight gradients stay local (``S``).
+EXPERT_SPLIT = {
+    Phase.forward: _s("expert", {"*": "T"}, "T", weight=True, dim="b"),
+    Phase.backward: _s("expert", {"*": "T"}, "T", weight=True, dim="b"),
+    Phase.weight_grad: _s("expert", {"*": "T"}, "S", weight=True, dim="b"),
+}
+
 # Matmuls between activations (attention): split heads, or split query rows (keys replicated).
 ACTIVATION_MATMUL = (
     _s("heads", {"*": "F"}, "F", dim="b"),
@@ -107,9 +117,10 @@ PASS_THROUGH = (_s("rep", {"*": "R"}, "R", work=False),)
 FEATURE_SPLITTABLE_GROUPS = ("attention", "head", "loss")
 
 
-def strategies(kernel: Kernel, *, tokens_split: bool) -> tuple[Strategy, ...]:
+def strategies(kernel: Kernel, *, tokens_split: bool, whole_experts: bool = False) -> tuple[Strategy, ...]:
     """Strategies valid for ``kernel``; ``tokens_split=False`` forbids the ``T`` layout
     (no sequence parallelism: Megatron keeps layernorm/dropout/residual replicated).
+    ``whole_experts``: a grouped expert GEMM may also split its experts (:data:`EXPERT_SPLIT`).
 
     >>> from dfmodel.graph.kernel import Kernel, KernelKind
     >>> k = Kernel("fwd.ln1", KernelKind.reduction, {"m": 8, "n": 4}, flop=32, output_bytes=64)
@@ -118,6 +129,8 @@ def strategies(kernel: Kernel, *, tokens_split: bool) -> tuple[Strategy, ...]:
     """
     if kernel.kind == KernelKind.matmul:
         table = WEIGHTED[kernel.phase] if kernel.weight_bytes > 0 else ACTIVATION_MATMUL
+        if whole_experts and getattr(kernel, "expert", False) and "b" in kernel.dims:
+            table = (EXPERT_SPLIT[kernel.phase], *table)
     elif kernel.kind == KernelKind.elementwise:
         table = ELEMENTWISE
     elif kernel.kind == KernelKind.reduction:
