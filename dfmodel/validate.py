@@ -291,12 +291,11 @@ def knobs_of(case: Case) -> dict[str, Any]:
         knobs["cp"] = p.cp
     if p.tp_comm_overlap is not None:
         knobs["tp_comm_overlap"] = p.tp_comm_overlap
-    if p.ep != 1:
+    if p.ep != 1:  # MoE knobs; unknown ones (None) are picked and shown as picked
         knobs["ep"] = p.ep
-    if p.overlap_moe_expert_parallel_comm is not None:
         knobs["overlap_moe_expert_parallel_comm"] = p.overlap_moe_expert_parallel_comm
-    if p.ep != 1 and p.expert_tensor_parallel is not None:
-        knobs["etp"] = 1 if p.expert_tensor_parallel == 1 and p.tp > 1 else 0
+        etp = p.expert_tensor_parallel
+        knobs["etp"] = None if etp is None else (1 if etp == 1 and p.tp > 1 else 0)
     return knobs
 
 
@@ -314,7 +313,8 @@ def supports_knob(name: str) -> bool:
 def chosen_values(knobs: dict[str, Any], parallelism) -> dict[str, Any]:
     """What the optimizer picked for every knob the case left out."""
     attr = {"micro_batch": "micro_batch", "recompute": "recompute", "sequence_parallel": "sequence_parallel",
-            "interleave": "interleave", "distributed_optimizer": "distributed_optimizer"}
+            "interleave": "interleave", "distributed_optimizer": "distributed_optimizer",
+            "overlap_moe_expert_parallel_comm": "overlap_moe_expert_parallel_comm", "etp": "etp"}
     return {k: getattr(parallelism, attr[k]) for k, v in knobs.items() if v is None and k in attr}
 
 

@@ -712,8 +712,8 @@ class LLMModel:
         # MoE experts over the expert data-parallel ranks (dp x cp / ep), the rest over dp x cp
         experts = expert_params(blk.sharded.graph)
         parts = self._grad_groups(m, blk.params_per_chip, experts, group)
-        ag = sum(self.costs.time_s("all_gather", p * self.training.activation_bytes, g) for p, g in parts if g)
-        rs = sum(self.costs.time_s("reduce_scatter", p * self.training.grad_bytes, g) for p, g in parts if g)
+        ag = sum(self.costs.time_s("all_gather", p * self.training.activation_bytes, g) for p, g in parts)
+        rs = sum(self.costs.time_s("reduce_scatter", p * self.training.grad_bytes, g) for p, g in parts)
         if m.overlap_param_gather:
             return max(fwd_s, ag), max(bwd_s, ag + rs)
         return fwd_s + ag, bwd_s + ag + rs
@@ -740,7 +740,7 @@ class LLMModel:
         parts = self._grad_groups(m, params, expert_params_per_chip, group)
         reduce_s = gather_s = 0.0
         for n, g in parts:
-            if not g or n <= 0:  # one rank holds these experts: nothing to reduce
+            if n <= 0:
                 continue
             grad_bytes = n * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
             if m.zero_stage == 0:
