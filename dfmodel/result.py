@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 BREAKDOWN_KEYS = ("compute", "memory", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "input", "checkpoint",
-                  "cp_comm", "ep_comm")
+                  "cp_comm", "ep_comm", "offload")
 
 
 @dataclass
@@ -29,6 +29,9 @@ class Parallelism:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    offload_optimizer: str = "none"
+    offload_activations: bool = False
+    offload_weights: bool = False
 
 
 @dataclass

@@ -21,6 +21,12 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: around the ring, overlapped with the attention of the block in hand), or the Llama 3
 #: ``all_gather`` of K/V before attention (Dubey et al. 2024, arXiv:2407.21783, sec. 3.3.2).
 CP_COMM = ("ring", "all_gather")
+#: Optimizer offload to host memory (:mod:`dfmodel.inter_chip.offload`): none; ``host`` =
+#: ZeRO-Offload (Ren et al., ATC 2021): fp32 master weights and Adam moments on the host, the
+#: step on its CPU after the backward; ``delayed`` = the same with ZeRO-Offload's one-step
+#: delayed parameter update (sec. 4.3): the CPU step overlaps the next iteration. ``delayed``
+#: changes the training algorithm (stale weights by one step), so only a user may choose it.
+OFFLOAD_OPTIMIZER = ("none", "host", "delayed")
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,15 @@ OPTIONS: tuple[Option, ...] = (
     # mappings that do not set it identical to before.
     Option("tp_comm_overlap", (False, True), False,
            "split TP all-gathers / reduce-scatters into chunks overlapped with their GEMMs (TE userbuffers)"),
+    # Offload to host memory (systems with a ``host`` block only). Offload only adds time, so
+    # the free search tries it only for mappings that do not fit without it
+    # (dfmodel.inter_chip.offload.variants); ``delayed`` only when the user fixes it.
+    Option("offload_optimizer", ("none", "host"), "none",
+           "optimizer state and step on the host CPU: none | host (ZeRO-Offload) | delayed (one-step delayed update)"),
+    Option("offload_activations", (False, True), False,
+           "copy saved activations to host memory in forward, prefetch them in backward"),
+    Option("offload_weights", (False, True), False,
+           "keep layer weights and gradients in host memory, streamed per layer (ZeRO-Infinity)"),
 )
 OPTION_NAMES = tuple(o.name for o in OPTIONS)
 
@@ -112,6 +127,9 @@ class Mapping(Placed):
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    offload_optimizer: str = "none"
+    offload_activations: bool = False
+    offload_weights: bool = False
 
     @property
     def distributed_optimizer(self) -> bool:
@@ -153,6 +171,9 @@ class Knobs:
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
+    offload_optimizer: str | None = None
+    offload_activations: bool | None = None
+    offload_weights: bool | None = None
 
     def fixed(self) -> dict[str, object]:
         """The knobs the user set."""

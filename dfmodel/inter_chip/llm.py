@@ -22,9 +22,10 @@ from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.graph.workload import resolve_attention
 from dfmodel.inter_chip import memory as mem
+from dfmodel.inter_chip import offload as off
 from dfmodel.inter_chip import pipeline as pipe
 from dfmodel.inter_chip.checkpoint import checkpoint_state
-from dfmodel.inter_chip.config import DIM_NAMES, Mapping
+from dfmodel.inter_chip.config import DIM_NAMES, Knobs, Mapping
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
@@ -323,8 +324,34 @@ class LLMModel:
         return (self.graphs(1).params() - experts * (1 - 1 / m.ep)) / (m.tp * m.pp)
 
     def optimizer_s(self, m: Mapping, params_per_chip: float) -> float:
+        """The chip's optimizer step; with optimizer offload, a floor of the host's exposed step
+        (:meth:`OffloadPlan.step_floor_s`; the full term is added in :meth:`evaluate`)."""
         shard_dp = m.dp_cp if m.distributed_optimizer else 1
+        plan = self.offload_plan(m)
+        if plan is not None and plan.optimizer != "none":
+            return plan.step_floor_s(params_per_chip / shard_dp)
         return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * params_per_chip / shard_dp)
+
+    def memory_relief(self, m: Mapping) -> list[Mapping]:
+        """Offloaded twins of a mapping that does not fit (the search adds them then;
+        :func:`dfmodel.inter_chip.offload.variants`)."""
+        return off.variants(m, getattr(self, "knobs", None) or Knobs(), self.system)
+
+    def offload_plan(self, m: Mapping) -> "off.OffloadPlan | None":
+        """What ``m`` offloads to host memory (None: nothing)."""
+        if not off.uses_offload(m):
+            return None
+        key = (m.offload_optimizer, m.offload_activations, m.offload_weights)
+        plans = self.__dict__.setdefault("_offload_plans", {})
+        if key not in plans:
+            state = mem.StateBytesPerParam.of(
+                precision=self.training.precision.value, grad_bytes=self.training.grad_bytes,
+                optimizer=self.training.optimizer, linear=True,
+                fp8_weights=self.training.precision.value == "fp8" and self.training.fp8.fp8_weights,
+                param_remainders=getattr(self.training, "param_remainders", False))
+            plans[key] = off.OffloadPlan.of(m, self.system, self.training, weight_bytes_per_param=state.weights,
+                                            optimizer_bytes_per_param=state.optimizer)
+        return plans[key]
 
     # -- memory ---------------------------------------------------------------------------------
     def memory_floor_bytes(self, m: Mapping) -> float:
@@ -340,10 +367,11 @@ class LLMModel:
             pp=m.pp,
             dp=m.dp_cp,
             num_micro_batches=m.num_micro_batches,
-            bytes_per_element=self.precision.bytes,
             zero_stage=m.zero_stage if m.zero_stage >= 2 else None,
-            bytes_per_param_optimizer=(mem.REMAINDER_BYTES + 8 if getattr(self.training, "param_remainders", False)
-                                       else 12),  # never above the state llm_memory_per_chip counts
+            **{"bytes_per_element": self.precision.bytes,
+               "bytes_per_param_optimizer": (mem.REMAINDER_BYTES + 8 if getattr(self.training, "param_remainders", False)
+                                             else 12),  # never above the state llm_memory_per_chip counts
+               **off.floor_overrides(m)},  # offloaded state is not on the chip
         )
 
     def _block_key(self, which: str, m: Mapping) -> tuple:
@@ -401,7 +429,8 @@ class LLMModel:
             distributed_optimizer=m.distributed_optimizer, layer_params_per_chip=layer_params,
             first_params=first, last_params=last, layers_per_stage=layers_per_stage,
             capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes,
-            cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep)
+            cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep,
+            offload=self.offload_plan(m))
 
     # -- the full evaluation ----------------------------------------------------------------------
     #: :func:`dfmodel.inter_chip.search.search` may pass ``cutoff_s`` and ``screen_memory``
@@ -475,7 +504,15 @@ class LLMModel:
         # expert data parallel group): ep times the per-chip optimizer bytes of its local experts
         worst_experts = stages[max(range(m.pp), key=lambda i: params_stage[i])] * expert_params(layer.sharded.graph)
         opt_s = self.optimizer_s(m, worst_params + (m.ep - 1) * worst_experts)
-        step_s = pt.total_s + dp_exposed + opt_s
+        plan = self.offload_plan(m)
+        offload_s = 0.0
+        if plan is not None and plan.optimizer != "none":  # the host CPU runs the step instead
+            shard = m.dp_cp if m.distributed_optimizer else 1
+            worst = max(range(m.pp), key=lambda i: params_stage[i])
+            offload_s, opt_s = plan.step_exposed_s((worst_params + (m.ep - 1) * worst_experts) / shard,
+                                                   backward_s=stage_bwd[worst] / m.interleave,  # the last backward (chunk)
+                                                   pipeline_s=pt.total_s), 0.0
+        step_s = pt.total_s + dp_exposed + opt_s + offload_s
         io = io_terms(self.system, self.training, self.training.global_batch, step_s, self.checkpoint_state(m),
                       source=self.workload.source)
         input_s = io.input_s
@@ -504,6 +541,7 @@ class LLMModel:
         )
         for k in COMM_KEYS:  # every dimension's key, 0 when it has none
             breakdown[k] = breakdown.get(k, 0.0) + comm.pop(k, 0.0)
+        breakdown["offload"] = comm.pop("offload", 0.0) + offload_s  # host transfers and CPU step exposed
         memory = self.memory_check(m, params_stage, stages, layer.params_per_chip, layer.sharded.graph)
         proven = layer.fwd.proven_optimal and layer.bwd.proven_optimal
         return Evaluation(
@@ -547,6 +585,14 @@ class LLMModel:
         if m.zero_stage == 3:
             f, b = self._fsdp_exposed(layer, layer.fwd.time_s, layer.backward_s(m.recompute), m, dp_group)
             out["dp_comm"] = (f - layer.fwd.time_s, b - layer.backward_s(m.recompute))
+        plan = self.offload_plan(m)
+        if plan is not None and (plan.activations or plan.weights):
+            act = mem.llm_layer_activation_bytes(
+                model=self.model, training=self.training, attention=self.model.attention or "unfused", tp=m.tp,
+                cp=m.cp, micro_batch=m.micro_batch, sequence_parallel=m.sequence_parallel, recompute=m.recompute)
+            weights = layer.params_per_chip * self.training.activation_bytes / (m.dp_cp if m.zero_stage == 3 else 1)
+            out["offload"] = plan.layer_exposed_s(fwd_s=layer.fwd.time_s, bwd_s=layer.backward_s(m.recompute),
+                                                  act_bytes=act, weight_bytes=weights)
         return out
 
     @cached_property

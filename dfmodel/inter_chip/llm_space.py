@@ -12,6 +12,7 @@ from dfmodel.errors import InputError
 from dfmodel.inter_chip.config import (
     CHIP_DIMS,
     DIM_NAMES,
+    OFFLOAD_OPTIMIZER,
     OPTIONS,
     RECOMPUTE,
     Knobs,
@@ -19,6 +20,8 @@ from dfmodel.inter_chip.config import (
     divisors,
 )
 from dfmodel.algorithms import interleaved_split_accounts
+from dfmodel.inter_chip import offload
+from dfmodel.inter_chip.offload import OFFLOAD_OPTIONS
 from dfmodel.netmodels import inner_group, merge_groups, split_dims
 
 
@@ -86,11 +89,13 @@ def interleaves(knobs: Knobs, pp: int, m: int, num_layers: int) -> list[int]:
     return divisors(num_layers // pp)
 
 
-def option_values(knobs: Knobs, deg: dict[str, int]) -> list[dict[str, object]]:
+def option_values(knobs: Knobs, deg: dict[str, int], offload_upfront: bool = False) -> list[dict[str, object]]:
     """Every combination of strategy options valid for these degrees (fixed knobs fixed).
 
     The historical ``distributed_optimizer`` knob fixes the ZeRO stage (True = 1, False = 0)
-    unless ``zero_stage`` is given (:func:`validate_knobs` rejects a contradiction)."""
+    unless ``zero_stage`` is given (:func:`validate_knobs` rejects a contradiction). Free
+    offload options stay off here unless ``offload_upfront``: the search adds offloaded twins
+    of the mappings that do not fit (:func:`dfmodel.inter_chip.offload.variants`)."""
     fixed = {o.name: getattr(knobs, o.name) for o in OPTIONS}
     if fixed["zero_stage"] is None and knobs.distributed_optimizer is not None:
         fixed["zero_stage"] = 1 if knobs.distributed_optimizer else 0
@@ -102,7 +107,14 @@ def option_values(knobs: Knobs, deg: dict[str, int]) -> list[dict[str, object]]:
                 values = [0]  # nothing to shard over
             if opt.name in ("cp_comm", "tp_comm_overlap") and deg[opt.name[:2]] == 1:
                 values = [opt.neutral]  # nothing to exchange / overlap
+            if opt.name in OFFLOAD_OPTIONS and not offload_upfront:
+                # (fixed weight offload needs the optimizer on the host: offload.check_knobs)
+                values = ["host"] if opt.name == "offload_optimizer" and knobs.offload_weights else [opt.neutral]
         combos = [{**c, opt.name: v} for c in combos for v in values]
+    if any(name in c for c in combos[:1] for name in OFFLOAD_OPTIONS):
+        dp_cp = deg["dp"] * deg["cp"]
+        combos = [c for c in combos if not c.get("offload_weights")
+                  or (c["offload_optimizer"] != "none" and (c["zero_stage"] == 3 or dp_cp == 1))]
     return combos
 
 
@@ -131,6 +143,8 @@ def llm_candidates(model, knobs: Knobs):
     batch = w.training.global_batch
     heads = w.model.num_heads
     kv = getattr(w.model, "num_kv_heads", heads) or heads
+    offload.check_knobs(knobs, system, source=getattr(w, "source", None))
+    upfront = offload.host_step_can_win(system)
     for cp in cp_degrees(model, knobs):
         max_tp = max(d for d in divisors(heads) if d <= n // cp)
         for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch, cp=cp):
@@ -148,7 +162,7 @@ def llm_candidates(model, knobs: Knobs):
                     for v in interleaves(knobs, pp, m, L):
                         for rc in _choices(knobs.recompute, RECOMPUTE):
                             for spar in _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False]):
-                                for opts in option_values(knobs, deg):
+                                for opts in option_values(knobs, deg, upfront):
                                     for place in places:
                                         yield Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place,
                                                       cp=cp, ep=ep, **opts)
@@ -167,6 +181,8 @@ def validate_knobs(knobs: Knobs, num_chips: int) -> None:
         allowed = tuple(dict.fromkeys((*opt.values, opt.neutral, *((False, True) if isinstance(opt.neutral, bool) else ()))))
         if opt.name == "zero_stage":
             allowed = (0, 1, 2, 3)
+        if opt.name == "offload_optimizer":
+            allowed = OFFLOAD_OPTIMIZER
         if v is not None and (v not in allowed or type(v) is not type(opt.neutral)):
             raise InputError(f"must be one of {', '.join(map(str, allowed))}, got {v!r}", field=opt.name)
     if knobs.zero_stage is not None and knobs.distributed_optimizer is not None:
