@@ -295,6 +295,9 @@ class LLMModel:
         ``T* >= avg``, so it is at least ``(m + (pp - 1)/v) avg``. The optimizer step is added
         with the fewest parameters a chip can hold."""
         avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.cp * m.pp)
+        if off.uses_offload(m):  # a layer's pass is never shorter than its host transfers
+            layer_params = self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)
+            avg_stage_s = max(avg_stage_s, self.num_layers / m.pp * sum(self._offload_layer_s(m, layer_params / m.tp)))
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
@@ -308,7 +311,9 @@ class LLMModel:
         if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
             return None
         layer, emb, head = blocks
-        total = self.num_layers * (layer.fwd.time_s + layer.backward_s(m.recompute))
+        # a layer's pass is never shorter than its host transfers (offload: they only hide behind it)
+        total = self.num_layers * max(layer.fwd.time_s + layer.backward_s(m.recompute),
+                                      sum(self._offload_layer_s(m, layer.params_per_chip)))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
@@ -335,7 +340,23 @@ class LLMModel:
     def memory_relief(self, m: Mapping) -> list[Mapping]:
         """Offloaded twins of a mapping that does not fit (the search adds them then;
         :func:`dfmodel.inter_chip.offload.variants`)."""
-        return off.variants(m, getattr(self, "knobs", None) or Knobs(), self.system)
+        variants = off.variants(m, getattr(self, "knobs", None) or Knobs(), self.system)
+        if not variants:
+            return []
+        # chip memory only falls as more is offloaded (weight offload aside: it also adds a
+        # working buffer), so if the leanest variant with and without weight offload cannot fit
+        # on the chip, none can: then skip them all after two memory floors instead of five
+        # (the search screens each variant that joins as it screens any candidate)
+        return variants if any(self._may_fit_on_chip(v) for v in off.leanest(variants)) else []
+
+    def _may_fit_on_chip(self, m: Mapping) -> bool:
+        """False when a lower bound proves ``m`` exceeds the chip's memory (host aside)."""
+        key = tuple(v for k, v in vars(m).items() if k != "placement")
+        memo = self.__dict__.setdefault("_chip_fit", {})
+        if key not in memo:
+            floor = self.memory_floor_bytes(m) <= self.system.chip.memory.capacity_bytes
+            memo[key] = floor and (lambda b: b.total_bytes <= b.capacity_bytes)(self.memory_before_blocks(m))
+        return memo[key]
 
     def offload_plan(self, m: Mapping) -> "off.OffloadPlan | None":
         """What ``m`` offloads to host memory (None: nothing)."""
@@ -463,6 +484,11 @@ class LLMModel:
             fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
             redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
             t_f, t_b = fwd_ub + extra_f, bwd_ub + redo + extra_b
+        # host transfers of offload hide behind the rest of the layer's pass; the excess is exposed
+        x_f, x_b = self._offload_layer_s(m, layer.params_per_chip)
+        if x_f or x_b:
+            extra["offload"] = (off.exposed_s(x_f, t_f), off.exposed_s(x_b, t_b))
+            t_f, t_b = t_f + extra["offload"][0], t_b + extra["offload"][1]
         emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
         head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
         if m.zero_stage == 3:  # their parameters are gathered like a layer's
@@ -585,15 +611,20 @@ class LLMModel:
         if m.zero_stage == 3:
             f, b = self._fsdp_exposed(layer, layer.fwd.time_s, layer.backward_s(m.recompute), m, dp_group)
             out["dp_comm"] = (f - layer.fwd.time_s, b - layer.backward_s(m.recompute))
-        plan = self.offload_plan(m)
-        if plan is not None and (plan.activations or plan.weights):
-            act = mem.llm_layer_activation_bytes(
-                model=self.model, training=self.training, attention=self.model.attention or "unfused", tp=m.tp,
-                cp=m.cp, micro_batch=m.micro_batch, sequence_parallel=m.sequence_parallel, recompute=m.recompute)
-            weights = layer.params_per_chip * self.training.activation_bytes / (m.dp_cp if m.zero_stage == 3 else 1)
-            out["offload"] = plan.layer_exposed_s(fwd_s=layer.fwd.time_s, bwd_s=layer.backward_s(m.recompute),
-                                                  act_bytes=act, weight_bytes=weights)
         return out
+
+    def _offload_layer_s(self, m: Mapping, layer_params: float) -> tuple[float, float]:
+        """Host-link time of one layer and micro-batch, (forward, backward):
+        :meth:`OffloadPlan.layer_transfer_s` with this layer's saved activations and the 16-bit
+        weights of ``layer_params`` parameters per chip (streamed as the ZeRO-3 shard)."""
+        plan = self.offload_plan(m)
+        if plan is None or not (plan.activations or plan.weights):
+            return 0.0, 0.0
+        act = mem.llm_layer_activation_bytes(
+            model=self.model, training=self.training, attention=self.model.attention or "unfused", tp=m.tp,
+            cp=m.cp, micro_batch=m.micro_batch, sequence_parallel=m.sequence_parallel, recompute=m.recompute)
+        weights = layer_params * self.training.activation_bytes / (m.dp_cp if m.zero_stage == 3 else 1)
+        return plan.layer_transfer_s(act_bytes=act, weight_bytes=weights)
 
     @cached_property
     def _kv_head_dim(self) -> float:

@@ -138,22 +138,31 @@ class OffloadPlan:
         """Seconds to move ``nbytes`` between one chip and its host (all chips moving at once)."""
         return nbytes / self.host.link_Bps(self.num_chips, directions) if nbytes > 0 else 0.0
 
-    def layer_exposed_s(self, *, fwd_s: float, bwd_s: float, act_bytes: float, weight_bytes: float) -> tuple[float, float]:
-        """Exposed (forward, backward) transfer time of one layer and micro-batch.
+    def layer_transfer_s(self, *, act_bytes: float, weight_bytes: float) -> tuple[float, float]:
+        """Host-link time of one layer and micro-batch, (forward, backward).
 
         Forward: the activations go down while the weights come up; backward: activations and
-        weights come up while the gradients (16-bit, as many bytes as the weights) go down.
-        Each direction hides behind the layer's own compute in that pass.
+        weights come up while the gradients (16-bit, as many bytes as the weights) go down; the
+        two directions run at once, so each pass takes its busier direction. The layer's pass
+        then takes ``max(its other work, this)``: the transfer hides behind the compute and
+        communication of the same pass, and only the excess is exposed (:func:`exposed_s`).
 
         ``act_bytes`` is one layer's saved activations per micro-batch, ``weight_bytes`` the
-        16-bit bytes of the layer's weights this chip streams (its ZeRO-3 shard)."""
+        16-bit bytes of the layer's weights this chip streams (its ZeRO-3 shard).
+
+        >>> from dfmodel.system.host import Host
+        >>> h = Host(capacity_bytes=1e12, chips_per_host=1, memory_bandwidth_Bps=1e12, link_bandwidth_Bps=10e9)
+        >>> p = OffloadPlan(h, 1, "host", True, True, 2.0, 2.0, 12.0)
+        >>> p.layer_transfer_s(act_bytes=1e9, weight_bytes=0.5e9)  # (max(1, 0.5), max(1 + 0.5, 0.5)) GB / 10 GB/s
+        (0.1, 0.15)
+        """
         act = act_bytes if self.activations else 0.0
         w = weight_bytes if self.weights else 0.0
         if act == 0.0 and w == 0.0:
             return 0.0, 0.0
         fwd = max(self.transfer_s(act, 2), self.transfer_s(w, 2))
         bwd = max(self.transfer_s(act + w, 2), self.transfer_s(w, 2))
-        return max(0.0, fwd - fwd_s), max(0.0, bwd - bwd_s)
+        return fwd, bwd
 
     def cpu_step_s(self, params: float) -> float:
         """The host CPU's Adam step over ``params`` parameters of each of its chips."""
@@ -178,6 +187,11 @@ class OffloadPlan:
             return 0.0
         moved = 0.0 if self.weights else self.bytes_per_element * params
         return max(self.cpu_step_s(params), self.transfer_s(moved, 1))
+
+
+def exposed_s(transfer_s: float, pass_s: float) -> float:
+    """What a transfer adds to a pass it overlaps: ``max(0, transfer - pass)``."""
+    return max(0.0, transfer_s - pass_s)
 
 
 def floor_overrides(m) -> dict[str, float]:
@@ -237,6 +251,18 @@ def variants(m, knobs, system) -> list:
     return out
 
 
+def leanest(variants) -> list:
+    """The variants with the least chip memory for each weight-offload choice: the most other
+    offload (optimizer and activation offload only ever remove bytes from the chip)."""
+    best: dict[bool, object] = {}
+    for v in variants:
+        rank = (v.offload_optimizer != "none", v.offload_activations)
+        w = v.offload_weights
+        if w not in best or rank > (best[w].offload_optimizer != "none", best[w].offload_activations):
+            best[w] = v
+    return list(best.values())
+
+
 def check_knobs(knobs, system, source=None) -> None:
     """One-line InputError for offload knobs the system or the other knobs cannot take."""
     fixed = {n: getattr(knobs, n, None) for n in OFFLOAD_OPTIONS}
@@ -251,5 +277,5 @@ def check_knobs(knobs, system, source=None) -> None:
                          "offload_optimizer must be host or delayed", source=source, field="offload_weights")
 
 
-__all__ = ["OffloadPlan", "OFFLOAD_OPTIONS", "OFFLOAD_OPTIMIZER", "variants", "valid", "floor_overrides",
+__all__ = ["OffloadPlan", "OFFLOAD_OPTIONS", "OFFLOAD_OPTIMIZER", "variants", "valid", "floor_overrides", "exposed_s",
            "host_step_can_win", "check_knobs", "uses_offload"]
