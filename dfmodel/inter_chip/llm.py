@@ -536,8 +536,8 @@ class LLMModel:
             shard = m.dp_cp if m.distributed_optimizer else 1
             worst = max(range(m.pp), key=lambda i: params_stage[i])
             offload_s, opt_s = plan.step_exposed_s((worst_params + (m.ep - 1) * worst_experts) / shard,
-                                                   backward_s=stage_bwd[worst] / m.interleave,  # the last backward (chunk)
-                                                   pipeline_s=pt.total_s), 0.0
+                                                   backward_s=stage_bwd[worst], pipeline_s=pt.total_s,
+                                                   micro_batches=m.num_micro_batches), 0.0
         step_s = pt.total_s + dp_exposed + opt_s + offload_s
         io = io_terms(self.system, self.training, self.training.global_batch, step_s, self.checkpoint_state(m),
                       source=self.workload.source)

@@ -111,11 +111,7 @@ def option_values(knobs: Knobs, deg: dict[str, int], offload_upfront: bool = Fal
                 # (fixed weight offload needs the optimizer on the host: offload.check_knobs)
                 values = ["host"] if opt.name == "offload_optimizer" and knobs.offload_weights else [opt.neutral]
         combos = [{**c, opt.name: v} for c in combos for v in values]
-    if any(name in c for c in combos[:1] for name in OFFLOAD_OPTIONS):
-        dp_cp = deg["dp"] * deg["cp"]
-        combos = [c for c in combos if not c.get("offload_weights")
-                  or (c["offload_optimizer"] != "none" and (c["zero_stage"] == 3 or dp_cp == 1))]
-    return combos
+    return [c for c in combos if offload.valid_options(c, deg["dp"] * deg["cp"])]
 
 
 def placements(system, deg: dict[str, int]) -> list[tuple]:

@@ -4,16 +4,18 @@ Three strategy options of the parallelism record (:data:`dfmodel.inter_chip.conf
 for systems with a ``host`` block (:class:`dfmodel.system.host.Host`):
 
 - ``offload_optimizer`` -- ZeRO-Offload (Ren et al., "ZeRO-Offload: Democratizing
-  Billion-Scale Model Training", USENIX ATC 2021, sec. 3-4): the fp32 master weights and Adam
-  moments live in host DRAM and the CPU runs the step. Per step each chip sends the 16-bit
-  gradients of its optimizer shard down and receives the updated 16-bit weights (ZeRO-Offload's
-  data-flow graph: ``2M`` bytes each way for ``M`` parameters). ``host``: the gradient copy
-  overlaps the last backward (ZeRO-Offload sec. 4.2, gradients offloaded bucket by bucket as
-  the backward produces them), then the CPU step runs, and the weights go back tile by tile
-  while the CPU updates the next tile (DeepSpeed ``ds_adam_step_plus_copy``, csrc/adam/
-  cpu_adam.cpp): exposed ``max(0, d2h - backward) + max(cpu, h2d)``. ``delayed`` (one-step
-  delayed parameter update, sec. 4.3): the whole chain runs during the next iteration's
-  forward and backward: exposed ``max(0, d2h + cpu + h2d - pipeline)``.
+  Billion-Scale Model Training", USENIX ATC 2021, sec. 3-4): the fp32 master weights, Adam
+  moments and gradients live in host DRAM and the CPU runs the step; the chip keeps its 16-bit
+  weights. It is built on ZeRO-2 (sec. 4.2): every micro-batch's gradients are reduce-scattered
+  bucket by bucket and each rank's 16-bit shard is copied to the host as the backward produces
+  it (accumulated there in fp32), so it needs ZeRO stage >= 2 with data parallelism. Per step
+  the updated 16-bit weights come back (ZeRO-Offload's data-flow graph: ``2M`` bytes each way
+  for ``M`` parameters). ``host``: each micro-batch's gradient copy hides behind its backward,
+  then the CPU step runs, and the weights go back tile by tile while the CPU updates the next
+  tile (DeepSpeed ``ds_adam_step_plus_copy``, csrc/adam/cpu_adam.cpp): exposed ``m max(0, d2h
+  - backward) + max(cpu, h2d)``. ``delayed`` (one-step delayed parameter update, sec. 4.3):
+  the step and the weight copy run during the next iteration: ``m max(0, d2h - backward) +
+  max(0, cpu + h2d - pipeline)``.
 - ``offload_activations`` -- the saved activations of each layer are copied to the host during
   its forward and prefetched during its backward (Megatron-Core / Transformer Engine
   ``cpu_offloading``, double-buffered): per layer and micro-batch, exposed ``max(0, transfer -
@@ -68,10 +70,23 @@ def uses_offload(m) -> bool:
 
 
 def valid(m) -> bool:
-    """Weight offload needs the optimizer on the host and, with data parallelism, ZeRO-3."""
-    if not getattr(m, "offload_weights", False):
+    """Whether mapping ``m``'s offload options go together (:func:`valid_options`)."""
+    return valid_options(vars(m), m.dp_cp)
+
+
+def valid_options(opts: dict, dp_cp: int) -> bool:
+    """Optimizer offload runs on ZeRO-2 (gradients reduce-scattered per micro-batch), weight
+    offload on ZeRO-3 and needs the optimizer on the host -- with data parallelism.
+
+    >>> valid_options({"offload_optimizer": "host", "zero_stage": 1}, 8), valid_options({"offload_optimizer": "host", "zero_stage": 0}, 1)
+    (False, True)
+    """
+    opt = opts.get("offload_optimizer", "none") != "none"
+    if opt and not (opts.get("zero_stage", 0) >= 2 or dp_cp == 1):
+        return False
+    if not opts.get("offload_weights", False):
         return True
-    return m.offload_optimizer != "none" and (m.zero_stage == 3 or m.dp_cp == 1)
+    return opt and (opts.get("zero_stage", 0) == 3 or dp_cp == 1)
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,7 @@ class OffloadPlan:
     bytes_per_element: float  # 16-bit weights, gradients and activations moved over the link
     weight_bytes_per_param: float  # on-chip layer weight bytes per parameter (incl. an FP8 cache)
     optimizer_bytes_per_param: float  # on-chip optimizer state per parameter (master + moments)
+    grad_bytes: float = 4.0  # gradient accumulation on the host (fp32 in ZeRO-Offload)
 
     @classmethod
     def of(cls, m, system, training, *, weight_bytes_per_param: float, optimizer_bytes_per_param: float):
@@ -96,7 +112,8 @@ class OffloadPlan:
             raise InputError(f"system {system.name} has no host block: nothing can be offloaded",
                              field="offload_optimizer/offload_activations/offload_weights")
         return cls(system.host, system.num_chips, m.offload_optimizer, m.offload_activations, m.offload_weights,
-                   float(training.activation_bytes), float(weight_bytes_per_param), float(optimizer_bytes_per_param))
+                   float(training.activation_bytes), float(weight_bytes_per_param), float(optimizer_bytes_per_param),
+                   float(training.grad_bytes))
 
     @property
     def sharing(self) -> int:
@@ -115,13 +132,13 @@ class OffloadPlan:
         e = self.bytes_per_element
         weights, grads, opt, acts, host = b.weights_bytes, b.gradients_bytes, b.optimizer_bytes, b.activations_bytes, 0.0
         if self.optimizer != "none":
-            # master weights + moments, and the 16-bit gradients of the same shard they update
-            host += opt + e * opt / self.optimizer_bytes_per_param
-            opt = 0.0
+            # master weights + moments, and the gradients of the same shard, accumulated on the
+            # host; the chip keeps only the buckets in flight (not counted)
+            host += opt + self.grad_bytes * opt / self.optimizer_bytes_per_param
+            opt = grads = 0.0
         if self.weights:
             params = layer_state.weights_bytes / self.weight_bytes_per_param  # the stage's layer shard
             weights -= layer_state.weights_bytes
-            grads -= layer_state.gradients_bytes
             host += e * params  # the 16-bit copy streamed up (the fp32 master is the optimizer's)
             if not fsdp_buffer and layers:
                 acts += RESIDENT_WEIGHT_LAYERS * layer_params * e
@@ -168,18 +185,20 @@ class OffloadPlan:
         """The host CPU's Adam step over ``params`` parameters of each of its chips."""
         return params * self.sharing / self.host.adam_params_per_s
 
-    def step_exposed_s(self, params: float, *, backward_s: float, pipeline_s: float) -> float:
-        """Exposed optimizer step of one chip whose optimizer shard holds ``params`` parameters
-        (module doc: ``host`` or ``delayed``). With weight offload the gradients and weights
-        already moved per layer, so only the CPU step remains."""
+    def step_exposed_s(self, params: float, *, backward_s: float, pipeline_s: float, micro_batches: int) -> float:
+        """Exposed gradient copies and optimizer step of one chip whose optimizer shard holds
+        ``params`` parameters (module doc: ``host`` or ``delayed``); ``backward_s`` is one
+        micro-batch's backward. With weight offload the gradients and weights move per layer
+        (:meth:`layer_transfer_s`), so only the CPU step remains."""
         if self.optimizer == "none":
             return 0.0
         moved = 0.0 if self.weights else self.bytes_per_element * params
         d2h = h2d = self.transfer_s(moved, 1)
+        grads = micro_batches * exposed_s(d2h, backward_s)
         cpu = self.cpu_step_s(params)
         if self.optimizer == "delayed":
-            return max(0.0, d2h + cpu + h2d - pipeline_s)
-        return max(0.0, d2h - backward_s) + max(cpu, h2d)
+            return grads + exposed_s(cpu + h2d, pipeline_s)
+        return grads + max(cpu, h2d)
 
     def step_floor_s(self, params: float) -> float:
         """A lower bound on :meth:`step_exposed_s` for any mapping with at least ``params``."""
@@ -199,7 +218,7 @@ def floor_overrides(m) -> dict[str, float]:
     lower bound with ``m``'s offload: what goes to the host counts 0 on the chip."""
     out: dict[str, float] = {}
     if getattr(m, "offload_optimizer", "none") != "none":
-        out["bytes_per_param_optimizer"] = 0.0
+        out.update(bytes_per_param_optimizer=0.0, bytes_per_param_grads=0.0)
     if getattr(m, "offload_weights", False):
         out.update(bytes_per_param_weights=0.0, bytes_per_param_grads=0.0)
     if getattr(m, "offload_activations", False):
