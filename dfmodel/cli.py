@@ -251,6 +251,15 @@ def solve(
     overlap_param_gather: Optional[bool] = typer.Option(
         None, "--overlap-param-gather/--no-overlap-param-gather",
         help="Fix Megatron's overlap_param_gather (distributed-optimizer parameter all-gather hidden) on or off."),
+    offload_optimizer: Optional[str] = typer.Option(
+        None, help="Fix optimizer offload to host memory: none | host (ZeRO-Offload, CPU step) | delayed "
+        "(ZeRO-Offload's one-step delayed update); default: tried where a mapping does not fit (needs a host block)."),
+    offload_activations: Optional[bool] = typer.Option(
+        None, "--offload-activations/--no-offload-activations",
+        help="Fix activation offload to host memory (saved activations copied out in forward, prefetched in backward)."),
+    offload_weights: Optional[bool] = typer.Option(
+        None, "--offload-weights/--no-offload-weights",
+        help="Fix weight offload to host memory (ZeRO-Infinity: layer weights streamed per layer; needs the optimizer offloaded)."),
     num_chips: Optional[int] = typer.Option(None, help="Resize the system's outermost dimension."),
     precision: Optional[str] = typer.Option(
         None, help="Override the workload's precision: fp64 | fp32 | bf16 | fp16 | fp8 (e.g. bf16 for an fp32 workload on TPU v4)."
@@ -290,8 +299,9 @@ def solve(
                                  "overlap_param_gather": overlap_param_gather,
                                  "tp_comm_overlap": tp_comm_overlap,
                                  "overlap_moe_expert_parallel_comm": overlap_moe_expert_parallel_comm,
-                                 "etp": etp,
-                                 }.items() if v is not None},
+                                 "etp": etp, "offload_optimizer": offload_optimizer,
+                                 "offload_activations": offload_activations,
+                                 "offload_weights": offload_weights}.items() if v is not None},
         )
     if plot_path:
         from dfmodel.plots import plot_result, save

@@ -58,6 +58,7 @@ BREAKDOWN_COLORS = {
     "input": "#da8bc3",
     "cp_comm": "#ccb974",
     "ep_comm": "#64b5cd",
+    "offload": "#6b8e23",
 }
 FORWARD_COLOR = "#4c72b0"
 BACKWARD_COLOR = "#dd8452"

@@ -54,8 +54,16 @@ def _llm_rows(r: Result) -> list[tuple[str, str]]:
                     f"distributed optimizer {p.distributed_optimizer}"
                     + "".join(f", {k} {v}" for k, v in (("CP", getattr(p, "cp", 1)), ("EP", getattr(p, "ep", 1)),
                                                        ("ZeRO stage", getattr(p, "zero_stage", 0))) if v not in (0, 1))
-                    + (f" ({p.cp_comm})" if getattr(p, "cp", 1) > 1 else "")),
+                    + (f" ({p.cp_comm})" if getattr(p, "cp", 1) > 1 else "")
+                    + _offload_text(p)),
     ]
+
+
+def _offload_text(p) -> str:
+    """What the mapping offloads to host memory (empty: nothing)."""
+    parts = [f"optimizer ({p.offload_optimizer})"] if getattr(p, "offload_optimizer", "none") != "none" else []
+    parts += [k for k in ("activations", "weights") if getattr(p, f"offload_{k}", False)]
+    return f", offload to host: {', '.join(parts)}" if parts else ""
 
 
 def _hpl_rows(r: Result, rpeak: float | None, workload: Any) -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 BREAKDOWN_KEYS = ("compute", "memory", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "input", "checkpoint",
-                  "cp_comm", "ep_comm")
+                  "cp_comm", "ep_comm", "offload")
 
 
 @dataclass
@@ -31,6 +31,9 @@ class Parallelism:
     tp_comm_overlap: bool = False
     overlap_moe_expert_parallel_comm: bool = False
     etp: int = 0  # expert tensor parallelism: 0 = same as tp (Megatron default), 1 = experts unsplit
+    offload_optimizer: str = "none"
+    offload_activations: bool = False
+    offload_weights: bool = False
 
 
 @dataclass

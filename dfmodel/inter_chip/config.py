@@ -21,6 +21,12 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: around the ring, overlapped with the attention of the block in hand), or the Llama 3
 #: ``all_gather`` of K/V before attention (Dubey et al. 2024, arXiv:2407.21783, sec. 3.3.2).
 CP_COMM = ("ring", "all_gather")
+#: Optimizer offload to host memory (:mod:`dfmodel.inter_chip.offload`): none; ``host`` =
+#: ZeRO-Offload (Ren et al., ATC 2021): fp32 master weights and Adam moments on the host, the
+#: step on its CPU after the backward; ``delayed`` = the same with ZeRO-Offload's one-step
+#: delayed parameter update (sec. 4.3): the CPU step overlaps the next iteration. ``delayed``
+#: changes the training algorithm (stale weights by one step), so only a user may choose it.
+OFFLOAD_OPTIMIZER = ("none", "host", "delayed")
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,15 @@ OPTIONS: tuple[Option, ...] = (
     # the TP ranks (ep x etp x edp = tp x dp x cp, parallel_state.py), as NVIDIA's DeepSeek-V3
     # recipes run (ETP 1 with TP 2). Both are tried where valid (ep > 1, tp > 1, tp | ep, SP on).
     Option("etp", (0, 1), 0, "expert tensor parallelism: 0 = same as tp (Megatron default), 1 = experts unsplit"),
+    # Offload to host memory (systems with a ``host`` block only). Offload only adds time, so
+    # the free search tries it only for mappings that do not fit without it
+    # (dfmodel.inter_chip.offload.variants); ``delayed`` only when the user fixes it.
+    Option("offload_optimizer", ("none", "host"), "none",
+           "optimizer state and step on the host CPU: none | host (ZeRO-Offload) | delayed (one-step delayed update)"),
+    Option("offload_activations", (False, True), False,
+           "copy saved activations to host memory in forward, prefetch them in backward"),
+    Option("offload_weights", (False, True), False,
+           "keep layer weights and gradients in host memory, streamed per layer (ZeRO-Infinity)"),
 )
 OPTION_NAMES = tuple(o.name for o in OPTIONS)
 
@@ -127,6 +142,9 @@ class Mapping(Placed):
     tp_comm_overlap: bool = False
     overlap_moe_expert_parallel_comm: bool = False
     etp: int = 0
+    offload_optimizer: str = "none"
+    offload_activations: bool = False
+    offload_weights: bool = False
 
     @property
     def whole_experts(self) -> bool:
@@ -186,6 +204,9 @@ class Knobs:
     tp_comm_overlap: bool | None = None
     overlap_moe_expert_parallel_comm: bool | None = None
     etp: int | None = None
+    offload_optimizer: str | None = None
+    offload_activations: bool | None = None
+    offload_weights: bool | None = None
 
     def fixed(self) -> dict[str, object]:
         """The knobs the user set."""

@@ -22,9 +22,10 @@ from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.graph.workload import resolve_attention
 from dfmodel.inter_chip import memory as mem
+from dfmodel.inter_chip import offload as off
 from dfmodel.inter_chip import pipeline as pipe
 from dfmodel.inter_chip.checkpoint import checkpoint_state
-from dfmodel.inter_chip.config import DIM_NAMES, Mapping
+from dfmodel.inter_chip.config import DIM_NAMES, Knobs, Mapping
 from dfmodel.inter_chip import experts as moe_terms
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
@@ -318,6 +319,9 @@ class LLMModel:
         ``T* >= avg``, so it is at least ``(m + (pp - 1)/v) avg``. The optimizer step is added
         with the fewest parameters a chip can hold."""
         avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.cp * m.pp)
+        if off.uses_offload(m):  # a layer's pass is never shorter than its host transfers
+            layer_params = self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)
+            avg_stage_s = max(avg_stage_s, self.num_layers / m.pp * sum(self._offload_layer_s(m, layer_params / m.tp)))
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
@@ -332,10 +336,13 @@ class LLMModel:
             return None
         layer, emb, head = blocks[:3]
         # the layer phases as evaluate() times them before any exposed communication (with
-        # tp_comm_overlap's userbuffers: the raw phases were above them, an invalid bound)
-        total = self.num_moe_layers * sum(self._layer_phases_s(m, layer, {}))
+        # tp_comm_overlap's userbuffers: the raw phases were above them, an invalid bound); a
+        # layer's pass is never shorter than its host transfers (offload: they only hide behind it)
+        total = self.num_moe_layers * max(sum(self._layer_phases_s(m, layer, {})),
+                                          sum(self._offload_layer_s(m, layer.params_per_chip)))
         if self.num_dense_layers:
-            total += self.num_dense_layers * sum(self._layer_phases_s(m, blocks[3], {}))
+            total += self.num_dense_layers * max(sum(self._layer_phases_s(m, blocks[3], {})),
+                                                 sum(self._offload_layer_s(m, blocks[3].params_per_chip)))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
@@ -350,16 +357,62 @@ class LLMModel:
         experts = self.num_moe_layers * expert_params(self.graphs(1).layer)
         return (self.graphs(1).params() - experts * (1 - 1 / m.ep)) / (m.tp * m.pp)
 
-    def optimizer_s(self, m: Mapping, params_per_chip: float, expert_params_per_chip: float = 0.0) -> float:
-        """Adam step time of a chip holding ``params_per_chip`` parameters, of which
-        ``expert_params_per_chip`` are MoE expert parameters: the distributed optimizer shards
-        the others over the dp x cp ranks and the experts over the expert data-parallel ranks,
-        ``dp x cp / ep`` (Megatron-Core's expert_data_parallel group)."""
+    def optimizer_params_per_chip(self, m: Mapping, params_per_chip: float,
+                                  expert_params_per_chip: float = 0.0) -> float:
+        """Parameters whose optimizer state and step a chip owns: the distributed optimizer
+        shards the dense ones over the dp x cp ranks and the ``expert_params_per_chip`` MoE
+        expert parameters over the expert data-parallel ranks, ``dp x cp / ep``
+        (Megatron-Core's expert_data_parallel group)."""
         if not m.distributed_optimizer:
-            return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * params_per_chip)
-        dense = (params_per_chip - expert_params_per_chip) / m.dp_cp
-        experts = expert_params_per_chip / m.expert_dp
-        return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * (dense + experts))
+            return params_per_chip
+        return (params_per_chip - expert_params_per_chip) / m.dp_cp + expert_params_per_chip / m.expert_dp
+
+    def optimizer_s(self, m: Mapping, params_per_chip: float, expert_params_per_chip: float = 0.0) -> float:
+        """Adam step time of a chip holding ``params_per_chip`` parameters
+        (:meth:`optimizer_params_per_chip`); with optimizer offload, a floor of the host's
+        exposed step (:meth:`OffloadPlan.step_floor_s`; the full term is added in :meth:`evaluate`)."""
+        owned = self.optimizer_params_per_chip(m, params_per_chip, expert_params_per_chip)
+        plan = self.offload_plan(m)
+        if plan is not None and plan.optimizer != "none":
+            return plan.step_floor_s(owned)
+        return memory_time_s(self.system.chip, OPTIMIZER_BYTES_PER_PARAM * owned)
+
+    def memory_relief(self, m: Mapping) -> list[Mapping]:
+        """Offloaded twins of a mapping that does not fit (the search adds them then;
+        :func:`dfmodel.inter_chip.offload.variants`)."""
+        variants = off.variants(m, getattr(self, "knobs", None) or Knobs(), self.system)
+        if not variants:
+            return []
+        # chip memory only falls as more is offloaded (weight offload aside: it also adds a
+        # working buffer), so if the leanest variant with and without weight offload cannot fit
+        # on the chip, none can: then skip them all after two memory floors instead of five
+        # (the search screens each variant that joins as it screens any candidate)
+        return variants if any(self._may_fit_on_chip(v) for v in off.leanest(variants)) else []
+
+    def _may_fit_on_chip(self, m: Mapping) -> bool:
+        """False when a lower bound proves ``m`` exceeds the chip's memory (host aside)."""
+        key = tuple(v for k, v in vars(m).items() if k != "placement")
+        memo = self.__dict__.setdefault("_chip_fit", {})
+        if key not in memo:
+            floor = self.memory_floor_bytes(m) <= self.system.chip.memory.capacity_bytes
+            memo[key] = floor and (lambda b: b.total_bytes <= b.capacity_bytes)(self.memory_before_blocks(m))
+        return memo[key]
+
+    def offload_plan(self, m: Mapping) -> "off.OffloadPlan | None":
+        """What ``m`` offloads to host memory (None: nothing)."""
+        if not off.uses_offload(m):
+            return None
+        key = (m.offload_optimizer, m.offload_activations, m.offload_weights)
+        plans = self.__dict__.setdefault("_offload_plans", {})
+        if key not in plans:
+            state = mem.StateBytesPerParam.of(
+                precision=self.training.precision.value, grad_bytes=self.training.grad_bytes,
+                optimizer=self.training.optimizer, linear=True,
+                fp8_weights=self.training.precision.value == "fp8" and self.training.fp8.fp8_weights,
+                param_remainders=getattr(self.training, "param_remainders", False))
+            plans[key] = off.OffloadPlan.of(m, self.system, self.training, weight_bytes_per_param=state.weights,
+                                            optimizer_bytes_per_param=state.optimizer)
+        return plans[key]
 
     # -- memory ---------------------------------------------------------------------------------
     def memory_floor_bytes(self, m: Mapping) -> float:
@@ -377,10 +430,11 @@ class LLMModel:
             pp=m.pp,
             dp=m.dp_cp,
             num_micro_batches=m.num_micro_batches,
-            bytes_per_element=self.precision.bytes,
             zero_stage=m.zero_stage if m.zero_stage >= 2 else None,
-            bytes_per_param_optimizer=(mem.REMAINDER_BYTES + 8 if getattr(self.training, "param_remainders", False)
-                                       else 12),  # never above the state llm_memory_per_chip counts
+            **{"bytes_per_element": self.precision.bytes,
+               "bytes_per_param_optimizer": (mem.REMAINDER_BYTES + 8 if getattr(self.training, "param_remainders", False)
+                                             else 12),  # never above the state llm_memory_per_chip counts
+               **off.floor_overrides(m)},  # offloaded state is not on the chip
         )
 
     def _block_key(self, which: str, m: Mapping) -> tuple:
@@ -461,7 +515,8 @@ class LLMModel:
             capacity_bytes=chip_memory.capacity_bytes, reserve_bytes=chip_memory.reserve_bytes,
             cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep_outside_tp,
             **({"dense_layers_per_stage": dense_n, "dense_layer_params_per_chip": dense_layer_params}
-               if dense_per_stage is not None else {}))
+               if dense_per_stage is not None else {}),
+            offload=self.offload_plan(m))
 
     # -- the full evaluation ----------------------------------------------------------------------
     #: :func:`dfmodel.inter_chip.search.search` may pass ``cutoff_s`` and ``screen_memory``
@@ -487,11 +542,12 @@ class LLMModel:
         head = self.block("head", *key, m.cp)
         # exposed communication per layer and micro-batch, by breakdown key: (forward, backward)
         extra = self._layer_comm(m, layer, dp_group)
-        t_f, t_b = self._layer_phases_s(m, layer, extra)
+        t_f, t_b = self._with_offload(m, layer, extra, *self._layer_phases_s(m, layer, extra))
         # an MoE model's dense layers (DeepSeek-V3's first 3): their own block and times
         dense = self.block("dense_layer", *key, m.cp) if self.num_dense_layers else None
         extra_d = self._layer_comm(m, dense, dp_group, experts=False) if dense else {}
-        td_f, td_b = self._layer_phases_s(m, dense, extra_d) if dense else (0.0, 0.0)
+        td_f, td_b = (self._with_offload(m, dense, extra_d, *self._layer_phases_s(m, dense, extra_d))
+                      if dense else (0.0, 0.0))
         emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
         head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
         if m.zero_stage == 3:  # their parameters are gathered like a layer's
@@ -535,11 +591,18 @@ class LLMModel:
 
         # MoE: expert gradients and optimizer state live on the expert data-parallel ranks,
         # dp x cp / ep (Megatron-Core's expert_data_parallel group), not the dp x cp ranks
-        worst_experts = moe_st[max(range(m.pp), key=lambda i: params_stage[i])] * expert_params(layer.sharded.graph)
+        worst_stage = max(range(m.pp), key=lambda i: params_stage[i])
+        worst_experts = moe_st[worst_stage] * expert_params(layer.sharded.graph)
         dp_exposed = self._dp_sync_s(m, worst_params, stage_fwd[0], stage_bwd[0], dp_group,
                                      expert_params_per_chip=worst_experts)
         opt_s = self.optimizer_s(m, worst_params, worst_experts)
-        step_s = pt.total_s + dp_exposed + opt_s
+        plan = self.offload_plan(m)
+        offload_s = 0.0
+        if plan is not None and plan.optimizer != "none":  # the host CPU runs the step instead
+            owned = self.optimizer_params_per_chip(m, worst_params, worst_experts)
+            offload_s, opt_s = plan.step_exposed_s(owned, backward_s=stage_bwd[worst_stage], pipeline_s=pt.total_s,
+                                                   micro_batches=m.num_micro_batches), 0.0
+        step_s = pt.total_s + dp_exposed + opt_s + offload_s
         io = io_terms(self.system, self.training, self.training.global_batch, step_s, self.checkpoint_state(m),
                       source=self.workload.source)
         input_s = io.input_s
@@ -571,6 +634,8 @@ class LLMModel:
         )
         for k in COMM_KEYS:  # every dimension's key, 0 when it has none
             breakdown[k] = breakdown.get(k, 0.0) + comm.pop(k, 0.0)
+        if self.system.host is not None:  # (a system without one keeps today's keys exactly)
+            breakdown["offload"] = comm.pop("offload", 0.0) + offload_s  # host transfers and CPU step exposed
         memory = self.memory_check(m, params_stage, moe_st, layer.params_per_chip, layer.sharded.graph,
                                    dense_per_stage=dense_st if dense else None,
                                    dense_layer_params=dense.params_per_chip if dense else 0.0)
@@ -612,6 +677,16 @@ class LLMModel:
             t_f, t_b = fwd_ub + extra_f, bwd_ub + redo + extra_b
         return t_f, t_b
 
+    def _with_offload(self, m: Mapping, layer: BlockTimes, extra: dict[str, tuple[float, float]],
+                      t_f: float, t_b: float) -> tuple[float, float]:
+        """(forward, backward) with offload's host transfers: they hide behind the rest of the
+        layer's pass and only the excess is exposed (recorded in ``extra["offload"]``)."""
+        x_f, x_b = self._offload_layer_s(m, layer.params_per_chip)
+        if not (x_f or x_b):
+            return t_f, t_b
+        extra["offload"] = (off.exposed_s(x_f, t_f), off.exposed_s(x_b, t_b))
+        return t_f + extra["offload"][0], t_b + extra["offload"][1]
+
     def _layer_comm(self, m: Mapping, layer: BlockTimes, dp_group, experts: bool = True) -> dict[str, tuple[float, float]]:
         """Exposed communication of one layer and micro-batch, (forward, backward) per key
         (``experts=False``: an MoE model's dense layer, no all-to-alls)."""
@@ -631,6 +706,19 @@ class LLMModel:
             f, b = self._fsdp_exposed(layer, layer.fwd.time_s, layer.backward_s(m.recompute), m, dp_group)
             out["dp_comm"] = (f - layer.fwd.time_s, b - layer.backward_s(m.recompute))
         return out
+
+    def _offload_layer_s(self, m: Mapping, layer_params: float) -> tuple[float, float]:
+        """Host-link time of one layer and micro-batch, (forward, backward):
+        :meth:`OffloadPlan.layer_transfer_s` with this layer's saved activations and the 16-bit
+        weights of ``layer_params`` parameters per chip (streamed as the ZeRO-3 shard)."""
+        plan = self.offload_plan(m)
+        if plan is None or not (plan.activations or plan.weights):
+            return 0.0, 0.0
+        act = mem.llm_layer_activation_bytes(
+            model=self.model, training=self.training, attention=self.model.attention or "unfused", tp=m.tp,
+            cp=m.cp, micro_batch=m.micro_batch, sequence_parallel=m.sequence_parallel, recompute=m.recompute)
+        weights = layer_params * self.training.activation_bytes / (m.dp_cp if m.zero_stage == 3 else 1)
+        return plan.layer_transfer_s(act_bytes=act, weight_bytes=weights)
 
     @cached_property
     def _kv_head_dim(self) -> float:

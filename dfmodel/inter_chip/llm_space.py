@@ -12,6 +12,7 @@ from dfmodel.errors import InputError
 from dfmodel.inter_chip.config import (
     CHIP_DIMS,
     DIM_NAMES,
+    OFFLOAD_OPTIMIZER,
     OPTIONS,
     RECOMPUTE,
     Knobs,
@@ -19,6 +20,8 @@ from dfmodel.inter_chip.config import (
     divisors,
 )
 from dfmodel.algorithms import interleaved_split_accounts
+from dfmodel.inter_chip import offload
+from dfmodel.inter_chip.offload import OFFLOAD_OPTIONS
 from dfmodel.netmodels import inner_group, merge_groups, split_dims
 
 
@@ -100,11 +103,13 @@ def interleaves(knobs: Knobs, pp: int, m: int, num_layers: int) -> list[int]:
     return divisors(num_layers // pp)
 
 
-def option_values(knobs: Knobs, deg: dict[str, int]) -> list[dict[str, object]]:
+def option_values(knobs: Knobs, deg: dict[str, int], offload_upfront: bool = False) -> list[dict[str, object]]:
     """Every combination of strategy options valid for these degrees (fixed knobs fixed).
 
     The historical ``distributed_optimizer`` knob fixes the ZeRO stage (True = 1, False = 0)
-    unless ``zero_stage`` is given (:func:`validate_knobs` rejects a contradiction)."""
+    unless ``zero_stage`` is given (:func:`validate_knobs` rejects a contradiction). Free
+    offload options stay off here unless ``offload_upfront``: the search adds offloaded twins
+    of the mappings that do not fit (:func:`dfmodel.inter_chip.offload.variants`)."""
     fixed = {o.name: getattr(knobs, o.name) for o in OPTIONS}
     if fixed["zero_stage"] is None and knobs.distributed_optimizer is not None:
         fixed["zero_stage"] = 1 if knobs.distributed_optimizer else 0
@@ -120,10 +125,13 @@ def option_values(knobs: Knobs, deg: dict[str, int]) -> list[dict[str, object]]:
                 values = [opt.neutral]  # no all-to-alls to hide
             if opt.name == "etp" and (deg["ep"] == 1 or deg["tp"] == 1):
                 values = [opt.neutral]  # nothing TP-split to keep whole / the same thing
+            if opt.name in OFFLOAD_OPTIONS and not offload_upfront:
+                # (fixed weight offload needs the optimizer on the host: offload.check_knobs)
+                values = ["host"] if opt.name == "offload_optimizer" and knobs.offload_weights else [opt.neutral]
         if opt.name == "etp":
             values = [v for v in values if _etp_valid(v, deg["tp"], deg["ep"], deg["dp"] * deg["cp"])]
         combos = [{**c, opt.name: v} for c in combos for v in values]
-    return combos
+    return [c for c in combos if offload.valid_options(c, deg["dp"] * deg["cp"])]
 
 
 def placements(system, deg: dict[str, int], etp: int = 0) -> list[tuple]:
@@ -155,6 +163,8 @@ def llm_candidates(model, knobs: Knobs):
     batch = w.training.global_batch
     heads = w.model.num_heads
     kv = getattr(w.model, "num_kv_heads", heads) or heads
+    offload.check_knobs(knobs, system, source=getattr(w, "source", None))
+    upfront = offload.host_step_can_win(system)
     for cp in cp_degrees(model, knobs):
         max_tp = max(d for d in divisors(heads) if d <= n // cp)
         for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch, cp=cp):
@@ -172,7 +182,7 @@ def llm_candidates(model, knobs: Knobs):
                     for v in interleaves(knobs, pp, m, L):
                         for rc in _choices(knobs.recompute, RECOMPUTE):
                             for spar in _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False]):
-                                for opts in option_values(knobs, deg):
+                                for opts in option_values(knobs, deg, upfront):
                                     etp = opts.get("etp", 0)
                                     if etp == 1 and tp > 1 and not spar:
                                         continue  # Megatron-Core: expert TP 1 with TP needs SP
@@ -196,6 +206,8 @@ def validate_knobs(knobs: Knobs, num_chips: int) -> None:
         allowed = tuple(dict.fromkeys((*opt.values, opt.neutral, *((False, True) if isinstance(opt.neutral, bool) else ()))))
         if opt.name == "zero_stage":
             allowed = (0, 1, 2, 3)
+        if opt.name == "offload_optimizer":
+            allowed = OFFLOAD_OPTIMIZER
         if v is not None and (v not in allowed or type(v) is not type(opt.neutral)):
             raise InputError(f"must be one of {', '.join(map(str, allowed))}, got {v!r}", field=opt.name)
     if knobs.zero_stage is not None and knobs.distributed_optimizer is not None:

@@ -337,6 +337,10 @@ class MemoryBreakdown:
     capacity_bytes: float
     labels: dict[str, str] = field(default_factory=dict)
     reserve_bytes: float = 0.0  # runtime, communication buffers, workspaces, fragmentation
+    # state offloaded to host DRAM per chip, and the chip's share of its host's usable DRAM
+    # (dfmodel.inter_chip.offload); None: no host tier in use
+    host_bytes: float = 0.0
+    host_capacity_bytes: float | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -344,8 +348,12 @@ class MemoryBreakdown:
                 + self.reserve_bytes)
 
     @property
+    def host_fits(self) -> bool:
+        return self.host_capacity_bytes is None or self.host_bytes <= self.host_capacity_bytes
+
+    @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.capacity_bytes
+        return self.total_bytes <= self.capacity_bytes and self.host_fits
 
     @property
     def shortfall_bytes(self) -> float:
@@ -362,6 +370,8 @@ class MemoryBreakdown:
             "total": self.total_bytes,
             "capacity": self.capacity_bytes,
             "reserve": self.reserve_bytes,
+            **({"host": self.host_bytes, "host_capacity": self.host_capacity_bytes}
+               if self.host_capacity_bytes is not None else {}),
         }
 
     def summary(self) -> str:
@@ -378,7 +388,11 @@ class MemoryBreakdown:
         ]
         s = (f"needs {self.total_bytes / g:.1f} GiB per chip ({', '.join(parts) or 'nothing'}), "
              f"a chip has {self.capacity_bytes / g:.1f} GiB")
-        return s + (f", short by {self.shortfall_bytes / g:.1f} GiB" if not self.fits else "")
+        s += f", short by {self.shortfall_bytes / g:.1f} GiB" if self.shortfall_bytes > 0 else ""
+        if not self.host_fits:
+            s += (f"; offloaded state needs {self.host_bytes / g:.1f} GiB of host memory per chip, its share "
+                  f"of the host is {self.host_capacity_bytes / g:.1f} GiB")
+        return s
 
 
 def memory_per_chip(
@@ -495,6 +509,8 @@ def memory_lower_bound_bytes(
         bytes_per_param_optimizer=bytes_per_param_optimizer,
     ).total_bytes
     a = bytes_per_element * seq_len * micro_batch * hidden / tp  # full recompute + SP
+    if w <= 0 and a <= 0:  # everything per layer offloaded (dfmodel.inter_chip.offload): no floor
+        return 0.0
     inv = sum(1.0 / (w + a * min(pp - i, num_micro_batches)) for i in range(pp))
     return num_layers / inv
 
@@ -590,6 +606,23 @@ def tied_embedding_copy_params(*, vocab: int, hidden: int, tp: int, pp: int, tie
     return vocab * hidden / tp if (tie_embeddings and pp > 1 and vocab > 0) else 0.0
 
 
+def llm_layer_activation_bytes(*, model, training, attention: str, tp: int, cp: int, micro_batch: int,
+                               sequence_parallel: bool, recompute: Recompute) -> float:
+    """Activation bytes one decoder layer of ``model`` saves per chip and micro-batch:
+    :func:`activation_bytes_per_layer` with the workload's shape (cp rank: ``s / cp`` queries
+    against all ``s`` keys; SwiGLU, FlashAttention, dropout, FP8 saved inputs) plus the MoE / MLA
+    change (:func:`moe_mla_activation_delta_bytes`)."""
+    m, e, s_local = model, training.activation_bytes, model.seq_len // cp
+    common = dict(seq_len=s_local, key_len=m.seq_len if cp > 1 else None, micro_batch=micro_batch, hidden=m.hidden,
+                  num_heads=m.num_heads, tp=tp, sequence_parallel=sequence_parallel, ffn_hidden=m.ffn,
+                  num_kv_heads=m.kv_heads, bytes_per_element=e, dropout=getattr(m, "dropout", True),
+                  gated_mlp=m.ffn_type == "swiglu", attention=attention,
+                  linear_input_bytes=fp8_linear_input_bytes(training))
+    return activation_bytes_per_layer(recompute=recompute, **common) + moe_mla_activation_delta_bytes(
+        m, seq_len=s_local, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, bytes_per_element=e,
+        recompute=recompute)
+
+
 def llm_memory_per_chip(
     *,
     model,
@@ -616,6 +649,7 @@ def llm_memory_per_chip(
     ep: int = 1,
     dense_layers_per_stage: list[int] | None = None,
     dense_layer_params_per_chip: float = 0.0,
+    offload=None,
 ) -> MemoryBreakdown:
     """The worst stage's memory per chip of LLM training, every term wired as Megatron lays it out.
 
@@ -646,14 +680,9 @@ def llm_memory_per_chip(
     m, t = model, tp
     e = training.activation_bytes
     s_local = m.seq_len // cp
-    common = dict(seq_len=s_local, key_len=m.seq_len if cp > 1 else None, micro_batch=micro_batch, hidden=m.hidden, num_heads=m.num_heads, tp=t,
-                  sequence_parallel=sequence_parallel, ffn_hidden=m.ffn, num_kv_heads=m.kv_heads,
-                  bytes_per_element=e, dropout=getattr(m, "dropout", True), gated_mlp=m.ffn_type == "swiglu",
-                  attention=attention, linear_input_bytes=fp8_linear_input_bytes(training))
     def layer_act(model, rc):
-        return activation_bytes_per_layer(recompute=rc, **common) + moe_mla_activation_delta_bytes(
-            model, seq_len=s_local, micro_batch=micro_batch, tp=t, sequence_parallel=sequence_parallel,
-            bytes_per_element=e, recompute=rc)
+        return llm_layer_activation_bytes(model=model, training=training, attention=attention, tp=t, cp=cp,
+                                          micro_batch=micro_batch, sequence_parallel=sequence_parallel, recompute=rc)
 
     def working_of(model, params):
         """One layer's working buffer: its activations rebuilt under full recompute, ZeRO-3's gathers."""
@@ -681,7 +710,7 @@ def llm_memory_per_chip(
     head_act = head_activation_bytes(seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden,
                                      vocab=m.vocab_size, tp=t, sequence_parallel=sequence_parallel,
                                      bytes_per_element=e) if m.vocab_size else 0.0
-    worst = None
+    worst, host = None, 0.0
     for stage, layers in enumerate(layers_per_stage):
         dense = dense_n[stage]
         extra_params = (first_params if stage == 0 else 0.0) + (last_params if stage == pp - 1 else 0.0)
@@ -721,6 +750,11 @@ def llm_memory_per_chip(
             capacity_bytes=float(capacity_bytes),
             reserve_bytes=float(reserve_bytes),
         )
+        if offload is not None:  # state moved to host DRAM (dfmodel.inter_chip.offload)
+            b = offload.stage_memory(b, layers=layers, layer_state=state, layer_act_bytes=act_layer,
+                                     in_flight=in_flight, layer_params=layer_params_per_chip,
+                                     fsdp_buffer=zero_stage == 3)
+            host = max(host, b.host_bytes)
         if worst is None or b.total_bytes > worst.total_bytes:
             worst = b
-    return worst
+    return worst if offload is None else replace(worst, host_bytes=host)

@@ -138,7 +138,18 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
     dived: dict[int, object] = {}
     best_seen = leanest = None
     leanness = getattr(model, "leanness", None)  # optional: sorts candidates by memory they need
-    for i, m in enumerate(candidates):
+    # optional: candidates to try when one does not fit in memory (LLM offload variants,
+    # dfmodel.inter_chip.offload.variants); they join the space only then
+    relief = getattr(model, "memory_relief", None)
+    pending: list = []
+
+    def stream():
+        for m in candidates:
+            yield m
+            while pending:
+                yield pending.pop()
+
+    for i, m in enumerate(stream()):
         if i % 64 == 0:
             if expired():
                 enumeration_cut = True
@@ -160,6 +171,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
             stats.pruned_memory += 1
             smallest_floor = floor if smallest_floor is None else min(smallest_floor, floor)
             ledger.ruled_out(m, model.lower_bound_s(m), "memory", floor)
+            if relief is not None:
+                pending.extend(relief(m))
             continue
         bound = model.lower_bound_s(m)
         heap.append((bound, i, False, m))
@@ -184,6 +197,18 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
         queue = [(b, i, True, m) for b, i, _, m in heap if i in dived]
         heapq.heapify(queue)
     recent_eval_s: list[float] = []  # durations of the last evaluations (to respect the deadline)
+    joined = itertools.count(stats.candidates)  # ids after every enumerated one (never in ``dived``)
+
+    def admit(ms) -> None:  # candidates joining during the search (memory relief)
+        for extra in ms:
+            stats.candidates += 1
+            floor = model.memory_floor_bytes(extra)
+            if floor > capacity and not exhaustive:
+                stats.pruned_memory += 1
+                ledger.ruled_out(extra, model.lower_bound_s(extra), "memory", floor)
+                continue
+            heapq.heappush(queue, (model.lower_bound_s(extra), next(joined), False, extra))
+
     while queue:
         if not exhaustive and queue[0][1] not in dived and _no_time_for(recent_eval_s):
             stats.timed_out = True
@@ -230,6 +255,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
             ledger.ruled_out(m, bound, "memory", ev.memory.total_bytes)
             if worst_memory is None or ev.memory.total_bytes < worst_memory.memory.total_bytes:
                 worst_memory = ev
+            if relief is not None:
+                admit(relief(m))
             continue
         if not ev.proven_optimal:
             stats.proven_optimal = False
@@ -267,6 +294,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
         if not hasattr(worst_memory, "breakdown_s"):  # a screened memory floor: report exact figures
             worst_memory = model.evaluate(worst_memory.mapping)
         mem = worst_memory.memory
+        if not getattr(mem, "host_fits", True):
+            raise InfeasibleError(f"no mapping fits in memory: the smallest {mem.summary()}")
         raise InfeasibleError(
             f"no mapping fits in memory: the smallest needs {mem.total_bytes / 2**30:.1f} GiB per chip "
             f"(weights {mem.weights_bytes / 2**30:.1f}, gradients {mem.gradients_bytes / 2**30:.1f}, "

@@ -23,6 +23,7 @@ A spec mirrors these classes one to one::
       - {name: ib, topology: switch, size: 128, link_bandwidth_Bps: 25 GB/s, latency_s: 5 us}
     storage: {...}                    # optional: storage tiers for input and checkpoints,
                                       # see dfmodel.system.storage
+    host: {...}                       # optional: host DRAM for offload (dfmodel.system.host)
 
 Bandwidth semantics (``link_bandwidth_Bps``, one direction): ring = between two neighbours (a
 bidirectional ring sends both ways at once); fully_connected = between each pair of members;
@@ -56,6 +57,7 @@ from dfmodel.system.units import (
     Seconds,
 )
 from dfmodel.system.storage import Storage  # noqa: F401 -- re-exported; the schema of ``System.storage``
+from dfmodel.system.host import Host  # noqa: F401 -- re-exported; the schema of ``System.host``
 
 
 class Precision(str, Enum):
@@ -208,6 +210,8 @@ class System(Strict):
     chip: Chip
     network: list[NetworkDim] = Field(min_length=1)
     storage: Storage | None = None
+    # host DRAM that training state can be offloaded to (dfmodel.system.host); None: no offload
+    host: Host | None = None
     # Fraction of the last micro-batch's backward pass that can hide the data-parallel gradient
     # synchronisation (bucketed all-reduce overlapped with backward; 0 = fully exposed).
     dp_overlap: Fraction | Literal[0] = 1.0
