@@ -13,6 +13,7 @@ the knobs they depend on, so the search pays for each distinct layer solve once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
@@ -27,6 +28,8 @@ from dfmodel.inter_chip.checkpoint import checkpoint_state
 from dfmodel.inter_chip.config import DIM_NAMES, Mapping
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
+from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs
+from dfmodel.inter_chip.onchip_stash import layer_times as stash_layer_times
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
 from dfmodel.netmodels import CostTable, merge_groups, nccl
@@ -101,6 +104,7 @@ class BlockTimes:
     bwd: PhaseTime
     attention_core: PhaseTime
     attention_core_bwd: PhaseTime | None = None  # solved only for cp > 1 (hides the K/V ring)
+    onchip: OnChipStash | None = None  # dataflow chips: fwd/bwd with the stash kept in SRAM
 
     def backward_s(self, recompute: str) -> float:
         extra = {"none": 0.0, "selective": self.attention_core.time_s, "full": self.fwd.time_s}[recompute]
@@ -247,8 +251,19 @@ class LLMModel:
             sub = g.subgraph(names, name=f"{g.name}.{len(names)}")
             return PhaseTime.of(sub, self.system, {n: net[n] for n in names if n in net}, self.solver, self.time_limit_s)
 
+        onchip = None
+        if self.system.chip.execution == "dataflow" and by_phase["fwd"] and by_phase["bwd"]:
+            onchip = self._solve_onchip(g, by_phase["fwd"], by_phase["bwd"], net)
         return BlockTimes(sharded, run(by_phase["fwd"]), run(by_phase["bwd"]), run(by_phase["core"]),
-                          run(by_phase["core_bwd"]) if core_bwd else None)
+                          run(by_phase["core_bwd"]) if core_bwd else None, onchip)
+
+    def _solve_onchip(self, g: DataflowGraph, fwd: list[str], bwd: list[str], net) -> OnChipStash:
+        """The layer's forward and backward with its stash kept in SRAM (:mod:`.onchip_stash`)."""
+        g_f, g_b, stash = onchip_graphs(g, fwd, bwd)
+        pf = PhaseTime.of(g_f, self.system, {n: net[n] for n in fwd if n in net}, self.solver, self.time_limit_s)
+        pb = PhaseTime.of(g_b, self.system, {n: net[n] for n in bwd if n in net}, self.solver, self.time_limit_s)
+        peak = max((float(r.get("sram_bytes") or 0.0) for r in pf.partitions + pb.partitions), default=0.0)
+        return OnChipStash(stash, pf.time_s, pb.time_s, peak)
 
     # -- bounds ---------------------------------------------------------------------------------
     @cached_property
@@ -308,6 +323,9 @@ class LLMModel:
             return None
         layer, emb, head = blocks
         total = self.num_layers * (layer.fwd.time_s + layer.backward_s(m.recompute))
+        if layer.onchip is not None and m.recompute != "full":  # at most every layer keeps its stash on chip
+            total -= self.num_layers * (max(0.0, layer.fwd.time_s - layer.onchip.fwd_s)
+                                        + max(0.0, layer.bwd.time_s - layer.onchip.bwd_s))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
@@ -430,6 +448,12 @@ class LLMModel:
         extra_b = sum(b for _, b in extra.values())
         t_f = layer.fwd.time_s + extra_f
         t_b = layer.backward_s(m.recompute) + extra_b
+        if layer.onchip is not None and m.recompute != "full":  # dataflow: stash kept in SRAM where it fits
+            f_on, b_on, _ = stash_layer_times(
+                layer.fwd.time_s, layer.bwd.time_s, layer.onchip, sram_bytes=float(self.system.chip.sram_bytes),
+                layers=math.ceil(self.num_layers / m.pp),
+                in_flight=mem.in_flight_micro_batches(m.pp, 0, m.num_micro_batches, m.interleave))
+            t_f, t_b = t_f - (layer.fwd.time_s - f_on), t_b - (layer.bwd.time_s - b_on)
         if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
             fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
             redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
