@@ -257,6 +257,10 @@ class LLMModel:
         return BlockTimes(sharded, run(by_phase["fwd"]), run(by_phase["bwd"]), run(by_phase["core"]),
                           run(by_phase["core_bwd"]) if core_bwd else None, onchip)
 
+    def _checkpoint_bytes(self, m: Mapping) -> float:
+        """A layer's input per micro-batch and chip (what full recompute keeps)."""
+        return m.micro_batch * (self.model.seq_len // m.cp) * self.model.hidden * self.training.activation_bytes / m.tp
+
     def _solve_onchip(self, g: DataflowGraph, fwd: list[str], bwd: list[str], net) -> OnChipStash:
         """The layer's forward and backward with its stash kept in SRAM (:mod:`.onchip_stash`)."""
         g_f, g_b, stash = onchip_graphs(g, fwd, bwd)
@@ -323,8 +327,9 @@ class LLMModel:
             return None
         layer, emb, head = blocks
         total = self.num_layers * (layer.fwd.time_s + layer.backward_s(m.recompute))
-        if layer.onchip is not None and m.recompute != "full":  # at most every layer keeps its stash on chip
-            total -= self.num_layers * (max(0.0, layer.fwd.time_s - layer.onchip.fwd_s)
+        if layer.onchip is not None:  # at most every layer keeps its stash on chip
+            save_f = max(0.0, layer.fwd.time_s - layer.onchip.fwd_s)
+            total -= self.num_layers * (save_f * (2 if m.recompute == "full" else 1)
                                         + max(0.0, layer.bwd.time_s - layer.onchip.bwd_s))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         avg_stage_s = total / m.pp
@@ -448,12 +453,15 @@ class LLMModel:
         extra_b = sum(b for _, b in extra.values())
         t_f = layer.fwd.time_s + extra_f
         t_b = layer.backward_s(m.recompute) + extra_b
-        if layer.onchip is not None and m.recompute != "full":  # dataflow: stash kept in SRAM where it fits
+        if layer.onchip is not None:  # dataflow chips: the stash stays in SRAM where it fits
+            full = m.recompute == "full"
             f_on, b_on, _ = stash_layer_times(
                 layer.fwd.time_s, layer.bwd.time_s, layer.onchip, sram_bytes=float(self.system.chip.sram_bytes),
                 layers=math.ceil(self.num_layers / m.pp),
-                in_flight=mem.in_flight_micro_batches(m.pp, 0, m.num_micro_batches, m.interleave))
-            t_f, t_b = t_f - (layer.fwd.time_s - f_on), t_b - (layer.bwd.time_s - b_on)
+                in_flight=mem.in_flight_micro_batches(m.pp, 0, m.num_micro_batches, m.interleave),
+                full_recompute=full, checkpoint_bytes=self._checkpoint_bytes(m))
+            save_f, save_b = layer.fwd.time_s - f_on, layer.bwd.time_s - b_on
+            t_f, t_b = t_f - save_f, t_b - save_b - (save_f if full else 0.0)  # full: the recomputed forward too
         if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
             fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
             redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]

@@ -25,8 +25,9 @@ Model (one chip, the busiest pipeline stage):
   identical, so the stage's time is exactly ``k`` on-chip layers plus ``n - k`` DRAM layers
   (:func:`layer_times`).
 
-Only ``recompute: none`` and ``selective`` use it: with full recompute the stash is the layer
-input, regenerated in the backward. The DRAM memory check stays conservative (it still counts
+With ``recompute: full`` only the layer inputs (checkpoints) live across the stack and one
+layer's stash lives from its recomputed forward to its backward (see
+:meth:`OnChipStash.layers_on_chip`). The DRAM memory check stays conservative (it still counts
 the stash in DRAM).
 """
 
@@ -47,8 +48,17 @@ class OnChipStash:
     bwd_s: float  # backward time with the stash kept on chip (no DRAM read)
     peak_sram_bytes: float  # largest partition SRAM of the two on-chip plans
 
-    def layers_on_chip(self, sram_bytes: float, layers: int, in_flight: float) -> int:
-        """How many of a stage's ``layers`` keep their stash on chip (``k`` in the module doc)."""
+    def layers_on_chip(self, sram_bytes: float, layers: int, in_flight: float, *, full_recompute: bool = False,
+                       checkpoint_bytes: float = 0.0) -> int:
+        """How many of a stage's ``layers`` keep their stash on chip (``k`` in the module doc).
+
+        With full recompute only the layers' inputs (``checkpoint_bytes`` each) live across the
+        stack; one layer's stash lives from its recomputed forward to its backward, one layer
+        at a time: every layer keeps it on chip when ``peak + S + n in_flight ckpt`` fits the
+        SRAM, none otherwise."""
+        if full_recompute:
+            need = self.peak_sram_bytes + self.stash_bytes + layers * in_flight * checkpoint_bytes
+            return layers if need <= sram_bytes else 0
         free = sram_bytes - self.peak_sram_bytes
         if self.stash_bytes <= 0:
             return layers
@@ -93,8 +103,11 @@ def onchip_graphs(graph: DataflowGraph, fwd_names: list[str], bwd_names: list[st
 
 
 def layer_times(dram_fwd_s: float, dram_bwd_s: float, onchip: OnChipStash | None, *, sram_bytes: float,
-                layers: int, in_flight: float) -> tuple[float, float, int]:
-    """Mean (forward, backward) time per layer of a stage of ``layers`` layers, and ``k``.
+                layers: int, in_flight: float, full_recompute: bool = False,
+                checkpoint_bytes: float = 0.0) -> tuple[float, float, int]:
+    """Mean (forward, backward) time per layer of a stage of ``layers`` layers, and ``k``
+    (with full recompute the forward's time applies to the first forward and to the recomputed
+    one alike: neither writes the stash when it stays on chip).
 
     >>> st = OnChipStash(stash_bytes=10.0, fwd_s=1.0, bwd_s=2.0, peak_sram_bytes=0.0)
     >>> layer_times(1.5, 3.0, st, sram_bytes=20.0, layers=4, in_flight=1)   # 2 of 4 fit
@@ -104,7 +117,8 @@ def layer_times(dram_fwd_s: float, dram_bwd_s: float, onchip: OnChipStash | None
     """
     if onchip is None or layers <= 0:
         return dram_fwd_s, dram_bwd_s, 0
-    k = onchip.layers_on_chip(sram_bytes, layers, in_flight)
+    k = onchip.layers_on_chip(sram_bytes, layers, in_flight, full_recompute=full_recompute,
+                              checkpoint_bytes=checkpoint_bytes)
     share = k / layers
     # never slower than DRAM (the on-chip plan drops traffic, it adds none)
     f = dram_fwd_s - share * max(0.0, dram_fwd_s - onchip.fwd_s)
