@@ -28,7 +28,7 @@ from dfmodel.inter_chip.checkpoint import checkpoint_state
 from dfmodel.inter_chip.config import DIM_NAMES, Mapping
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
-from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs
+from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs, stash_tensors
 from dfmodel.inter_chip.onchip_stash import layer_times as stash_layer_times
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
@@ -261,8 +261,11 @@ class LLMModel:
         """A layer's input per micro-batch and chip (what full recompute keeps)."""
         return m.micro_batch * (self.model.seq_len // m.cp) * self.model.hidden * self.training.activation_bytes / m.tp
 
-    def _solve_onchip(self, g: DataflowGraph, fwd: list[str], bwd: list[str], net) -> OnChipStash:
-        """The layer's forward and backward with its stash kept in SRAM (:mod:`.onchip_stash`)."""
+    def _solve_onchip(self, g: DataflowGraph, fwd: list[str], bwd: list[str], net) -> OnChipStash | None:
+        """The layer's forward and backward with its stash kept in SRAM (:mod:`.onchip_stash`);
+        None when one layer's stash alone exceeds the SRAM (no layer could ever keep it)."""
+        if sum(stash_tensors(g, set(fwd), set(bwd)).values()) > float(self.system.chip.sram_bytes):
+            return None
         g_f, g_b, stash = onchip_graphs(g, fwd, bwd)
         pf = PhaseTime.of(g_f, self.system, {n: net[n] for n in fwd if n in net}, self.solver, self.time_limit_s)
         pb = PhaseTime.of(g_b, self.system, {n: net[n] for n in bwd if n in net}, self.solver, self.time_limit_s)

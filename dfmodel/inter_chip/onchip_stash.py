@@ -5,9 +5,11 @@ tensor a backward kernel reads from the forward (the *stash*: saved GEMM inputs,
 statistics, attention outputs...) is an output of the forward graph and an input of the
 backward graph: written to DRAM and read back once per micro-batch. A GPU does exactly that
 (HBM is its only large memory), but a dataflow chip with a large SRAM keeps the stash on chip
-while it fits: Cerebras' weight-streaming mode holds activations on the wafer and streams only
-the weights (Cerebras, "Weight streaming execution", whitepaper 2021; the WSE-2 has 40 GB of
-SRAM), and SambaNova's RDUs keep intermediate tensors in their PMU SRAM across fused sections
+while it fits: Cerebras' weight-streaming mode "store[s] weights in external memory and
+activations in on-chip memory", working on one layer at a time with the weights streamed in
+(Cerebras blog, "Efficient large-scale GPT training using a Cerebras wafer-scale cluster", 2022;
+M. James, "Scaling up and out: training massive models on Cerebras systems using weight
+streaming", 2021; the WSE-2 has 40 GB of SRAM), and SambaNova's RDUs keep intermediate tensors in their PMU SRAM across fused sections
 (Prabhakar et al., "SambaNova SN10 RDU", Hot Chips 33, 2021; the DFModel paper, arXiv
 2412.16432, sec. 4, keeps a tensor on chip when producer and consumer share the chip's SRAM).
 
