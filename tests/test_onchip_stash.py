@@ -181,3 +181,25 @@ def test_eos_case_chip_count_agrees_with_its_rpeak():
     case = next(c for c in load_family_cases("other_families") if c.id == "hpl-eos-202311")
     per_gpu_tf = _extra(case, "Rpeak") * 1e3 / _chips(case)
     assert 53.8 * 0.98 <= per_gpu_tf <= 67.0
+
+
+def test_pipeline_stages_keep_what_their_in_flight_micro_batches_allow():
+    """pp = 2: each stage decides with its own layers and in-flight micro-batches (stage 0 holds
+    more); the time lies between the refined bound and the all-DRAM time, and a chip with more
+    SRAM is never slower."""
+    from dfmodel.inter_chip.llm import LLMModel
+    from dfmodel.inter_chip.search import llm_candidates
+
+    times = []
+    for sram in ("64 MiB", "600 MiB", "64 GB"):
+        model = LLMModel(load_workload(SMALL_LLM), load_system(dataflow_system(sram, chips=2)))
+        m = next(iter(llm_candidates(model, Knobs(micro_batch=1, recompute="none", tp=1, pp=2, dp=1))))
+        ev = model.evaluate(m)
+        assert model.refined_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
+        times.append(ev.iteration_time_s)
+        layer = model.block("layer", 1, 1, m.group("tp"), m.sequence_parallel)
+        if layer.onchip is not None:  # stage 0 (more in flight) never keeps more layers than stage 1
+            k = [layer.onchip.layers_on_chip(float(model.system.chip.sram_bytes), 4, f) for f in (2, 1)]
+            assert k[0] <= k[1]
+    assert times[2] <= times[1] * (1 + 1e-12) <= times[0] * (1 + 1e-12)
+    assert times[2] < times[0]

@@ -13,7 +13,6 @@ the knobs they depend on, so the search pays for each distinct layer solve once.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
@@ -257,6 +256,15 @@ class LLMModel:
         return BlockTimes(sharded, run(by_phase["fwd"]), run(by_phase["bwd"]), run(by_phase["core"]),
                           run(by_phase["core_bwd"]) if core_bwd else None, onchip)
 
+    def _onchip_saving(self, layer: BlockTimes, m: Mapping, layers: int, stage: int) -> tuple[float, float]:
+        """Mean (forward, backward) seconds per layer that stage ``stage`` of ``layers`` layers
+        saves by keeping its stash in SRAM (:func:`.onchip_stash.layer_times`)."""
+        f_on, b_on, _ = stash_layer_times(
+            layer.fwd.time_s, layer.bwd.time_s, layer.onchip, sram_bytes=float(self.system.chip.sram_bytes),
+            layers=layers, in_flight=mem.in_flight_micro_batches(m.pp, stage, m.num_micro_batches, m.interleave),
+            full_recompute=m.recompute == "full", checkpoint_bytes=self._checkpoint_bytes(m))
+        return layer.fwd.time_s - f_on, layer.bwd.time_s - b_on
+
     def _checkpoint_bytes(self, m: Mapping) -> float:
         """A layer's input per micro-batch and chip (what full recompute keeps)."""
         return m.micro_batch * (self.model.seq_len // m.cp) * self.model.hidden * self.training.activation_bytes / m.tp
@@ -456,15 +464,6 @@ class LLMModel:
         extra_b = sum(b for _, b in extra.values())
         t_f = layer.fwd.time_s + extra_f
         t_b = layer.backward_s(m.recompute) + extra_b
-        if layer.onchip is not None:  # dataflow chips: the stash stays in SRAM where it fits
-            full = m.recompute == "full"
-            f_on, b_on, _ = stash_layer_times(
-                layer.fwd.time_s, layer.bwd.time_s, layer.onchip, sram_bytes=float(self.system.chip.sram_bytes),
-                layers=math.ceil(self.num_layers / m.pp),
-                in_flight=mem.in_flight_micro_batches(m.pp, 0, m.num_micro_batches, m.interleave),
-                full_recompute=full, checkpoint_bytes=self._checkpoint_bytes(m))
-            save_f, save_b = layer.fwd.time_s - f_on, layer.bwd.time_s - b_on
-            t_f, t_b = t_f - save_f, t_b - save_b - (save_f if full else 0.0)  # full: the recomputed forward too
         if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
             fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
             redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
@@ -479,6 +478,11 @@ class LLMModel:
         stages = self._stage_layers(layers, m)
         stage_fwd = [n * t_f for n in stages]
         stage_bwd = [n * t_b for n in stages]
+        if layer.onchip is not None:  # dataflow chips: the stash stays in SRAM where it fits, per stage
+            for i, n in enumerate(stages):
+                save_f, save_b = self._onchip_saving(layer, m, n, i)
+                stage_fwd[i] -= n * save_f
+                stage_bwd[i] -= n * (save_b + (save_f if m.recompute == "full" else 0.0))  # full: recomputed fwd too
         stage_fwd[0] += emb_f
         stage_bwd[0] += emb_b
         stage_fwd[-1] += head_f
