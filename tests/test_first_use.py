@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,7 +182,11 @@ def test_hpl_table_reads_like_top500():
     proc = cli("solve", "-w", "hpl", "-s", "dgx_h100")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "P x Q = 32 x 32" in out and "NB 384" in out and "Pflop/s" in out
+    # the grid is the optimizer's pick (16 x 64 since the panel's arithmetic shares the GPU with
+    # the update; the workload's 32 x 32 is within 3 %): check the TOP500 wording, not the pick
+    assert re.search(r"P x Q = (\d+) x (\d+)", out) and "NB 384" in out and "Pflop/s" in out
+    p, q = map(int, re.search(r"P x Q = (\d+) x (\d+)", out).groups())
+    assert p * q == 1024 and p <= q  # HPL's advice (P <= Q) comes out of the model
     assert "samples/s" not in out and "sequence parallel" not in out and "TP 1024" not in out
 
 

@@ -26,7 +26,8 @@ kernel-by-kernel chips (one kernel per partition) the schedule is HPL's look-ahe
 (HPL.dat ``DEPTH = 1``): the factorisation and broadcast of the next panel run concurrently with
 the trailing update of the current one (on a separate stream or the host, as NVIDIA's and AMD's
 GPU ports of HPL do), while the row swap must precede the update:
-``T_group = swap + max(update, panel + bcast)``, plus the very first panel and broadcast, which
+``T_group = swap + max(update + panel_work, panel + bcast)`` (``panel_work``: the panel's own
+compute/memory time, which shares the GPU with the update, see :func:`panel_chip_s`), plus the very first panel and broadcast, which
 nothing hides, and the solve. On dataflow chips the fused partitions already overlap their
 terms; the run is the sum of partition times.
 
@@ -169,9 +170,14 @@ class HPLModel(FamilyModel):
         prev = None
         for gi in self.groups:
             t = gi.tag
+            # Tensors between kernels carry one step's bytes (what is live in DRAM at a time: one
+            # panel, one U block); the other steps' traffic is extra traffic of the producer and
+            # the consumer, so the DRAM-capacity check sees the live buffers, not a group's sum.
+            l_all, l_step = gi.l_bytes / P, gi.l_bytes / P / gi.steps
+            u_all, u_step = gi.u_bytes / Q, gi.u_bytes / Q / gi.steps
             panel = Kernel(f"{t}.panel", KernelKind.lu_panel, {"m": max(1, math.ceil(gi.rows / P)), "n": gi.width},
-                           flop=gi.panel_flop / P, output_bytes=gi.l_bytes / P, extra_memory_bytes=gi.l_bytes / P,
-                           group="panel")
+                           flop=gi.panel_flop / P, output_bytes=l_step,
+                           extra_memory_bytes=l_all + (l_all - l_step), group="panel")
             kernels.append(panel)
             if colg:
                 net[panel.name] = gi.columns * self.costs.time_s("all_reduce", pivot_message_bytes(gi.width, p), colg)
@@ -181,16 +187,17 @@ class HPLModel(FamilyModel):
                 prev = panel.name
                 continue
             bcast = Kernel(f"{t}.bcast", KernelKind.comm, {"m": max(1, math.ceil(gi.rows / P)), "n": gi.width}, flop=0,
-                           output_bytes=gi.l_bytes / P, collective="broadcast", comm_bytes=gi.l_bytes / P,
-                           comm_group="Q", group="panel")
+                           output_bytes=l_step, extra_memory_bytes=2 * (l_all - l_step), collective="broadcast",
+                           comm_bytes=l_all, comm_group="Q", group="panel")
             rest = max(1, gi.rows - gi.width)
             swap = Kernel(f"{t}.swap", KernelKind.comm, {"m": gi.width, "n": max(1, math.ceil(rest / Q))}, flop=0,
-                          output_bytes=gi.u_bytes / Q, extra_memory_bytes=gi.u_bytes / Q, collective="all_to_all",
-                          comm_bytes=gi.u_bytes / Q, comm_group="P", group="update")
+                          output_bytes=u_step, extra_memory_bytes=u_all + (u_all - u_step), collective="all_to_all",
+                          comm_bytes=u_all, comm_group="P", group="update")
             update = Kernel(f"{t}.update", KernelKind.matmul,
                             {"m": max(1, math.ceil(rest / P)), "n": max(1, math.ceil(rest / Q)), "k": gi.width},
                             flop=gi.update_flop / (P * Q), output_bytes=gi.a_bytes / (P * Q),
-                            extra_memory_bytes=2 * gi.a_bytes / (P * Q), group="update")
+                            extra_memory_bytes=2 * gi.a_bytes / (P * Q) + (l_all - l_step) + (u_all - u_step),
+                            group="update")
             kernels += [bcast, swap, update]
             if rowg:
                 net[bcast.name] = gi.steps * self.costs.time_s("broadcast", gi.l_bytes / P / gi.steps, rowg)
@@ -199,10 +206,10 @@ class HPLModel(FamilyModel):
             if prev is not None:
                 tensors.append(Tensor(f"{prev}.done>{t}.swap", prev, swap.name, TOKEN_BYTES))
             tensors += [
-                Tensor(f"{t}.L", panel.name, bcast.name, gi.l_bytes / P),
+                Tensor(f"{t}.L", panel.name, bcast.name, l_step),
                 Tensor(f"{t}.piv", panel.name, swap.name, gi.columns * 4.0, "pivots"),
-                Tensor(f"{t}.Lb", bcast.name, update.name, gi.l_bytes / P, "a"),
-                Tensor(f"{t}.U", swap.name, update.name, gi.u_bytes / Q, "b"),
+                Tensor(f"{t}.Lb", bcast.name, update.name, l_step, "a"),
+                Tensor(f"{t}.U", swap.name, update.name, u_step, "b"),
             ]
             prev = update.name
         solve = Kernel("solve", KernelKind.matmul, {"m": max(1, math.ceil(self.n / P)), "n": 1, "k": self.n},
@@ -249,6 +256,7 @@ class HPLModel(FamilyModel):
                 t_b, d_b = ct.kernel_time(f"{gi.tag}.bcast")
                 t_s, d_s = ct.kernel_time(f"{gi.tag}.swap")
                 t_u, d_u = ct.kernel_time(f"{gi.tag}.update")
+                t_u += panel_chip_s(ct, f"{gi.tag}.panel", self.system.chip.overlap)
                 g_time = t_s + max(t_u, t_p + t_b)
                 br[d_s] += t_s
                 if t_u >= t_p + t_b:
@@ -274,6 +282,17 @@ class HPLModel(FamilyModel):
             schedule = "fused partitions (no extra look-ahead)"
         detail = {"per_group_s": per_group, "schedule": schedule, "network_s": sum(net.values())}
         return FamilyEvaluation(m, total, br, mem, True, ct.proven_optimal, ct, detail)
+
+
+def panel_chip_s(ct, name: str, overlap: bool) -> float:
+    """The chip time the look-ahead cannot hide of a panel factorisation: its compute and memory
+    work (their ``max`` on chips that overlap the two, else their sum). The next panel runs on
+    its own stream beside the trailing update, but on the same GPU: they share its SMs and HBM,
+    so the look-ahead hides the panel's pivot all-reduce latency and the broadcast, not the
+    panel's arithmetic (NVIDIA's HPL factors panels on the GPU; only work on another device or
+    the network overlaps for free)."""
+    row = ct._by_kernel()[name]
+    return float(max(row["compute_s"], row["memory_s"]) if overlap else row["compute_s"] + row["memory_s"])
 
 
 _WHY = {

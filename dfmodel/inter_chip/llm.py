@@ -29,6 +29,8 @@ from dfmodel.inter_chip.config import DIM_NAMES, Knobs, Mapping
 from dfmodel.inter_chip import experts as moe_terms
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
+from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs, stash_tensors
+from dfmodel.inter_chip.onchip_stash import layer_times as stash_layer_times
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
 from dfmodel.netmodels import CostTable, merge_groups, nccl
@@ -103,6 +105,7 @@ class BlockTimes:
     bwd: PhaseTime
     attention_core: PhaseTime
     attention_core_bwd: PhaseTime | None = None  # solved only for cp > 1 (hides the K/V ring)
+    onchip: OnChipStash | None = None  # dataflow chips: fwd/bwd with the stash kept in SRAM
 
     def backward_s(self, recompute: str) -> float:
         extra = {"none": 0.0, "selective": self.attention_core.time_s, "full": self.fwd.time_s}[recompute]
@@ -259,8 +262,35 @@ class LLMModel:
             sub = g.subgraph(names, name=f"{g.name}.{len(names)}")
             return PhaseTime.of(sub, self.system, {n: net[n] for n in names if n in net}, self.solver, self.time_limit_s)
 
+        onchip = None
+        if self.system.chip.execution == "dataflow" and by_phase["fwd"] and by_phase["bwd"]:
+            onchip = self._solve_onchip(g, by_phase["fwd"], by_phase["bwd"], net)
         return BlockTimes(sharded, run(by_phase["fwd"]), run(by_phase["bwd"]), run(by_phase["core"]),
-                          run(by_phase["core_bwd"]) if core_bwd else None)
+                          run(by_phase["core_bwd"]) if core_bwd else None, onchip)
+
+    def _onchip_saving(self, layer: BlockTimes, m: Mapping, layers: int, stage: int) -> tuple[float, float]:
+        """Mean (forward, backward) seconds per layer that stage ``stage`` of ``layers`` layers
+        saves by keeping its stash in SRAM (:func:`.onchip_stash.layer_times`)."""
+        f_on, b_on, _ = stash_layer_times(
+            layer.fwd.time_s, layer.bwd.time_s, layer.onchip, sram_bytes=float(self.system.chip.sram_bytes),
+            layers=layers, in_flight=mem.in_flight_micro_batches(m.pp, stage, m.num_micro_batches, m.interleave),
+            full_recompute=m.recompute == "full", checkpoint_bytes=self._checkpoint_bytes(m))
+        return layer.fwd.time_s - f_on, layer.bwd.time_s - b_on
+
+    def _checkpoint_bytes(self, m: Mapping) -> float:
+        """A layer's input per micro-batch and chip (what full recompute keeps)."""
+        return m.micro_batch * (self.model.seq_len // m.cp) * self.model.hidden * self.training.activation_bytes / m.tp
+
+    def _solve_onchip(self, g: DataflowGraph, fwd: list[str], bwd: list[str], net) -> OnChipStash | None:
+        """The layer's forward and backward with its stash kept in SRAM (:mod:`.onchip_stash`);
+        None when one layer's stash alone exceeds the SRAM (no layer could ever keep it)."""
+        if sum(stash_tensors(g, set(fwd), set(bwd)).values()) > float(self.system.chip.sram_bytes):
+            return None
+        g_f, g_b, stash = onchip_graphs(g, fwd, bwd)
+        pf = PhaseTime.of(g_f, self.system, {n: net[n] for n in fwd if n in net}, self.solver, self.time_limit_s)
+        pb = PhaseTime.of(g_b, self.system, {n: net[n] for n in bwd if n in net}, self.solver, self.time_limit_s)
+        peak = max((float(r.get("sram_bytes") or 0.0) for r in pf.partitions + pb.partitions), default=0.0)
+        return OnChipStash(stash, pf.time_s, pb.time_s, peak)
 
     # -- bounds ---------------------------------------------------------------------------------
     @cached_property
@@ -340,6 +370,10 @@ class LLMModel:
         # layer's pass is never shorter than its host transfers (offload: they only hide behind it)
         total = self.num_moe_layers * max(sum(self._layer_phases_s(m, layer, {})),
                                           sum(self._offload_layer_s(m, layer.params_per_chip)))
+        if layer.onchip is not None:  # at most every layer keeps its stash on chip
+            save_f = max(0.0, layer.fwd.time_s - layer.onchip.fwd_s)
+            total -= self.num_moe_layers * (save_f * (2 if m.recompute == "full" else 1)
+                                            + max(0.0, layer.bwd.time_s - layer.onchip.bwd_s))
         if self.num_dense_layers:
             total += self.num_dense_layers * max(sum(self._layer_phases_s(m, blocks[3], {})),
                                                  sum(self._offload_layer_s(m, blocks[3].params_per_chip)))
@@ -562,6 +596,11 @@ class LLMModel:
         moe_st = [n - d for n, d in zip(stages, dense_st)]
         stage_fwd = [n * t_f + d * td_f for n, d in zip(moe_st, dense_st)]
         stage_bwd = [n * t_b + d * td_b for n, d in zip(moe_st, dense_st)]
+        if layer.onchip is not None:  # dataflow chips: the stash stays in SRAM where it fits, per stage
+            for i, n in enumerate(moe_st):
+                save_f, save_b = self._onchip_saving(layer, m, n, i)
+                stage_fwd[i] -= n * save_f
+                stage_bwd[i] -= n * (save_b + (save_f if m.recompute == "full" else 0.0))  # full: recomputed fwd too
         stage_fwd[0] += emb_f
         stage_bwd[0] += emb_b
         stage_fwd[-1] += head_f
