@@ -177,6 +177,17 @@ def _userbuffers_s(phase: PhaseTime, tp: int) -> float:
                                       gemm_slowdown=nccl.userbuffers_gemm_slowdown())
 
 
+def _layer_times_s(layer: BlockTimes, m: Mapping) -> tuple[float, float]:
+    """(forward, backward incl. recompute) of one layer and micro-batch before the record's
+    extra communication; with Megatron's ``tp_comm_overlap`` (TE userbuffers) the TP collectives
+    run under their GEMMs (:func:`_userbuffers_s`), so the time can be below the phase's."""
+    if m.tp_comm_overlap and m.tp > 1:
+        fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
+        redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
+        return fwd_ub, bwd_ub + redo
+    return layer.fwd.time_s, layer.backward_s(m.recompute)
+
+
 @lru_cache(maxsize=65536)
 def _balance(num_layers: int, pp: int, interleave: int, layer_s: float, first_s: float, last_s: float) -> tuple[int, ...]:
     """Memoised :func:`pipeline.balance_layers`: candidates differing only in placement of
@@ -307,7 +318,7 @@ class LLMModel:
         if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
             return None
         layer, emb, head = blocks
-        total = self.num_layers * (layer.fwd.time_s + layer.backward_s(m.recompute))
+        total = self.num_layers * sum(_layer_times_s(layer, m))  # as evaluate (userbuffers may hide TP comm)
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
@@ -428,12 +439,8 @@ class LLMModel:
         extra = self._layer_comm(m, layer, dp_group)
         extra_f = sum(f for f, _ in extra.values())
         extra_b = sum(b for _, b in extra.values())
-        t_f = layer.fwd.time_s + extra_f
-        t_b = layer.backward_s(m.recompute) + extra_b
-        if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
-            fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
-            redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
-            t_f, t_b = fwd_ub + extra_f, bwd_ub + redo + extra_b
+        t_f, t_b = _layer_times_s(layer, m)
+        t_f, t_b = t_f + extra_f, t_b + extra_b
         emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
         head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
         if m.zero_stage == 3:  # their parameters are gathered like a layer's
