@@ -36,3 +36,49 @@ def test_option_is_recorded_and_neutral_without_tp():
     assert free.iteration_time_s <= min(on.iteration_time_s, off.iteration_time_s)  # the search chooses
     one = optimize(SMALL_LLM, small_system(4, 2), tp=1)
     assert one.parallelism.tp_comm_overlap is False  # nothing to overlap at tp 1
+
+
+def _phase(rows, tp_comm_s):
+    from dfmodel.inter_chip.llm import PhaseTime
+
+    total = sum(r["time_s"] for r in rows)
+    parts = {"compute": total - tp_comm_s, "memory": 0.0, "tp_comm": tp_comm_s}
+    return PhaseTime(total, parts, rows, True, 0.0)
+
+
+def _row(kernel, compute_s=0.0, network_s=0.0):
+    return {"kernels": [kernel], "compute_s": compute_s, "memory_s": 0.0, "network_s": network_s,
+            "time_s": compute_s + network_s}
+
+
+def test_userbuffers_slow_each_gemm_by_its_own_exchange_sms():
+    """Issue 11 round 3: NeMo's userbuffers configs give each overlapped GEMM its own SM count
+    (pipelined RS after fc2 fprop: 16 SMs at TP 4, 8 at TP 8; ring-exchange AG before fc1
+    fprop: none), so the phase's GEMMs slow by the time-weighted mean, not one average."""
+    from dfmodel.inter_chip.llm import _userbuffers_s
+
+    rows = [_row("comm1.all_gather.x", network_s=0.3), _row("fwd.fc1", 2.0),
+            _row("fwd.fc2", 1.0), _row("comm2.reduce_scatter.y", network_s=0.3)]
+    phase = _phase(rows, 0.6)
+    for tp, fc2_sms in ((4, 16), (8, 8)):
+        slow = (2.0 * 1.0 + 1.0 * 132 / (132 - fc2_sms)) / 3.0  # fc1 keeps every SM
+        expect = nccl.tp_overlapped_phase_s(phase.time_s, 0.6, 3.0, 0.6, tp, gemm_slowdown=slow)
+        assert _userbuffers_s(phase, tp, 132) == pytest.approx(expect, rel=1e-12)
+    # the TP-4 config holds more SMs beside fc2 than the TP-8 one: never faster
+    assert _userbuffers_s(phase, 4, 132) > _userbuffers_s(phase, 8, 132)
+    # a GEMM no exchange pairs with (fc2 wgrad) is not slowed
+    alone = _phase([_row("wgrad.fc2", 3.0), _row("comm3.all_gather.z", network_s=0.6)], 0.6)
+    assert _userbuffers_s(alone, 8, 132) == pytest.approx(nccl.tp_overlapped_phase_s(3.6, 0.6, 3.0, 0.6, 8))
+
+
+def test_userbuffers_parts_add_up_and_hide_the_comm():
+    from dfmodel.inter_chip.llm import _userbuffers_parts, _userbuffers_s
+
+    rows = [_row("comm1.all_gather.x", network_s=0.3), _row("fwd.fc1", 2.0),
+            _row("fwd.fc2", 1.0), _row("comm2.reduce_scatter.y", network_s=0.3)]
+    phase = _phase(rows, 0.6)
+    parts = _userbuffers_parts(phase, 8, 132)
+    assert sum(parts.values()) == pytest.approx(_userbuffers_s(phase, 8, 132), rel=1e-12)
+    assert parts["tp_comm"] == pytest.approx(0.0, abs=1e-12)  # 0.6 s of comm under 3 s of GEMMs
+    slow = _phase([_row("fwd.fc1", 0.2), _row("comm1.all_gather.x", network_s=2.0)], 2.0)
+    assert _userbuffers_parts(slow, 8, 132)["tp_comm"] > 0  # comm longer than its GEMM stays exposed

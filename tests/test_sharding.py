@@ -106,3 +106,44 @@ def test_conversions():
     assert conversion("F", "R", 100, 4).collective == "all_gather"
     assert conversion("P", "T", 100, 4).collective == "reduce_scatter"
     assert conversion("R", "P", 100, 4) is None
+
+
+
+def test_saved_input_is_gathered_once_forward_and_again_backward():
+    """Issue 11: the sequence-sharded input of a column-parallel linear is all-gathered once in
+    the forward (not once per reader) and again in the backward for the weight gradient
+    (Megatron SP saves the sharded input)."""
+    from dfmodel.inter_chip.sharding import shard
+
+    s = system()
+    sharded = shard(mlp_graph(), s, TPGroup(8, (("nv", 8),)), CostTable(s), sequence_parallel=True,
+                    solver="highs", megatron_layouts=True)
+    gathers = [k for k in sharded.graph.kernels if k.kind == KernelKind.comm and k.name.endswith("all_gather.x")]
+    assert sorted(k.phase == Phase.forward for k in gathers) == [False, True]
+    readers = {k.name: [t.consumer for t in sharded.graph.tensors if t.producer == k.name] for k in gathers}
+    assert sorted(r for rs in readers.values() for r in rs) == ["fwd.fc1", "wgrad.fc1"]
+
+
+def test_megatron_sp_layer_runs_4_collectives_forward_6_backward():
+    """A Megatron SP decoder layer: forward AG + RS per block (4); backward per block an AG of
+    the output gradient (shared by dgrad and wgrad), an AG of the saved input for the wgrad and
+    an RS of the input gradient (6), Korthikanti et al. 2022 sec. 4.2.2. (The layernorm weight
+    gradients' tiny all-reduces are not counted.) Without SP: one all-reduce per block each way."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_inter_chip import SMALL_LLM, small_system
+
+    from dfmodel import load_workload
+    from dfmodel.graph.build import build_graphs
+    from dfmodel.inter_chip.sharding import shard
+
+    layer = build_graphs(load_workload(SMALL_LLM), batch=1).layer
+    s = load_system(small_system(4, 1))
+    group = TPGroup(4, ((s.network[0].name, 4),))
+    for sp, fwd_n, bwd_n in ((True, 4, 6), (False, 2, 2)):
+        g = shard(layer, s, group, CostTable(s), sequence_parallel=sp, solver="highs", megatron_layouts=True).graph
+        comm = [k for k in g.kernels if k.kind == KernelKind.comm and ".dW." not in k.name]
+        assert sum(k.phase == Phase.forward for k in comm) == fwd_n, (sp, [k.name for k in comm])
+        assert sum(k.phase != Phase.forward for k in comm) == bwd_n, (sp, [k.name for k in comm])

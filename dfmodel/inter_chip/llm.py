@@ -167,19 +167,63 @@ def _is_attention_core(kernel) -> bool:
 UB_LINEAR = ("qkv", "out_proj", "fc1", "fc2")
 
 
-def _userbuffers_s(phase: PhaseTime, tp: int) -> float:
+def _userbuffers_s(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> float:
     """A layer phase's time with the TP collectives chunked under their GEMMs
-    (:func:`dfmodel.netmodels.nccl.tp_overlapped_phase_s`; GEMMs slowed by the SMs the exchange
-    holds, :func:`~dfmodel.netmodels.nccl.userbuffers_gemm_slowdown`)."""
-    def linear(row) -> bool:
-        return any(len(p := k.split(".")) > 1 and p[1] in UB_LINEAR for k in row["kernels"])
+    (:func:`dfmodel.netmodels.nccl.tp_overlapped_phase_s`). Each GEMM is slowed by the SMs its
+    own exchange holds (:func:`~dfmodel.netmodels.nccl.userbuffers_sms`, NeMo's per-GEMM
+    configs, of the chip's ``sms``): the phase's GEMMs slow down by their time-weighted mean."""
+    return _userbuffers_split(phase, tp, sms)[0]
 
-    gemm_s = sum(max(r["compute_s"], r["memory_s"]) for r in phase.partitions if linear(r))
+
+def _userbuffers_parts(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> dict[str, float]:
+    """The phase's breakdown parts with userbuffers: the TP communication still exposed after
+    the overlap stays ``tp_comm``; the GEMMs' slowdown from the SMs the exchanges hold counts as
+    compute; memory unchanged. They add up to :func:`_userbuffers_s`."""
+    time_s, exposed_s = _userbuffers_split(phase, tp, sms)
+    parts = dict(phase.parts_s)
+    before = phase.time_s - parts["tp_comm"]  # the phase without its exposed TP communication
+    parts["tp_comm"] = exposed_s
+    parts["compute"] += time_s - before - exposed_s
+    return parts
+
+
+def _userbuffers_split(phase: PhaseTime, tp: int, sms: int) -> tuple[float, float]:
+    """(time, TP communication still exposed) of a phase under userbuffers (:func:`_userbuffers_s`)."""
+    def linear(row) -> tuple[str, str] | None:
+        for k in row["kernels"]:
+            p = k.split(".")
+            if len(p) > 1 and p[1] in UB_LINEAR:
+                return p[1], {"fwd": "fprop", "bwd": "dgrad", "wgrad": "wgrad"}.get(p[0], "fprop")
+        return None
+
+    gemm_s = slowed_s = 0.0
+    for r in phase.partitions:
+        role = linear(r)
+        if role is None:
+            continue
+        t = max(r["compute_s"], r["memory_s"])
+        gemm_s += t
+        slowed_s += t * nccl.contended_kernel_s(1.0, 0.0, comm_channels=min(nccl.userbuffers_sms(*role, tp), sms - 1),
+                                                sms=sms, comm_hbm_Bps=0.0, hbm_Bps=1.0)
     comm_s = sum(r["network_s"] for r in phase.partitions)
     if comm_s <= 0 or gemm_s <= 0:
-        return phase.time_s
-    return nccl.tp_overlapped_phase_s(phase.time_s, phase.parts_s["tp_comm"], gemm_s, comm_s, tp,
-                                      gemm_slowdown=nccl.userbuffers_gemm_slowdown())
+        return phase.time_s, phase.parts_s["tp_comm"]
+    time_s = nccl.tp_overlapped_phase_s(phase.time_s, phase.parts_s["tp_comm"], gemm_s, comm_s, tp,
+                                        gemm_slowdown=slowed_s / gemm_s)
+    rest_s = max(0.0, phase.time_s - phase.parts_s["tp_comm"] - gemm_s)
+    return time_s, max(0.0, time_s - rest_s - slowed_s)
+
+
+def _layer_times_s(layer: BlockTimes, m: Mapping, sms: int = nccl.H100_SMS) -> tuple[float, float]:
+    """(forward, backward incl. recompute) of one layer and micro-batch before the record's
+    extra communication; with Megatron's ``tp_comm_overlap`` (TE userbuffers) the TP collectives
+    run under their GEMMs (:func:`_userbuffers_s`, on a chip of ``sms`` SMs), so the time can be
+    below the phase's."""
+    if m.tp_comm_overlap and m.tp > 1:
+        fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp, sms), _userbuffers_s(layer.bwd, m.tp, sms)
+        redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
+        return fwd_ub, bwd_ub + redo
+    return layer.fwd.time_s, layer.backward_s(m.recompute)
 
 
 @lru_cache(maxsize=65536)
@@ -705,16 +749,19 @@ class LLMModel:
     # -- communication terms of the record's dimensions -----------------------------------------
     def _layer_phases_s(self, m: Mapping, layer: BlockTimes, extra: dict[str, tuple[float, float]]) -> tuple[float, float]:
         """(forward, backward) time of one layer and micro-batch with its exposed communication
-        ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap."""
-        extra_f = sum(f for f, _ in extra.values())
-        extra_b = sum(b for _, b in extra.values())
-        t_f = layer.fwd.time_s + extra_f
-        t_b = layer.backward_s(m.recompute) + extra_b
-        if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
-            fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
-            redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
-            t_f, t_b = fwd_ub + extra_f, bwd_ub + redo + extra_b
-        return t_f, t_b
+        ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
+        t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles)
+        return t_f + sum(f for f, _ in extra.values()), t_b + sum(b for _, b in extra.values())
+
+    def _layer_parts(self, m: Mapping, layer: BlockTimes) -> dict[str, float]:
+        """One layer's time by component, as :meth:`_layer_phases_s` times it (with
+        tp_comm_overlap: the TP communication under its GEMMs)."""
+        if m.tp_comm_overlap and m.tp > 1:
+            sms = self.system.chip.compute_tiles
+            f, b = _userbuffers_parts(layer.fwd, m.tp, sms), _userbuffers_parts(layer.bwd, m.tp, sms)
+            redo = {"none": None, "selective": layer.attention_core.parts_s, "full": f}[m.recompute]
+            return {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
+        return layer.parts(m.recompute)
 
     def _with_offload(self, m: Mapping, layer: BlockTimes, extra: dict[str, tuple[float, float]],
                       t_f: float, t_b: float) -> tuple[float, float]:
@@ -895,9 +942,9 @@ class LLMModel:
 
     def _stage_shares(self, n_layers: int, m: Mapping, layer: BlockTimes, emb, head,
                       dense: tuple[int, BlockTimes] | None = None) -> dict[str, float]:
-        parts = {k: n_layers * v for k, v in layer.parts(m.recompute).items()}
+        parts = {k: n_layers * v for k, v in self._layer_parts(m, layer).items()}
         if dense is not None:
-            for k, v in dense[1].parts(m.recompute).items():
+            for k, v in self._layer_parts(m, dense[1]).items():
                 parts[k] += dense[0] * v
         for blk in (emb, head):
             if blk:

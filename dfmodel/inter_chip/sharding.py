@@ -350,6 +350,30 @@ def _scaled_kernel(k: Kernel, s: Strategy, t: int) -> Kernel:
     )
 
 
+def comm_phase(graph: DataflowGraph, e: Tensor, collective: str) -> Phase:
+    """The phase in which the layout conversion of edge ``e`` runs; every reader of the same
+    tensor in that phase shares it (one collective, not one per reader).
+
+    A tensor is converted when it is produced (forward for a forward output), except that a
+    forward activation a backward kernel must all-gather is gathered again in the backward:
+    Megatron's sequence parallelism saves the sequence-sharded input of a column-parallel
+    linear and re-gathers it for the weight gradient (Korthikanti et al. 2022, sec. 4.2.2;
+    Megatron-LM ``LinearWithGradAccumulationAndAsyncCommunication.backward``, Transformer
+    Engine ``_Linear.backward`` with ``sequence_parallel``), which is also what
+    :mod:`dfmodel.inter_chip.memory` counts as saved. So a Megatron SP layer runs 4 TP
+    collectives forward (AG, RS per block) and 6 backward (AG of the output gradient, AG of the
+    saved input, RS of the input gradient per block). A gradient reaching the layer's boundary
+    (no producer) is converted in its reader's phase.
+    """
+    if e.producer is None:
+        return Phase.forward if graph.kernel(e.consumer).phase == Phase.forward else Phase.backward
+    produced = graph.kernel(e.producer).phase
+    if produced == Phase.forward and e.consumer is not None and collective == "all_gather" \
+            and graph.kernel(e.consumer).phase != Phase.forward:
+        return Phase.backward
+    return produced
+
+
 def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph:
     """Per-chip kernels and tensors, with a ``comm`` kernel on every edge that converts layouts."""
     t = problem.group.size
@@ -358,6 +382,7 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
     tensors: list[Tensor] = []
     net: dict[str, float] = {}
     comm_rows = []
+    done: dict[tuple, str] = {}  # one collective per (tensor, conversion, phase): see comm_phase
     for i, e in enumerate(g.tensors):
         r = plan.strategy.get(e.producer) if e.producer else None
         q = plan.strategy.get(e.consumer) if e.consumer else None
@@ -366,7 +391,12 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
         if conv is None or conv.collective is None or t == 1:
             tensors.append(replace(e, bytes=e.bytes * local_fraction(dst, t)))
             continue
-        name = f"comm{i}.{conv.collective}.{e.name}"
+        phase = comm_phase(g, e, conv.collective)
+        key = (e.name, e.producer, src, dst, phase)
+        if key in done:  # another reader of the same converted tensor in the same phase
+            tensors.append(replace(e, producer=done[key], bytes=e.bytes * local_fraction(dst, t)))
+            continue
+        name = done[key] = f"comm{i}.{conv.collective}.{e.name}"
         time_s = problem.comm_time_s(conv.collective, conv.message_bytes)
         net[name] = time_s
         comm_rows.append((name, conv.collective, conv.message_bytes, time_s))
@@ -377,9 +407,7 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
                 {},
                 flop=0.0,
                 output_bytes=e.bytes * local_fraction(dst, t),
-                # converted once when the tensor is produced and kept for every later reader (a
-                # backward reader does not re-gather); keeps forward and backward graphs narrow
-                phase=g.kernel(e.producer).phase if e.producer else g.kernel(e.consumer).phase,
+                phase=phase,
                 group="tp_comm",
                 collective=conv.collective,
                 comm_bytes=conv.message_bytes,

@@ -111,6 +111,34 @@ H100_SMS = 132
 USERBUFFERS_SMS = 6.2
 
 
+#: SMs a userbuffers exchange holds while it overlaps each GEMM, per (linear layer, pass), from NeMo's
+#: H100 configs (nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py; the bf16 and fp8
+#: variants hold the same SMs): ring-exchange all-gathers (qkv/fc1 fprop, proj/fc2 dgrad) run on
+#: the copy engines (0 SMs); the pipelined reduce-scatters after proj/fc2 fprop hold ``num_sm``
+#: (``set_sm_margin``: the GEMM runs on the rest); the bulk exchanges hold theirs beside the qkv/fc1
+#: dgrad (all-gather of the saved input) and wgrad (reduce-scatter of the input gradient) GEMMs.
+#: Key: the TP degree of the config (4: userbuffers_*_h100_h8192_tp4_mbs1_seqlen8192, Llama 3 70B;
+#: 8: userbuffers_*_h100_h16384_tp8_cp2_mbs1_seqlen8192, Llama 3.1 405B).
+USERBUFFERS_SMS_BY_TP = {
+    4: {("out_proj", "fprop"): 24, ("fc2", "fprop"): 16, ("qkv", "dgrad"): 4, ("qkv", "wgrad"): 24,
+        ("fc1", "dgrad"): 2, ("fc1", "wgrad"): 4},
+    8: {("out_proj", "fprop"): 24, ("fc2", "fprop"): 8, ("qkv", "dgrad"): 2, ("qkv", "wgrad"): 24,
+        ("fc1", "dgrad"): 2, ("fc1", "wgrad"): 2},
+}
+
+
+def userbuffers_sms(layer: str, gemm_pass: str, tp: int) -> float:
+    """SMs the userbuffers exchange paired with GEMM ``(layer, gemm_pass)`` holds at TP ``tp``
+    (:data:`USERBUFFERS_SMS_BY_TP`; tp <= 4 uses the TP-4 config, larger tp the TP-8 one; a GEMM
+    no exchange pairs with, e.g. a wgrad of proj/fc2, keeps every SM).
+
+    >>> userbuffers_sms("fc2", "fprop", 4), userbuffers_sms("fc2", "fprop", 8), userbuffers_sms("fc1", "fprop", 8)
+    (16, 8, 0)
+    """
+    table = USERBUFFERS_SMS_BY_TP[4 if tp <= 4 else 8]
+    return table.get((layer, gemm_pass), 0)
+
+
 def userbuffers_gemm_slowdown(sms: int = H100_SMS, ub_sms: float = USERBUFFERS_SMS) -> float:
     """Slowdown of a compute-bound GEMM that runs beside a userbuffers exchange: it keeps
     ``sms - ub_sms`` SMs (:func:`contended_kernel_s` with no HBM contention).

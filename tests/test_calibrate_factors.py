@@ -1,0 +1,40 @@
+"""benchmarks/calibrate.py: a factor of one preset (``<preset>/<key>``) touches only that preset's
+cases, and None keeps the shared value (issue 11: one set of global factors per preset)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _calibrate():
+    spec = importlib.util.spec_from_file_location("calibrate_script", ROOT / "benchmarks" / "calibrate.py")
+    mod = importlib.util.module_from_spec(spec)
+    argv, sys.argv = sys.argv, ["calibrate.py"]
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.argv = argv
+    return mod
+
+
+def test_preset_factor_applies_to_its_preset_only():
+    cal = _calibrate()
+    factors = {"matmul.fp8": 0.55, "dgx_b200/matmul.fp8": 0.45}
+    assert cal.system_with("dgx_b200", factors)["chip"]["efficiency"]["matmul"]["fp8"] == 0.45
+    assert cal.system_with("dgx_h100", factors)["chip"]["efficiency"]["matmul"]["fp8"] == 0.55
+    keep = cal.system_with("dgx_b200", {"matmul.fp8": 0.55, "dgx_b200/matmul.fp8": None})
+    assert keep["chip"]["efficiency"]["matmul"]["fp8"] == 0.55
+
+
+def test_preset_factor_is_relevant_to_its_cases_only():
+    cal = _calibrate()
+    cases = {c.id: c for c in cal.load_cases(ROOT / "calibration" / "h100_training.yaml")}
+    b200 = next(c for c in cases.values() if "B200" in c.system.chip)
+    h100_fp8 = cases["dgxc-llama31-405b-fp8-576"]
+    assert cal.relevant("dgx_b200/matmul.fp8", b200)
+    assert not cal.relevant("dgx_b200/matmul.fp8", h100_fp8)
+    assert cal.relevant("matmul.fp8", h100_fp8) and not cal.relevant("matmul.fp8", cases["dgxc-llama31-405b-bf16-576"])
