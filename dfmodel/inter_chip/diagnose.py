@@ -119,9 +119,11 @@ CHECKS: list[Check] = [
           lambda x, cs: f"tp x{' cp x' if _cp(cs) else ''} pp x dp must equal the {x.num_chips} chips, but the fixed "
                         f"degrees give tp {_one(cs, 'tp')}{_cp(cs)} x pp {_one(cs, 'pp')} x dp {_one(cs, 'dp')} = "
                         f"{_one_product(cs)}"),
-    Check("ep", lambda x, c: (c.dp * c.cp) % c.ep == 0,
+    # expert TP = TP: ep divides dp x cp; expert TP 1 (etp): ep = tp x a divisor of dp x cp
+    Check("ep", lambda x, c: (c.dp * c.cp) % c.ep == 0 or (c.tp > 1 and c.ep % c.tp == 0
+                                                             and (c.dp * c.cp) % (c.ep // c.tp) == 0),
           lambda x, cs: f"ep {_one(cs, 'ep')} must divide dp x cp (the ranks experts are split over), "
-                        f"here dp {_one(cs, 'dp')}{_cp(cs)}"),
+                        f"here dp {_one(cs, 'dp')}{_cp(cs)}, or with expert TP 1 be tp x a divisor of it"),
     Check("heads", lambda x, c: x.heads % c.tp == 0,
           lambda x, cs: f"tp {_one(cs, 'tp')} does not divide the {x.heads} attention heads"),
     Check("kv_heads", lambda x, c: x.kv_heads % c.tp == 0 or c.tp % x.kv_heads == 0,
