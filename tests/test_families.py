@@ -323,11 +323,10 @@ def test_precision_missing_on_chip_is_input_error():
 
 
 @pytest.mark.parametrize("workload,num_chips", [("dlrm", 64), ("fft", 64), ("hpl", 1024)])
-def test_shipped_workloads_solve_quickly(workload, num_chips):
+def test_shipped_workloads_solve_to_proven_optimum(workload, num_chips):
+    # (how fast is benchmarks' business -- bench_optimize.py -- not a wall-clock assertion here)
     s = load_system("dgx_a100", num_chips=num_chips)
-    t0 = time.perf_counter()
     r = solve_family(load_workload(workload), s, Knobs())
-    assert time.perf_counter() - t0 < 10
     assert r.iteration_time_s > 0 and 0 < r.model_flops_utilization < 1
     assert r.solver.proven_optimal
     assert sum(r.breakdown_s.values()) == pytest.approx(r.iteration_time_s, rel=1e-12)
