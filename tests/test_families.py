@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 
 import pytest
 
