@@ -269,3 +269,17 @@ def test_cli_options_and_json_record():
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["parallelism"]["offload_optimizer"] == "host" and out["breakdown_s"]["offload"] > 0
+
+
+def test_a_host_faster_than_the_chip_is_searched_up_front():
+    """On a (hypothetical) host whose CPU step beats the chip's own, offload may win even where
+    everything fits: then every variant is enumerated, and the search still equals the oracle."""
+    w = load_workload(SMALL_LLM)
+    s = load_system(with_host(small_system(2, 1), cpu_adam_params_per_s=1e14, link_bandwidth_Bps="100 TB/s",
+                              memory_bandwidth_Bps="1000 TB/s"))
+    assert off.host_step_can_win(s) and not off.host_step_can_win(load_system(with_host(small_system(2, 1))))
+    r = optimize(w, s, alternatives=0)
+    assert r.parallelism.offload_optimizer == "host"
+    model = LLMModel(w, s)
+    best = min(e.iteration_time_s for e in map(model.evaluate, _every_offload_variant(model)) if e.fits)
+    assert r.iteration_time_s == pytest.approx(best, rel=1e-12)
