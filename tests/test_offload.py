@@ -283,3 +283,25 @@ def test_a_host_faster_than_the_chip_is_searched_up_front():
     model = LLMModel(w, s)
     best = min(e.iteration_time_s for e in map(model.evaluate, _every_offload_variant(model)) if e.fits)
     assert r.iteration_time_s == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("opts", [{"offload_optimizer": "host"}, {"offload_activations": True},
+                                  {"offload_optimizer": "host", "offload_activations": True, "offload_weights": True}])
+def test_memory_floors_stay_below_the_evaluated_memory_with_offload(opts):
+    """Both pre-solve screens (chip and host) are lower bounds of what evaluate() finds."""
+    w = load_workload(SMALL_LLM)
+    s = load_system(with_host(small_system(2, 2), capacity_bytes="64 GB"))
+    model = LLMModel(w, s)
+    seen = 0
+    for m in list(llm_candidates(model, Knobs()))[::5]:
+        v = dataclasses.replace(m, **opts)
+        if not off.valid(v):
+            continue
+        ev = model.evaluate(v)
+        assert model.memory_floor_bytes(v) <= ev.memory.total_bytes * (1 + 1e-12)
+        floor = LLMModel(w, s).memory_before_blocks(v)
+        assert floor.total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
+        assert floor.host_bytes <= ev.memory.host_bytes * (1 + 1e-12)
+        assert model.lower_bound_s(v) <= ev.iteration_time_s * (1 + 1e-12)
+        seen += 1
+    assert seen >= 5

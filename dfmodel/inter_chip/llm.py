@@ -417,7 +417,7 @@ class LLMModel:
             head += mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp,
                                                    pp=m.pp, tie_embeddings=self.model.tie_embeddings)
             k = -(-self.num_layers // m.pp)
-            best = None
+            best, host = None, float("inf")
             for i in range(m.pp):
                 stages = [0] * m.pp
                 stages[i] = k
@@ -425,9 +425,10 @@ class LLMModel:
                 params[0] += emb
                 params[-1] += head
                 b = self.memory_check(m, params, stages, layer, layer_expert_params=experts)
+                host = min(host, b.host_bytes)  # offload: the host's floor is its own least split
                 if best is None or b.total_bytes < best.total_bytes:
                     best = b
-            self._memory_floors[key] = best
+            self._memory_floors[key] = best if best.host_capacity_bytes is None else replace(best, host_bytes=host)
         return self._memory_floors[key]
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],
