@@ -305,3 +305,20 @@ def test_memory_floors_stay_below_the_evaluated_memory_with_offload(opts):
         assert model.lower_bound_s(v) <= ev.iteration_time_s * (1 + 1e-12)
         seen += 1
     assert seen >= 5
+
+
+def test_refined_bound_is_valid_with_tp_comm_overlap():
+    """The lazily refined bound runs a layer as evaluate() does: with tp_comm_overlap the
+    userbuffers phases can be shorter than the plain ones (found through an offload case that
+    the search missed: its refined bound was above its time)."""
+    w = load_workload(SMALL_LLM)
+    model = LLMModel(w, load_system(with_host(small_system(4, 2))))
+    checked = 0
+    for m in llm_candidates(model, Knobs(tp=4)):
+        if not m.tp_comm_overlap:
+            continue
+        for v in [m] + [dataclasses.replace(m, offload_optimizer="host")] * (m.zero_stage >= 2):
+            ev = model.evaluate(v)
+            assert model.refined_bound_s(v) <= ev.iteration_time_s * (1 + 1e-12)
+            checked += 1
+    assert checked >= 10

@@ -311,8 +311,9 @@ class LLMModel:
         if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
             return None
         layer, emb, head = blocks
-        # a layer's pass is never shorter than its host transfers (offload: they only hide behind it)
-        total = self.num_layers * max(layer.fwd.time_s + layer.backward_s(m.recompute),
+        # a layer's pass as evaluate() runs it (tp_comm_overlap's userbuffers can make it shorter
+        # than the plain phases), never shorter than its host transfers (offload hides behind it)
+        total = self.num_layers * max(sum(self._layer_pass_s(m, layer)),
                                       sum(self._offload_layer_s(m, layer.params_per_chip)))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         avg_stage_s = total / m.pp
@@ -479,12 +480,8 @@ class LLMModel:
         extra = self._layer_comm(m, layer, dp_group)
         extra_f = sum(f for f, _ in extra.values())
         extra_b = sum(b for _, b in extra.values())
-        t_f = layer.fwd.time_s + extra_f
-        t_b = layer.backward_s(m.recompute) + extra_b
-        if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
-            fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
-            redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
-            t_f, t_b = fwd_ub + extra_f, bwd_ub + redo + extra_b
+        t_f, t_b = self._layer_pass_s(m, layer)
+        t_f, t_b = t_f + extra_f, t_b + extra_b
         # host transfers of offload hide behind the rest of the layer's pass; the excess is exposed
         x_f, x_b = self._offload_layer_s(m, layer.params_per_chip)
         if x_f or x_b:
@@ -614,6 +611,15 @@ class LLMModel:
             f, b = self._fsdp_exposed(layer, layer.fwd.time_s, layer.backward_s(m.recompute), m, dp_group)
             out["dp_comm"] = (f - layer.fwd.time_s, b - layer.backward_s(m.recompute))
         return out
+
+    def _layer_pass_s(self, m: Mapping, layer: BlockTimes) -> tuple[float, float]:
+        """One layer's forward and backward (with recompute) per micro-batch on the chip,
+        before the exposed communication of the record's dimensions."""
+        if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
+            fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp), _userbuffers_s(layer.bwd, m.tp)
+            redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
+            return fwd_ub, bwd_ub + redo
+        return layer.fwd.time_s, layer.backward_s(m.recompute)
 
     def _offload_layer_s(self, m: Mapping, layer_params: float) -> tuple[float, float]:
         """Host-link time of one layer and micro-batch, (forward, backward):
