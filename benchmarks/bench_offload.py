@@ -5,7 +5,8 @@ wall times on a shared machine are not comparable).
 
 1. GPT-3 13B on one DGX A100 (8 GPUs): the free search, then with optimizer offload forced.
 2. GPT-3 175B on 16 H100 (two DGX H100): does not fit without offload; the search picks it.
-3. A GH/GB200 case: the same model on 16 GB200 GPUs (NVLink-C2C to Grace) -- cheap offload.
+3. GPT-3 175B on 72 GB200 GPUs (Grace over NVLink-C2C) and on 72 H100 (PCIe Gen5) with the
+   same offload forced: C2C makes it cheap.
 4. ZeRO-Offload's published single-GPU point (Ren et al., ATC 2021, abstract and sec. 6:
    a 10B-parameter GPT-2 at ~40 TFLOPS on one V100-32GB of a DGX-2) with a DGX-2-like host.
 """
@@ -74,9 +75,14 @@ def main(which: str = "all") -> None:
         run("gpt3_175b x 16 dgx_h100, free", "gpt3_175b", h100)
         run("gpt3_175b x 8 dgx_h100, free", "gpt3_175b", load_system("dgx_h100", num_chips=8))
     if which in ("all", "gb200"):
-        gb = load_system("gb200_nvl72", num_chips=72)
-        run("gpt3_175b x 72 gb200_nvl72, free", "gpt3_175b", gb)
-        run("gpt3_175b x 72 gb200_nvl72, --offload-optimizer host", "gpt3_175b", gb, offload_optimizer="host")
+        # the same forced offload over NVLink-C2C (Grace) and over PCIe Gen5 (DGX H100), TP 8
+        for name in ("gb200_nvl72", "dgx_h100"):
+            s = load_system(name, num_chips=72)
+            run(f"gpt3_175b x 72 {name}, tp 8", "gpt3_175b", s, tp=8)
+            run(f"gpt3_175b x 72 {name}, tp 8, --offload-optimizer host", "gpt3_175b", s, tp=8,
+                offload_optimizer="host")
+            run(f"gpt3_175b x 72 {name}, tp 8, --offload-activations", "gpt3_175b", s, tp=8,
+                offload_activations=True)
     if which in ("all", "zero_offload"):
         run("gpt2_10b x 1 V100 (DGX-2 host), free", GPT2_10B, dgx2_one_v100())
         run("gpt2_10b x 1 V100 (DGX-2 host), ZeRO-Offload as published (optimizer only)", GPT2_10B,

@@ -269,3 +269,56 @@ def test_cli_options_and_json_record():
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["parallelism"]["offload_optimizer"] == "host" and out["breakdown_s"]["offload"] > 0
+
+
+def test_a_host_faster_than_the_chip_is_searched_up_front():
+    """On a (hypothetical) host whose CPU step beats the chip's own, offload may win even where
+    everything fits: then every variant is enumerated, and the search still equals the oracle."""
+    w = load_workload(SMALL_LLM)
+    s = load_system(with_host(small_system(2, 1), cpu_adam_params_per_s=1e14, link_bandwidth_Bps="100 TB/s",
+                              memory_bandwidth_Bps="1000 TB/s"))
+    assert off.host_step_can_win(s) and not off.host_step_can_win(load_system(with_host(small_system(2, 1))))
+    r = optimize(w, s, alternatives=0)
+    assert r.parallelism.offload_optimizer == "host"
+    model = LLMModel(w, s)
+    best = min(e.iteration_time_s for e in map(model.evaluate, _every_offload_variant(model)) if e.fits)
+    assert r.iteration_time_s == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("opts", [{"offload_optimizer": "host"}, {"offload_activations": True},
+                                  {"offload_optimizer": "host", "offload_activations": True, "offload_weights": True}])
+def test_memory_floors_stay_below_the_evaluated_memory_with_offload(opts):
+    """Both pre-solve screens (chip and host) are lower bounds of what evaluate() finds."""
+    w = load_workload(SMALL_LLM)
+    s = load_system(with_host(small_system(2, 2), capacity_bytes="64 GB"))
+    model = LLMModel(w, s)
+    seen = 0
+    for m in list(llm_candidates(model, Knobs()))[::5]:
+        v = dataclasses.replace(m, **opts)
+        if not off.valid(v):
+            continue
+        ev = model.evaluate(v)
+        assert model.memory_floor_bytes(v) <= ev.memory.total_bytes * (1 + 1e-12)
+        floor = LLMModel(w, s).memory_before_blocks(v)
+        assert floor.total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
+        assert floor.host_bytes <= ev.memory.host_bytes * (1 + 1e-12)
+        assert model.lower_bound_s(v) <= ev.iteration_time_s * (1 + 1e-12)
+        seen += 1
+    assert seen >= 5
+
+
+def test_refined_bound_is_valid_with_tp_comm_overlap():
+    """The lazily refined bound runs a layer as evaluate() does: with tp_comm_overlap the
+    userbuffers phases can be shorter than the plain ones (found through an offload case that
+    the search missed: its refined bound was above its time)."""
+    w = load_workload(SMALL_LLM)
+    model = LLMModel(w, load_system(with_host(small_system(4, 2))))
+    checked = 0
+    for m in llm_candidates(model, Knobs(tp=4)):
+        if not m.tp_comm_overlap:
+            continue
+        for v in [m] + [dataclasses.replace(m, offload_optimizer="host")] * (m.zero_stage >= 2):
+            ev = model.evaluate(v)
+            assert model.refined_bound_s(v) <= ev.iteration_time_s * (1 + 1e-12)
+            checked += 1
+    assert checked >= 10

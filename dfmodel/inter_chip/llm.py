@@ -549,7 +549,7 @@ class LLMModel:
                                                    pp=m.pp, tie_embeddings=self.model.tie_embeddings)
             dense = g.dense_layer.params() / m.tp if self.num_dense_layers else None
             k = -(-self.num_layers // m.pp)
-            best = None
+            best, host = None, float("inf")
             for i in range(m.pp):
                 stages = [0] * m.pp
                 stages[i] = k
@@ -561,9 +561,10 @@ class LLMModel:
                     b = self.memory_check(m, params, [0] * m.pp if kind_dense else stages, layer,
                                           layer_expert_params=experts, dense_per_stage=stages if kind_dense else None,
                                           dense_layer_params=dense or 0.0)
+                    host = min(host, b.host_bytes)  # offload: the host's floor is its own least split
                     if best is None or b.total_bytes < best.total_bytes:
                         best = b
-            self._memory_floors[key] = best
+            self._memory_floors[key] = best if best.host_capacity_bytes is None else replace(best, host_bytes=host)
         return self._memory_floors[key]
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],

@@ -28,6 +28,12 @@ for systems with a ``host`` block (:class:`dfmodel.system.host.Host`):
   needs the optimizer on the host (the gradients are there) and, with data parallelism, ZeRO
   stage 3 (each rank streams its shard; DeepSpeed's ``offload_param`` is a stage-3 feature).
 
+Host memory: every chip of a host is charged its worst pipeline stage's host bytes against
+``usable / chips_per_host`` (conservative when stages that need less share the host). Not
+modelled: NVMe offload (ZeRO-Infinity's third tier), partial offload (ZeRO-Offload++'s
+Twin-Flow ratio, Megatron-Core's ``cpu_offloading_num_layers`` < all), the pinned staging
+buffers' own size, and the CPU-Adam step competing with the transfers for host DRAM.
+
 Transfers of the per-layer kinds run in both directions at once (1F1B interleaves forwards and
 backwards), the step's one direction at a time: :meth:`Host.link_Bps` gives a chip's share.
 
