@@ -307,20 +307,40 @@ class LLMModel:
         if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
             return None
         layer, emb, head = blocks
-        total = self.num_layers * (layer.fwd.time_s + layer.backward_s(m.recompute))
+        total = self.num_layers * sum(self._layer_compute_s(m, layer))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
+    @staticmethod
+    def _layer_compute_s(m: Mapping, layer: BlockTimes) -> tuple[float, float]:
+        """One layer's (forward, backward) time per micro-batch without the exposed cp/ep/ZeRO-3
+        communication, as :meth:`evaluate` composes it (with ``tp_comm_overlap`` the TP
+        collectives chunked under their GEMMs, which can be faster than the phases as solved:
+        a bound from the solved phases alone overshot such mappings by up to 6%)."""
+        if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
+            fwd_ub = _userbuffers_s(layer.fwd, m.tp)
+            redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
+            return fwd_ub, _userbuffers_s(layer.bwd, m.tp) + redo
+        return layer.fwd.time_s, layer.backward_s(m.recompute)
+
     def params_per_chip_floor(self, m: Mapping) -> float:
         """Fewest parameters any chip can hold: all of them split evenly over TP x PP (MoE:
         expert parameters also over ep; their optimizer state, sharded over dp x cp / ep ranks,
         is then ``expert / (dp x cp)`` per chip as the dense part's, so this stays a floor)."""
-        if not hasattr(self.graphs(1), "params"):
+        total, layer, layer_experts = self._param_counts
+        if total is None:
             return 0.0
-        experts = self.num_layers * expert_params(self.graphs(1).layer)
-        return (self.graphs(1).params() - experts * (1 - 1 / m.ep)) / (m.tp * m.pp)
+        return (total - self.num_layers * layer_experts * (1 - 1 / m.ep)) / (m.tp * m.pp)
+
+    @cached_property
+    def _param_counts(self) -> tuple:
+        """(all parameters or None, one layer's, one layer's MoE expert parameters): what the
+        bounds read on every candidate, counted once (summing kernels costs ~50 us each time)."""
+        g = self.graphs(1)
+        total = g.params() if hasattr(g, "params") else None
+        return total, g.layer.params(), expert_params(g.layer)
 
     def optimizer_s(self, m: Mapping, params_per_chip: float) -> float:
         shard_dp = m.dp_cp if m.distributed_optimizer else 1
@@ -332,7 +352,7 @@ class LLMModel:
         can reach for these degrees and micro-batching (valid: prunes before any inner solve)."""
         return mem.memory_lower_bound_bytes(
             num_layers=self.num_layers,
-            params_per_layer=self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep),
+            params_per_layer=self._param_counts[1] - self._param_counts[2] * (1 - 1 / m.ep),
             seq_len=self.model.seq_len // m.cp,
             micro_batch=m.micro_batch,
             hidden=self.model.hidden,

@@ -8,6 +8,9 @@ strategy option (:data:`~dfmodel.inter_chip.config.OPTIONS`) and every network p
 
 from __future__ import annotations
 
+import itertools
+from functools import partial
+
 from dfmodel.errors import InputError
 from dfmodel.inter_chip.config import (
     CHIP_DIMS,
@@ -19,6 +22,7 @@ from dfmodel.inter_chip.config import (
     divisors,
 )
 from dfmodel.algorithms import interleaved_split_accounts
+from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.netmodels import inner_group, merge_groups, split_dims
 
 
@@ -111,8 +115,12 @@ def placements(system, deg: dict[str, int]) -> list[tuple]:
     the record (``tp``, ``pp``, ``dp`` first, then the rest; unplaced ones get ``()``)."""
     chip = {"tp": deg["tp"], "pp": deg["pp"], "dp": deg["dp"]}
     chip.update({d: deg[d] for d in CHIP_DIMS if d not in chip and deg[d] > 1})
+    # degree-1 names take no members: laying out only the others gives the same layouts in the
+    # same order (a permutation's first occurrence of each relative order of the rest) with
+    # far fewer nesting orders to try
+    busy = {d: k for d, k in chip.items() if k > 1} or chip
     out = []
-    for place in split_dims(system, chip):
+    for place in split_dims(system, busy):
         groups = {d: tuple(place.get(d, ())) for d in CHIP_DIMS}
         if deg["ep"] > 1:
             ep = inner_group(system, merge_groups(system, groups["cp"], groups["dp"]), deg["ep"])
@@ -154,6 +162,182 @@ def llm_candidates(model, knobs: Knobs):
                                                       cp=cp, ep=ep, **opts)
 
 
+def symmetric_dims(system) -> list[list[str]]:
+    """Groups of network dimensions identical in every field but their name (e.g. the x, y, z
+    rings of a TPU torus): the cost model reads a dimension's properties, never its name or
+    position, so relabelling identical dimensions maps a placement to one that costs the same."""
+    groups: dict[str, list[str]] = {}
+    for d in system.network:
+        sig = repr(sorted((k, v) for k, v in d.model_dump().items() if k != "name"))
+        groups.setdefault(sig, []).append(d.name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def canonical_placement(placement: tuple, classes: list[list[str]]) -> tuple:
+    """The smallest relabelling of ``placement`` over permutations of each class of identical dims.
+
+    >>> p = (("tp", (("y", 2),)), ("dp", (("x", 2),)))
+    >>> canonical_placement(p, [["x", "y"]])
+    (('tp', (('x', 2),)), ('dp', (('y', 2),)))
+    """
+    options = []
+    for perms in itertools.product(*(itertools.permutations(c) for c in classes)):
+        rename = {a: b for c, perm in zip(classes, perms) for a, b in zip(c, perm)}
+        options.append(tuple((g, tuple((rename.get(d, d), n) for d, n in grp)) for g, grp in placement))
+    return min(options)
+
+
+class LLMSpace:
+    """The mapping space of :func:`llm_candidates` as a tree of :class:`SpaceNode` groups (lazy
+    branch and bound, :mod:`dfmodel.inter_chip.space`), placements distinct up to relabelling
+    identical network dimensions (as :func:`~dfmodel.inter_chip.llm_family.distinct_up_to_symmetry`).
+
+    Levels: ``roots()`` gives one group per (cp, tp, pp, dp, ep); it expands into one group per
+    micro-batch size, which expands into one leaf group per (interleave, recompute, ZeRO stage), whose bound and memory floor are the
+    model's own ``lower_bound_s`` / ``memory_floor_bytes`` (they read no other knob), and which
+    expands into its mappings (sequence parallelism x the other options x placements).
+
+    A root's bound relaxes the inner knobs independently: ``LLMModel.lower_bound_s`` is
+    ``(M + (pp - 1) / v) F(mb, rc) / (tp cp pp) + opt(zero)`` with ``F(mb, rc) >= mb F(1, none)``
+    (every kernel's FLOP is linear in the micro-batch and recompute only adds; test_search.py
+    checks both), so the largest ``v``, ``mb F(1, rc_min)`` and the cheapest optimizer step over
+    the ZeRO stages give a bound below every child's (a degree root: also the least over the
+    micro-batch sizes). Its memory floor is the least over the ZeRO stages of the children's
+    (the floor does not read interleave or recompute; a degree root takes the smallest
+    micro-batch, whose activations in flight are the fewest). Counts are
+    products of the knob choices, so pruned groups are counted without building a mapping.
+    """
+
+    def __init__(self, model, knobs: Knobs):
+        self.model, self.knobs = model, knobs
+        self.system = model.system
+        self._classes = symmetric_dims(self.system)
+        self._places: dict[tuple, list[tuple]] = {}
+        self.roots_built: list[SpaceNode] = []
+
+    # -- pieces shared by a degree tuple ---------------------------------------------------------
+    def placements(self, deg: dict[str, int]) -> list[tuple]:
+        """Placements of the degrees, one per class of twins under relabelling identical dims."""
+        key = tuple(sorted(deg.items()))
+        if key not in self._places:
+            places, seen = [], set()
+            for p in placements(self.system, deg):
+                c = canonical_placement(p, self._classes) if self._classes else p
+                if c not in seen:
+                    seen.add(c)
+                    places.append(p)
+            self._places[key] = places
+        return self._places[key]
+
+    def _probe(self, deg, mb, m, v, rc, zero) -> Mapping:
+        """A mapping with the knobs the bound and floor read (placement and the rest neutral)."""
+        return Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, False, zero_stage=zero, cp=deg["cp"], ep=deg["ep"])
+
+    # -- the tree --------------------------------------------------------------------------------
+    def roots(self) -> list[SpaceNode]:
+        """One group per degree tuple (cp, tp, pp, dp, ep)."""
+        model, knobs = self.model, self.knobs
+        system, w = model.system, model.workload
+        n, L = system.num_chips, w.model.num_layers
+        batch = w.training.global_batch
+        heads = w.model.num_heads
+        kv = getattr(w.model, "num_kv_heads", heads) or heads
+        rcs = _choices(knobs.recompute, RECOMPUTE)
+        f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
+        fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
+        out = []
+        for cp in cp_degrees(model, knobs):
+            max_tp = max(d for d in divisors(heads) if d <= n // cp)
+            for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch, cp=cp):
+                if heads % tp or (kv % tp and tp % kv):
+                    continue
+                for ep in ep_degrees(model, knobs, dp * cp):
+                    deg = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
+                    per_dp = batch // dp
+                    mbs = []  # (micro-batch, micro-batches, interleaves)
+                    for mb in _choices(fixed_mb, divisors(per_dp)):
+                        if per_dp % mb == 0 and (vs := interleaves(knobs, pp, per_dp // mb, L)):
+                            mbs.append((mb, per_dp // mb, vs))
+                    if not mbs:
+                        continue
+                    places = self.placements(deg)
+                    if not places:
+                        continue
+                    opts = option_values(knobs, deg)
+                    sps = _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False])
+                    zeros = list(dict.fromkeys(o["zero_stage"] for o in opts))
+                    per_leaf = len(rcs) * len(sps) * len(opts) * len(places)
+                    # bound: (M + (pp-1)/v) mb F(1) = per_dp F(1) + (pp-1) mb F(1) / v, least over the
+                    # (mb, v) pairs; the optimizer step at its cheapest ZeRO stage
+                    avg_s = f1 / (tp * cp * pp)
+                    probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], z) for z in zeros]
+                    opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+                    pipe_s = min((m + (pp - 1) / max(vs)) * (mb * avg_s) for mb, m, vs in mbs)
+                    # floor: the activations in flight, mb min(pp - i, M) = min((pp - i) mb, batch / dp),
+                    # never shrink with mb (memory.memory_lower_bound_bytes), so the smallest mb's
+                    floor = min(model.memory_floor_bytes(p) for p in probes)
+                    count = sum(len(vs) for _, _, vs in mbs) * per_leaf
+                    fixed = (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep))
+                    out.append(SpaceNode((pipe_s + opt_s) * (1 - 1e-12), floor, count, fixed,
+                                         partial(self._expand_degrees, deg, mbs, rcs, sps, opts, places, per_leaf)))
+        self.roots_built = out
+        return out
+
+    def _expand_degrees(self, deg, mbs, rcs, sps, opts, places, per_leaf) -> list[SpaceNode]:
+        """One group per micro-batch size (bound and floor as the root's, for that size)."""
+        model = self.model
+        tp, cp, pp = deg["tp"], deg["cp"], deg["pp"]
+        f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
+        zeros = list(dict.fromkeys(o["zero_stage"] for o in opts))
+        out = []
+        for mb, m, vs in mbs:
+            probes = [self._probe(deg, mb, m, 1, rcs[0], z) for z in zeros]
+            avg_stage_s = mb * f1 / (tp * cp * pp)
+            opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+            bound = ((m + (pp - 1) / max(vs)) * avg_stage_s + opt_s) * (1 - 1e-12)
+            floor = min(model.memory_floor_bytes(p) for p in probes)
+            fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
+                     ("cp", cp), ("ep", deg["ep"]))
+            out.append(SpaceNode(bound, floor, len(vs) * per_leaf, fixed,
+                                 partial(self._expand_micro_batch, deg, mb, m, vs, rcs, sps, opts, places)))
+        return out
+
+    def _expand_micro_batch(self, deg, mb, m, vs, rcs, sps, opts, places) -> list[SpaceNode]:
+        model = self.model
+        out = []
+        for v in vs:
+            for rc in rcs:
+                for zero in dict.fromkeys(o["zero_stage"] for o in opts):
+                    probe = self._probe(deg, mb, m, v, rc, zero)
+                    mine = [o for o in opts if o["zero_stage"] == zero]
+                    fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
+                             ("num_micro_batches", m), ("interleave", v), ("recompute", rc), ("zero_stage", zero),
+                             ("cp", deg["cp"]), ("ep", deg["ep"]))
+                    out.append(SpaceNode(model.lower_bound_s(probe), model.memory_floor_bytes(probe),
+                                         len(sps) * len(mine) * len(places), fixed,
+                                         partial(self._mappings, deg, mb, m, v, rc, sps, mine, places), leaf=True))
+        return out
+
+    @staticmethod
+    def _mappings(deg, mb, m, v, rc, sps, opts, places) -> list[Mapping]:
+        tp, pp, dp, cp, ep = deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"]
+        return [Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place, cp=cp, ep=ep, **o)
+                for spar in sps for o in opts for place in places]
+
+    def leanest(self, capacity_bytes: float) -> Mapping | None:
+        """A mapping likely to fit in memory (an incumbent for a time-limited search): of the
+        roots whose floor fits, the smallest micro-batch then floor, with full recompute, sequence
+        parallelism and the most sharded ZeRO stage allowed."""
+        fits = [r for r in self.roots_built if r.floor_bytes <= capacity_bytes]
+        if not fits:
+            return None
+        root = min(fits, key=lambda r: r.floor_bytes)  # its floor is its smallest micro-batch's
+        group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
+        leaves = [leaf for sub in group.expand() for leaf in sub.expand()]
+        rank = {"full": 0, "selective": 1, "none": 2}
+        return min(leaves, key=lambda x: (rank.get(x.recompute, 3), -x.zero_stage, not x.sequence_parallel))
+
+
 def validate_knobs(knobs: Knobs, num_chips: int) -> None:
     """One-line InputError for a knob no mapping can take (before any search)."""
     for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "interleave"):
@@ -189,4 +373,4 @@ def validate_knobs(knobs: Knobs, num_chips: int) -> None:
                              field="/".join(n for n in ("tp", "pp", "dp") if n in fixed) if "cp" not in fixed else "/".join(fixed))
 
 
-__all__ = ["llm_candidates", "degree_triples", "validate_knobs", "interleaves", "placements", "DIM_NAMES"]
+__all__ = ["llm_candidates", "LLMSpace", "symmetric_dims", "canonical_placement", "degree_triples", "validate_knobs", "interleaves", "placements", "DIM_NAMES"]
