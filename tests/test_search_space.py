@@ -58,10 +58,14 @@ def test_tree_holds_exactly_the_flat_space_with_valid_group_bounds(workload, sys
     assert sum(r.count for r in roots) == len(flat)
     assert sorted(leaves) == sorted(flat) and len(set(leaves)) == len(leaves)
     for group, kids in checks:  # a leaf group's bound and floor are each mapping's own
+        screen = group.screen()
         for m in kids:
             assert group.bound_s == model.lower_bound_s(m)
             assert group.floor_bytes == model.memory_floor_bytes(m)
+            assert screen == model.memory_before_blocks(m).total_bytes
             assert all(dict(group.knobs)[k] == getattr(m, k) for k, _ in group.knobs)
+    for m in flat[::7]:  # and the screens are floors of the evaluated memory
+        assert LLMModel(w, s).memory_before_blocks(m).total_bytes <= model.evaluate(m).memory.total_bytes * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("workload,system,knobs", CASES[:5] + CASES[6:7])

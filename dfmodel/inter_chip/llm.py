@@ -320,9 +320,13 @@ class LLMModel:
         collectives chunked under their GEMMs, which can be faster than the phases as solved:
         a bound from the solved phases alone overshot such mappings by up to 6%)."""
         if m.tp_comm_overlap and m.tp > 1:  # Megatron tp_comm_overlap (TE userbuffers)
-            fwd_ub = _userbuffers_s(layer.fwd, m.tp)
+            ub = layer.__dict__.get("_userbuffers_s")  # per block and tp (a bound is asked often)
+            if ub is None or ub[0] != m.tp:
+                ub = layer.__dict__["_userbuffers_s"] = (m.tp, _userbuffers_s(layer.fwd, m.tp),
+                                                          _userbuffers_s(layer.bwd, m.tp))
+            _, fwd_ub, bwd_ub = ub
             redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
-            return fwd_ub, _userbuffers_s(layer.bwd, m.tp) + redo
+            return fwd_ub, bwd_ub + redo
         return layer.fwd.time_s, layer.backward_s(m.recompute)
 
     def params_per_chip_floor(self, m: Mapping) -> float:

@@ -193,9 +193,11 @@ class LLMSpace:
     identical network dimensions (as :func:`~dfmodel.inter_chip.llm_family.distinct_up_to_symmetry`).
 
     Levels: ``roots()`` gives one group per (cp, tp, pp, dp, ep); it expands into one group per
-    micro-batch size, which expands into one leaf group per (interleave, recompute, ZeRO stage), whose bound and memory floor are the
-    model's own ``lower_bound_s`` / ``memory_floor_bytes`` (they read no other knob), and which
-    expands into its mappings (sequence parallelism x the other options x placements).
+    micro-batch size, which expands into one leaf group per (interleave, recompute, ZeRO stage,
+    sequence parallelism), whose bound and memory floor are the model's own ``lower_bound_s`` /
+    ``memory_floor_bytes`` (they read no other knob; the pre-solve memory screen
+    ``memory_before_blocks`` is applied when the group is reached), and which expands into its
+    mappings (the other options x placements).
 
     A root's bound relaxes the inner knobs independently: ``LLMModel.lower_bound_s`` is
     ``(M + (pp - 1) / v) F(mb, rc) / (tp cp pp) + opt(zero)`` with ``F(mb, rc) >= mb F(1, none)``
@@ -303,20 +305,33 @@ class LLMSpace:
         return out
 
     def _expand_micro_batch(self, deg, mb, m, vs, rcs, sps, opts, places) -> list[SpaceNode]:
+        """One leaf group per (interleave, recompute, ZeRO stage, sequence parallelism): the
+        model's bound and floor read exactly these knobs (and the degrees and micro-batching);
+        the pre-solve memory screen (``LLMModel.memory_before_blocks``) is the group's
+        ``screen``, computed only if the group is reached."""
         model = self.model
         out = []
         for v in vs:
             for rc in rcs:
                 for zero in dict.fromkeys(o["zero_stage"] for o in opts):
                     probe = self._probe(deg, mb, m, v, rc, zero)
+                    bound, floor = model.lower_bound_s(probe), model.memory_floor_bytes(probe)
                     mine = [o for o in opts if o["zero_stage"] == zero]
-                    fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
-                             ("num_micro_batches", m), ("interleave", v), ("recompute", rc), ("zero_stage", zero),
-                             ("cp", deg["cp"]), ("ep", deg["ep"]))
-                    out.append(SpaceNode(model.lower_bound_s(probe), model.memory_floor_bytes(probe),
-                                         len(sps) * len(mine) * len(places), fixed,
-                                         partial(self._mappings, deg, mb, m, v, rc, sps, mine, places), leaf=True))
+                    for spar in sps:
+                        fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
+                                 ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
+                                 ("sequence_parallel", bool(spar)), ("zero_stage", zero), ("cp", deg["cp"]),
+                                 ("ep", deg["ep"]))
+                        screen = partial(self._screen, deg, mb, m, v, rc, zero, bool(spar))
+                        out.append(SpaceNode(bound, floor, len(mine) * len(places), fixed,
+                                             partial(self._mappings, deg, mb, m, v, rc, [spar], mine, places),
+                                             leaf=True, screen=screen))
         return out
+
+    def _screen(self, deg, mb, m, v, rc, zero, sp) -> float:
+        """``memory_before_blocks`` of the group's mappings (it reads no other option)."""
+        probe = Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, sp, zero_stage=zero, cp=deg["cp"], ep=deg["ep"])
+        return self.model.memory_before_blocks(probe).total_bytes
 
     @staticmethod
     def _mappings(deg, mb, m, v, rc, sps, opts, places) -> list[Mapping]:

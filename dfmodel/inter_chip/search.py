@@ -235,6 +235,12 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             break
         heapq.heappop(queue)
         if isinstance(m, SpaceNode):  # a group below the cutoff: its children join the queue
+            if m.screen is not None:
+                need = m.screen()
+                if need > capacity:
+                    stats.pruned_memory += m.count
+                    ledger.ruled_out(m, bound, "memory", need, m.count)
+                    continue
             children = m.expand()
             if m.leaf:  # mappings with exactly this bound and floor
                 for child in children:
@@ -252,7 +258,9 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
                 continue
         try:
             t_eval = time.perf_counter()
-            ev = dived.pop(m) if m in dived else _evaluate_below(model, m, cutoff, screen=not exhaustive)
+            # (a space's groups were screened for memory already)
+            ev = dived.pop(m) if m in dived else _evaluate_below(model, m, cutoff, screen=not exhaustive,
+                                                                  screen_memory=space is None)
             recent_eval_s[:] = (recent_eval_s + [time.perf_counter() - t_eval])[-8:]
             if ev is None:  # proven slower than the cutoff part-way: as good as pruned by its bound
                 stats.evaluated += 1
@@ -353,13 +361,14 @@ def _no_time_for(recent_eval_s: list[float]) -> bool:
     return left <= 0.0 or (bool(recent_eval_s) and left < max(recent_eval_s))
 
 
-def _evaluate_below(model, m, cutoff_s: float | None, *, screen: bool):
+def _evaluate_below(model, m, cutoff_s: float | None, *, screen: bool, screen_memory: bool = True):
     """``model.evaluate(m)``. With ``screen`` (not in an exhaustive run), models that accept it
     may return None when they prove part-way that the mapping is slower than ``cutoff_s``
     (strictly: a margin of 1e-9 keeps ties, which :func:`_better` breaks), or a non-fitting
     memory floor before their costly inner solves."""
     if screen and getattr(model, "evaluate_accepts_cutoff", False):
-        return model.evaluate(m, cutoff_s=None if cutoff_s is None else cutoff_s * (1.0 + 1e-9), screen_memory=True)
+        return model.evaluate(m, cutoff_s=None if cutoff_s is None else cutoff_s * (1.0 + 1e-9),
+                              screen_memory=screen_memory)
     return model.evaluate(m)
 
 

@@ -23,7 +23,7 @@ class SpaceNode:
 
     ``bound_s`` <= the lower bound (hence the time) of each; ``floor_bytes`` <= the memory floor
     of each. ``expand()`` returns child nodes, or the mappings themselves (leaf group: they share
-    this node's bound and floor exactly)."""
+    this node's bound and floor exactly, and ``screen()``'s floor when given)."""
 
     bound_s: float
     floor_bytes: float
@@ -31,6 +31,9 @@ class SpaceNode:
     knobs: tuple
     expand: Callable[[], list]
     leaf: bool = False
+    #: optional: a tighter memory floor, costlier to compute, that the search asks for only when
+    #: the group reaches the top of the queue below the cutoff (before expanding it)
+    screen: Callable[[], float] | None = None
 
 
 __all__ = ["SpaceNode"]
