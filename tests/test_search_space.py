@@ -114,3 +114,34 @@ def test_refined_bound_is_valid_with_tp_comm_overlap(knobs):
         assert model.lower_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
         seen += m.tp_comm_overlap
     assert seen > 10
+
+
+def test_memory_screen_three_stages_equal_every_stage():
+    """memory_before_blocks tries the embedding stage, the last middle stage and the head stage:
+    the least over every placement of the ceil(L/pp) layers is among them."""
+    from dfmodel.inter_chip import memory as mem
+
+    w = load_workload({**SMALL_LLM, "model": {**SMALL_LLM["model"], "num_layers": 12}})
+    s = load_system(small_system(4, 4))
+    model = LLMModel(w, s)
+    seen = 0
+    for m in llm_candidates(model, Knobs()):
+        if m.pp < 4 or m.tp_comm_overlap or m.cp_comm != "ring":
+            continue
+        g = model.graphs(1)
+        layer, emb = g.layer.params() / m.tp, g.embedding.params() / m.tp
+        head = g.head.params() / m.tp + mem.tied_embedding_copy_params(
+            vocab=model.model.vocab_size, hidden=model.model.hidden, tp=m.tp, pp=m.pp,
+            tie_embeddings=model.model.tie_embeddings)
+        k = -(-model.num_layers // m.pp)
+        every = []
+        for i in range(m.pp):
+            stages = [0] * m.pp
+            stages[i] = k
+            params = [n * layer for n in stages]
+            params[0] += emb
+            params[-1] += head
+            every.append(model.memory_check(m, params, stages, layer, layer_expert_params=0.0).total_bytes)
+        assert model.memory_before_blocks(m).total_bytes == pytest.approx(min(every), rel=1e-12)
+        seen += 1
+    assert seen > 20
