@@ -195,7 +195,8 @@ class LLMSpace:
     Levels: ``roots()`` gives one group per (cp, tp, pp, dp, ep); it expands into one group per
     micro-batch size, which expands into one leaf group per (interleave, recompute, ZeRO stage,
     sequence parallelism), whose bound and memory floor are the model's own ``lower_bound_s`` /
-    ``memory_floor_bytes`` (they read no other knob; the pre-solve memory screen
+    ``memory_floor_bytes`` (they read no other knob; MoE adds the exposed all-to-alls of its
+    cheapest placement, :meth:`_exposed_ep_s`; the pre-solve memory screen
     ``memory_before_blocks`` is applied when the group is reached), and which expands into its
     mappings (the other options x placements).
 
@@ -316,6 +317,7 @@ class LLMSpace:
                 for zero in dict.fromkeys(o["zero_stage"] for o in opts):
                     probe = self._probe(deg, mb, m, v, rc, zero)
                     bound, floor = model.lower_bound_s(probe), model.memory_floor_bytes(probe)
+                    bound += self._exposed_ep_s(deg, mb, m, v, rc, places)
                     mine = [o for o in opts if o["zero_stage"] == zero]
                     for spar in sps:
                         fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
@@ -327,6 +329,22 @@ class LLMSpace:
                                              partial(self._mappings, deg, mb, m, v, rc, [spar], mine, places),
                                              leaf=True, screen=screen))
         return out
+
+    def _exposed_ep_s(self, deg, mb, m, v, rc, places) -> float:
+        """What the MoE token all-to-alls add to the pipeline bound of every mapping of a leaf
+        group: ``LLMModel._ep_comm`` is exposed whole on every layer's forward and backward
+        (it reads the micro-batch, cp, tp, ep, recompute and the ep group, nothing solved), so
+        each stage's time grows by its layers x that, and the 1F1B bound
+        ``(M + (pp - 1)/v) x mean stage time`` by ``(M + (pp - 1)/v) L ep_s / pp`` with the
+        cheapest placement's ``ep_s``. For DeepSeek-V3 the all-to-alls are comparable to a
+        layer's compute, so this is most of the gap a compute-only bound leaves."""
+        if deg["ep"] <= 1:
+            return 0.0
+        model = self.model
+        ep_s = min(sum(model._ep_comm(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, placement=place,
+                                              cp=deg["cp"], ep=deg["ep"])))
+                   for place in places)
+        return (m + (deg["pp"] - 1) / v) * model.num_layers * ep_s / deg["pp"] * (1 - 1e-12)
 
     def _screen(self, deg, mb, m, v, rc, zero, sp) -> float:
         """``memory_before_blocks`` of the group's mappings (it reads no other option)."""
