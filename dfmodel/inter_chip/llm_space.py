@@ -203,8 +203,8 @@ class LLMSpace:
     A root's bound relaxes the inner knobs independently: ``LLMModel.lower_bound_s`` is
     ``(M + (pp - 1) / v) F(mb, rc) / (tp cp pp) + opt(zero)`` with ``F(mb, rc) >= mb F(1, none)``
     (every kernel's FLOP is linear in the micro-batch and recompute only adds; test_search.py
-    checks both), so the largest ``v``, ``mb F(1, rc_min)`` and the cheapest optimizer step over
-    the ZeRO stages give a bound below every child's (a degree root: also the least over the
+    checks both), so the largest ``v``, ``mb F(1, rc_min)``, the cheapest optimizer step over
+    the ZeRO stages and (MoE) the cheapest exposed all-to-alls give a bound below every child's (a degree root: also the least over the
     micro-batch sizes). Its memory floor is the least over the ZeRO stages of the children's
     (the floor does not read interleave or recompute; a degree root takes the smallest
     micro-batch, whose activations in flight are the fewest). Counts are
@@ -216,6 +216,7 @@ class LLMSpace:
         self.system = model.system
         self._classes = symmetric_dims(self.system)
         self._places: dict[tuple, list[tuple]] = {}
+        self._ep_memo: dict[tuple, float] = {}
         self.roots_built: list[SpaceNode] = []
 
     # -- pieces shared by a degree tuple ---------------------------------------------------------
@@ -275,7 +276,8 @@ class LLMSpace:
                     avg_s = f1 / (tp * cp * pp)
                     probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], z) for z in zeros]
                     opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
-                    pipe_s = min((m + (pp - 1) / max(vs)) * (mb * avg_s) for mb, m, vs in mbs)
+                    pipe_s = min((m + (pp - 1) / max(vs)) * (mb * avg_s + self._ep_layers_s(deg, mb, m, 1, rcs, places))
+                                 for mb, m, vs in mbs)
                     # floor: the activations in flight, mb min(pp - i, M) = min((pp - i) mb, batch / dp),
                     # never shrink with mb (memory.memory_lower_bound_bytes), so the smallest mb's
                     floor = min(model.memory_floor_bytes(p) for p in probes)
@@ -297,7 +299,8 @@ class LLMSpace:
             probes = [self._probe(deg, mb, m, 1, rcs[0], z) for z in zeros]
             avg_stage_s = mb * f1 / (tp * cp * pp)
             opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
-            bound = ((m + (pp - 1) / max(vs)) * avg_stage_s + opt_s) * (1 - 1e-12)
+            ep_s = self._ep_layers_s(deg, mb, m, 1, rcs, places)
+            bound = ((m + (pp - 1) / max(vs)) * (avg_stage_s + ep_s) + opt_s) * (1 - 1e-12)
             floor = min(model.memory_floor_bytes(p) for p in probes)
             fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                      ("cp", cp), ("ep", deg["ep"]))
@@ -330,6 +333,22 @@ class LLMSpace:
                                              leaf=True, screen=screen))
         return out
 
+    def _ep_layers_s(self, deg, mb, m, v, rcs, places) -> float:
+        """Least exposed MoE all-to-all time of a stage's share of the layers, ``L ep_s / pp``,
+        over the recompute choices and placements (0 without experts): what a group adds to
+        the mean stage time of every mapping in it (:meth:`_exposed_ep_s`)."""
+        if deg["ep"] <= 1:
+            return 0.0
+        key = (tuple(sorted(deg.items())), mb, tuple(rcs))
+        if key not in self._ep_memo:
+            rc = next((r for r in rcs if r != "full"), rcs[0])  # full recompute repeats the forward pair
+            model = self.model
+            ep_s = min(sum(model._ep_comm(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, placement=place,
+                                                  cp=deg["cp"], ep=deg["ep"])))
+                       for place in places)
+            self._ep_memo[key] = model.num_layers * ep_s / deg["pp"]
+        return self._ep_memo[key]
+
     def _exposed_ep_s(self, deg, mb, m, v, rc, places) -> float:
         """What the MoE token all-to-alls add to the pipeline bound of every mapping of a leaf
         group: ``LLMModel._ep_comm`` is exposed whole on every layer's forward and backward
@@ -340,11 +359,7 @@ class LLMSpace:
         layer's compute, so this is most of the gap a compute-only bound leaves."""
         if deg["ep"] <= 1:
             return 0.0
-        model = self.model
-        ep_s = min(sum(model._ep_comm(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, placement=place,
-                                              cp=deg["cp"], ep=deg["ep"])))
-                   for place in places)
-        return (m + (deg["pp"] - 1) / v) * model.num_layers * ep_s / deg["pp"] * (1 - 1e-12)
+        return (m + (deg["pp"] - 1) / v) * self._ep_layers_s(deg, mb, m, v, [rc], places) * (1 - 1e-12)
 
     def _screen(self, deg, mb, m, v, rc, zero, sp) -> float:
         """``memory_before_blocks`` of the group's mappings (it reads no other option)."""
