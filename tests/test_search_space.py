@@ -57,6 +57,7 @@ def test_tree_holds_exactly_the_flat_space_with_valid_group_bounds(workload, sys
         _walk(r, leaves, checks)
     assert sum(r.count for r in roots) == len(flat)
     assert sorted(leaves) == sorted(flat) and len(set(leaves)) == len(leaves)
+    assert list(LLMSpace(model, knobs)) == leaves  # iterating the space walks the same tree
     for group, kids in checks:  # a leaf group's bound and floor are each mapping's own
         screen = group.screen()
         for m in kids:

@@ -219,6 +219,18 @@ class LLMSpace:
         self._ep_memo: dict[tuple, float] = {}
         self.roots_built: list[SpaceNode] = []
 
+    def __iter__(self):
+        """Every mapping of the space (what ``search(..., exhaustive=True)`` enumerates)."""
+        def walk(node):
+            for child in node.expand():
+                if node.leaf:
+                    yield child
+                else:
+                    yield from walk(child)
+
+        for root in self.roots():
+            yield from walk(root)
+
     # -- pieces shared by a degree tuple ---------------------------------------------------------
     def placements(self, deg: dict[str, int]) -> list[tuple]:
         """Placements of the degrees, one per class of twins under relabelling identical dims."""
