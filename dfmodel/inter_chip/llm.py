@@ -220,7 +220,11 @@ def _layer_times_s(layer: BlockTimes, m: Mapping, sms: int = nccl.H100_SMS) -> t
     run under their GEMMs (:func:`_userbuffers_s`, on a chip of ``sms`` SMs), so the time can be
     below the phase's."""
     if m.tp_comm_overlap and m.tp > 1:
-        fwd_ub, bwd_ub = _userbuffers_s(layer.fwd, m.tp, sms), _userbuffers_s(layer.bwd, m.tp, sms)
+        ub = layer.__dict__.get("_userbuffers_s")  # per block, tp and SMs (bounds ask often)
+        if ub is None or ub[0] != (m.tp, sms):
+            ub = layer.__dict__["_userbuffers_s"] = ((m.tp, sms), _userbuffers_s(layer.fwd, m.tp, sms),
+                                                      _userbuffers_s(layer.bwd, m.tp, sms))
+        _, fwd_ub, bwd_ub = ub
         redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
         return fwd_ub, bwd_ub + redo
     return layer.fwd.time_s, layer.backward_s(m.recompute)
@@ -430,10 +434,20 @@ class LLMModel:
         """Fewest parameters any chip can hold: all of them split evenly over TP x PP (MoE:
         expert parameters also over ep; their optimizer state, sharded over dp x cp / ep ranks,
         is then ``expert / (dp x cp)`` per chip as the dense part's, so this stays a floor)."""
-        if not hasattr(self.graphs(1), "params"):
+        total, _, layer_experts, _ = self._param_counts
+        if total is None:
             return 0.0
-        experts = self.num_moe_layers * expert_params(self.graphs(1).layer)
-        return (self.graphs(1).params() - experts * (1 - 1 / m.ep)) / (m.tp * m.pp)
+        return (total - self.num_moe_layers * layer_experts * (1 - 1 / m.ep)) / (m.tp * m.pp)
+
+    @cached_property
+    def _param_counts(self) -> tuple:
+        """(all parameters or None, one MoE-or-dense layer's, its MoE expert parameters, one
+        dense layer's of an MoE model or None): what the bounds read on every candidate, counted
+        once (summing kernels costs ~50 us each time)."""
+        g = self.graphs(1)
+        total = g.params() if hasattr(g, "params") else None
+        dense = g.dense_layer.params() if self.num_dense_layers else None
+        return total, g.layer.params(), expert_params(g.layer), dense
 
     def optimizer_params_per_chip(self, m: Mapping, params_per_chip: float,
                                   expert_params_per_chip: float = 0.0) -> float:
@@ -499,8 +513,8 @@ class LLMModel:
         return mem.memory_lower_bound_bytes(
             num_layers=self.num_layers,
             # the fewest parameters a layer of either kind holds (MoE: experts split by ep)
-            params_per_layer=min([self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)]
-                                 + ([self.graphs(1).dense_layer.params()] if self.num_dense_layers else [])),
+            params_per_layer=min([self._param_counts[1] - self._param_counts[2] * (1 - 1 / m.ep)]
+                                 + ([self._param_counts[3]] if self.num_dense_layers else [])),
             seq_len=self.model.seq_len // m.cp,
             micro_batch=m.micro_batch,
             hidden=self.model.hidden,
@@ -550,7 +564,10 @@ class LLMModel:
             dense = g.dense_layer.params() / m.tp if self.num_dense_layers else None
             k = -(-self.num_layers // m.pp)
             best, host = None, float("inf")
-            for i in range(m.pp):
+            # a middle stage i holds no embedding or head and fewer micro-batches in flight the
+            # later it is (memory.in_flight_micro_batches), so of the middle stages the last one
+            # (pp - 2) gives the least: three splits instead of pp (each costs O(pp))
+            for i in sorted({0, max(0, m.pp - 2), m.pp - 1}):
                 stages = [0] * m.pp
                 stages[i] = k
                 for kind_dense in (False, True) if dense is not None else (False,):

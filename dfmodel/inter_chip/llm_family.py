@@ -5,10 +5,10 @@ and :func:`~dfmodel.inter_chip.llm_result.to_result` (it adds nothing to the phy
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 from dfmodel.inter_chip.config import Knobs
 from dfmodel.inter_chip.family_api import ModelFamily
+from dfmodel.inter_chip.llm_space import LLMSpace, canonical_placement, symmetric_dims  # noqa: F401 (re-exported)
 from dfmodel.inter_chip.search import annotate_result, llm_candidates, search, validate_knobs
 
 
@@ -21,40 +21,15 @@ def solve_llm_family(workload, system, knobs: Knobs, *, solver: str = "auto", ti
     validate_knobs(knobs, system.num_chips)
     model = LLMModel(workload, system, solver=solver, time_limit_s=time_limit_s)
     model.knobs = knobs  # read by inter_chip.diagnose when no mapping exists
-    cands = llm_candidates(model, knobs)
-    if not exhaustive:
-        cands = distinct_up_to_symmetry(cands, system)
+    # the free search walks the space as groups (lazy branch and bound); exhaustive (the test
+    # oracle) enumerates every mapping
+    cands = llm_candidates(model, knobs) if exhaustive else LLMSpace(model, knobs)
     best, stats = search(PlacementFreeBounds(model), cands, exhaustive=exhaustive)
     return annotate_result(to_result(model, best, stats), best, stats)
 
 
 #: the LLM path's entry point (its historical name)
 solve_llm = solve_llm_family
-
-
-def symmetric_dims(system) -> list[list[str]]:
-    """Groups of network dimensions identical in every field but their name (e.g. the x, y, z
-    rings of a TPU torus): the cost model reads a dimension's properties, never its name or
-    position, so relabelling identical dimensions maps a placement to one that costs the same."""
-    groups: dict[str, list[str]] = {}
-    for d in system.network:
-        sig = repr(sorted((k, v) for k, v in d.model_dump().items() if k != "name"))
-        groups.setdefault(sig, []).append(d.name)
-    return [names for names in groups.values() if len(names) > 1]
-
-
-def canonical_placement(placement: tuple, classes: list[list[str]]) -> tuple:
-    """The smallest relabelling of ``placement`` over permutations of each class of identical dims.
-
-    >>> p = (("tp", (("y", 2),)), ("dp", (("x", 2),)))
-    >>> canonical_placement(p, [["x", "y"]])
-    (('tp', (('x', 2),)), ('dp', (('y', 2),)))
-    """
-    options = []
-    for perms in itertools.product(*(itertools.permutations(c) for c in classes)):
-        rename = {a: b for c, perm in zip(classes, perms) for a, b in zip(c, perm)}
-        options.append(tuple((g, tuple((rename.get(d, d), n) for d, n in grp)) for g, grp in placement))
-    return min(options)
 
 
 def distinct_up_to_symmetry(candidates, system):

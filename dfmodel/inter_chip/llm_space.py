@@ -8,6 +8,9 @@ strategy option (:data:`~dfmodel.inter_chip.config.OPTIONS`) and every network p
 
 from __future__ import annotations
 
+import itertools
+from functools import partial
+
 from dfmodel.errors import InputError
 from dfmodel.inter_chip.config import (
     CHIP_DIMS,
@@ -22,6 +25,8 @@ from dfmodel.inter_chip.config import (
 from dfmodel.algorithms import interleaved_split_accounts
 from dfmodel.inter_chip import offload
 from dfmodel.inter_chip.offload import OFFLOAD_OPTIONS
+from dfmodel.inter_chip import experts as moe_terms
+from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.netmodels import inner_group, merge_groups, split_dims
 
 
@@ -141,8 +146,12 @@ def placements(system, deg: dict[str, int], etp: int = 0) -> list[tuple]:
     ranks times the innermost ``ep / tp`` of them."""
     chip = {"tp": deg["tp"], "pp": deg["pp"], "dp": deg["dp"]}
     chip.update({d: deg[d] for d in CHIP_DIMS if d not in chip and deg[d] > 1})
+    # degree-1 names take no members: laying out only the others gives the same layouts in the
+    # same order (a permutation's first occurrence of each relative order of the rest) with
+    # far fewer nesting orders to try
+    busy = {d: k for d, k in chip.items() if k > 1} or chip
     out = []
-    for place in split_dims(system, chip):
+    for place in split_dims(system, busy):
         groups = {d: tuple(place.get(d, ())) for d in CHIP_DIMS}
         if deg["ep"] > 1:
             whole = etp == 1 and deg["tp"] > 1
@@ -193,6 +202,332 @@ def llm_candidates(model, knobs: Knobs):
                                                       cp=cp, ep=ep, **opts)
 
 
+def symmetric_dims(system) -> list[list[str]]:
+    """Groups of network dimensions identical in every field but their name (e.g. the x, y, z
+    rings of a TPU torus): the cost model reads a dimension's properties, never its name or
+    position, so relabelling identical dimensions maps a placement to one that costs the same."""
+    groups: dict[str, list[str]] = {}
+    for d in system.network:
+        sig = repr(sorted((k, v) for k, v in d.model_dump().items() if k != "name"))
+        groups.setdefault(sig, []).append(d.name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def canonical_placement(placement: tuple, classes: list[list[str]]) -> tuple:
+    """The smallest relabelling of ``placement`` over permutations of each class of identical dims.
+
+    >>> p = (("tp", (("y", 2),)), ("dp", (("x", 2),)))
+    >>> canonical_placement(p, [["x", "y"]])
+    (('tp', (('x', 2),)), ('dp', (('y', 2),)))
+    """
+    options = []
+    for perms in itertools.product(*(itertools.permutations(c) for c in classes)):
+        rename = {a: b for c, perm in zip(classes, perms) for a, b in zip(c, perm)}
+        options.append(tuple((g, tuple((rename.get(d, d), n) for d, n in grp)) for g, grp in placement))
+    return min(options)
+
+
+class LLMSpace:
+    """The mapping space of :func:`llm_candidates` as a tree of :class:`SpaceNode` groups (lazy
+    branch and bound, :mod:`dfmodel.inter_chip.space`), placements distinct up to relabelling
+    identical network dimensions (as :func:`~dfmodel.inter_chip.llm_family.distinct_up_to_symmetry`).
+
+    Levels: ``roots()`` gives one group per (cp, tp, pp, dp, ep); it expands into one group per
+    micro-batch size, which expands into one leaf group per (interleave, recompute, ZeRO stage,
+    sequence parallelism), whose bound and memory floor are the model's own ``lower_bound_s`` /
+    ``memory_floor_bytes`` (they read no other knob; MoE adds the exposed all-to-alls of its
+    cheapest placement, :meth:`_exposed_ep_s`; the pre-solve memory screen
+    ``memory_before_blocks`` is applied when the group is reached), and which expands into its
+    mappings (the other options x placements).
+
+    A root's bound relaxes the inner knobs independently: ``LLMModel.lower_bound_s`` is
+    ``(M + (pp - 1) / v) F(mb, rc) / (tp cp pp) + opt(zero)`` with ``F(mb, rc) >= mb F(1, none)``
+    (every kernel's FLOP is linear in the micro-batch and recompute only adds; test_search.py
+    checks both), so the largest ``v``, ``mb F(1, rc_min)``, the cheapest optimizer step over
+    the ZeRO stages and (MoE) the cheapest exposed all-to-alls give a bound below every child's (a degree root: also the least over the
+    micro-batch sizes). Its memory floor is the least over the ZeRO stages of the children's
+    (the floor does not read interleave or recompute; a degree root takes the smallest
+    micro-batch, whose activations in flight are the fewest). Counts are
+    products of the knob choices, so pruned groups are counted without building a mapping.
+    """
+
+    def __init__(self, model, knobs: Knobs):
+        self.model, self.knobs = model, knobs
+        self.system = model.system
+        self._classes = symmetric_dims(self.system)
+        self._places: dict[tuple, list[tuple]] = {}
+        self._ep_memo: dict[tuple, float] = {}
+        self.roots_built: list[SpaceNode] = []
+        # offload (dfmodel.inter_chip.offload): enumerated up front only where the host's step
+        # can beat the chip's; otherwise a group pruned for memory is relieved by its offloaded twin
+        self.upfront = offload.host_step_can_win(self.system)
+        self.relief_on = self.system.host is not None and not self.upfront
+
+    def __iter__(self):
+        """Every mapping of the space (what ``search(..., exhaustive=True)`` enumerates), relief
+        groups aside."""
+        def walk(node):
+            for child in node.expand():
+                if node.leaf:
+                    yield child
+                else:
+                    yield from walk(child)
+
+        for root in self.roots():
+            yield from walk(root)
+
+    # -- pieces shared by a degree tuple ---------------------------------------------------------
+    def placements(self, deg: dict[str, int], etp: int = 0) -> list[tuple]:
+        """Placements of the degrees, one per class of twins under relabelling identical dims."""
+        key = (tuple(sorted(deg.items())), etp)
+        if key not in self._places:
+            places, seen = [], set()
+            for p in placements(self.system, deg, etp):
+                c = canonical_placement(p, self._classes) if self._classes else p
+                if c not in seen:
+                    seen.add(c)
+                    places.append(p)
+            self._places[key] = places
+        return self._places[key]
+
+    @staticmethod
+    def _key(o: dict) -> tuple:
+        """The options the model's bound and memory floor read: (ZeRO stage, expert TP, offload)."""
+        return (o["zero_stage"], o.get("etp", 0), o.get("offload_optimizer", "none"),
+                o.get("offload_activations", False), o.get("offload_weights", False))
+
+    def _probe(self, deg, mb, m, v, rc, key, sp: bool = False) -> Mapping:
+        """A mapping with the knobs the bound and floor read (placement and the rest neutral)."""
+        zero, etp, oo, oa, ow = key
+        return Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, sp, zero_stage=zero, cp=deg["cp"], ep=deg["ep"],
+                       etp=etp, offload_optimizer=oo, offload_activations=oa, offload_weights=ow)
+
+    @staticmethod
+    def _pairs(tp: int, sps, opts, places_by) -> list[tuple]:
+        """(sequence parallelism, options, placements) that make valid mappings: expert TP 1 with
+        TP needs SP (Megatron-Core)."""
+        return [(spar, o, places_by[o.get("etp", 0)]) for spar in sps for o in opts
+                if not (o.get("etp", 0) == 1 and tp > 1 and not spar)]
+
+    def _relief_opts(self, deg, opts) -> list[dict]:
+        """The offloaded twins of ``opts`` (:func:`~dfmodel.inter_chip.offload.variants`)."""
+        out, seen = [], set()
+        for o in opts:
+            probe = Mapping(deg["tp"], deg["pp"], deg["dp"], 1, 1, cp=deg["cp"], ep=deg["ep"], **o)
+            for twin in offload.variants(probe, self.knobs, self.system):
+                t = {**o, **{n: getattr(twin, n) for n in OFFLOAD_OPTIONS}}
+                k = tuple(sorted(t.items()))
+                if k not in seen:
+                    seen.add(k)
+                    out.append(t)
+        return out
+
+    def _relief(self, build, deg, opts, *args):
+        """``build`` (a node builder taking ``opts`` and ``relief``) on the offloaded twins, or
+        None when there are none."""
+        twins = self._relief_opts(deg, opts)
+        return build(*args, twins, False) if twins else None
+
+    # -- the tree --------------------------------------------------------------------------------
+    def roots(self) -> list[SpaceNode]:
+        """One group per degree tuple (cp, tp, pp, dp, ep)."""
+        model, knobs = self.model, self.knobs
+        system, w = model.system, model.workload
+        n, L = system.num_chips, w.model.num_layers
+        batch = w.training.global_batch
+        heads = w.model.num_heads
+        kv = getattr(w.model, "num_kv_heads", heads) or heads
+        offload.check_knobs(knobs, system, source=getattr(w, "source", None))
+        rcs = _choices(knobs.recompute, RECOMPUTE)
+        fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
+        out = []
+        for cp in cp_degrees(model, knobs):
+            max_tp = max(d for d in divisors(heads) if d <= n // cp)
+            for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch, cp=cp):
+                if heads % tp or (kv % tp and tp % kv):
+                    continue
+                for ep in ep_degrees(model, knobs, dp * cp, tp):
+                    deg = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
+                    per_dp = batch // dp
+                    mbs = []  # (micro-batch, micro-batches, interleaves)
+                    for mb in _choices(fixed_mb, divisors(per_dp)):
+                        if per_dp % mb == 0 and (vs := interleaves(knobs, pp, per_dp // mb, L)):
+                            mbs.append((mb, per_dp // mb, vs))
+                    if not mbs:
+                        continue
+                    opts = option_values(knobs, deg, self.upfront)
+                    places_by = {e: self.placements(deg, e) for e in dict.fromkeys(o.get("etp", 0) for o in opts)}
+                    if not any(places_by.values()):
+                        continue
+                    sps = _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False])
+                    node = self._root(deg, mbs, rcs, sps, places_by, opts, self.relief_on)
+                    if node is not None:
+                        out.append(node)
+        self.roots_built = out
+        return out
+
+    def _root(self, deg, mbs, rcs, sps, places_by, opts, relief: bool) -> SpaceNode | None:
+        """A degree group: the bound and floor of its micro-batch groups, least over them."""
+        tp, cp, pp = deg["tp"], deg["cp"], deg["pp"]
+        per_leaf = len(rcs) * sum(len(pl) for _, _, pl in self._pairs(tp, sps, opts, places_by))
+        if not per_leaf:
+            return None
+        model = self.model
+        f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
+        keys = list(dict.fromkeys(self._key(o) for o in opts))
+        # bound: (M + (pp-1)/v) mb F(1) = per_dp F(1) + (pp-1) mb F(1) / v, least over the
+        # (mb, v) pairs; the optimizer step at its cheapest ZeRO stage / offload
+        avg_s = f1 / (tp * cp * pp)
+        probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], k) for k in keys]
+        opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+        pipe_s = min((m + (pp - 1) / max(vs)) * (mb * avg_s + self._ep_layers_s(deg, mb, m, rcs, places_by, opts))
+                     for mb, m, vs in mbs)
+        # floor: the activations in flight, mb min(pp - i, M) = min((pp - i) mb, batch / dp),
+        # never shrink with mb (memory.memory_lower_bound_bytes), so the smallest mb's
+        floor = min(model.memory_floor_bytes(p) for p in probes)
+        count = sum(len(vs) for _, _, vs in mbs) * per_leaf
+        fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("cp", cp), ("ep", deg["ep"]))
+        return SpaceNode((pipe_s + opt_s) * (1 - 1e-12), floor, count, fixed,
+                         partial(self._expand_degrees, deg, mbs, rcs, sps, places_by, opts, relief),
+                         relief=partial(self._relief, self._root, deg, opts, deg, mbs, rcs, sps, places_by)
+                         if relief else None)
+
+    def _expand_degrees(self, deg, mbs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
+        """One group per micro-batch size (bound and floor as the root's, for that size)."""
+        out = []
+        for mb, m, vs in mbs:
+            node = self._micro_batch_node(deg, mb, m, vs, rcs, sps, places_by, opts, relief)
+            if node is not None:
+                out.append(node)
+        return out
+
+    def _micro_batch_node(self, deg, mb, m, vs, rcs, sps, places_by, opts, relief) -> SpaceNode | None:
+        model = self.model
+        tp, cp, pp = deg["tp"], deg["cp"], deg["pp"]
+        per_leaf = len(rcs) * sum(len(pl) for _, _, pl in self._pairs(tp, sps, opts, places_by))
+        if not per_leaf:
+            return None
+        f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
+        keys = list(dict.fromkeys(self._key(o) for o in opts))
+        probes = [self._probe(deg, mb, m, 1, rcs[0], k) for k in keys]
+        avg_stage_s = mb * f1 / (tp * cp * pp)
+        opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+        ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
+        bound = ((m + (pp - 1) / max(vs)) * (avg_stage_s + ep_s) + opt_s) * (1 - 1e-12)
+        floor = min(model.memory_floor_bytes(p) for p in probes)
+        fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
+                 ("cp", cp), ("ep", deg["ep"]))
+        return SpaceNode(bound, floor, len(vs) * per_leaf, fixed,
+                         partial(self._expand_micro_batch, deg, mb, m, vs, rcs, sps, places_by, opts, relief),
+                         relief=partial(self._relief, self._micro_batch_node, deg, opts, deg, mb, m, vs, rcs, sps,
+                                        places_by) if relief else None)
+
+    def _expand_micro_batch(self, deg, mb, m, vs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
+        """One leaf group per (interleave, recompute, ZeRO stage / expert TP / offload, sequence
+        parallelism): the model's bound and floor read exactly these knobs (and the degrees and
+        micro-batching); the pre-solve memory screen (``LLMModel.memory_before_blocks``) is the
+        group's ``screen``, computed only if the group is reached."""
+        out = []
+        for v in vs:
+            for rc in rcs:
+                for key in dict.fromkeys(self._key(o) for o in opts):
+                    mine = [o for o in opts if self._key(o) == key]
+                    for spar in sps:
+                        node = self._leaf(deg, mb, m, v, rc, key, spar, places_by, mine, relief)
+                        if node is not None:
+                            out.append(node)
+        return out
+
+    def _leaf(self, deg, mb, m, v, rc, key, spar, places_by, mine, relief) -> SpaceNode | None:
+        pairs = self._pairs(deg["tp"], [spar], mine, places_by)
+        count = sum(len(pl) for _, _, pl in pairs)
+        if not count:
+            return None
+        model = self.model
+        probe = self._probe(deg, mb, m, v, rc, key)
+        bound, floor = model.lower_bound_s(probe), model.memory_floor_bytes(probe)
+        bound += self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
+        fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
+                 ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
+                 ("sequence_parallel", bool(spar)), ("zero_stage", key[0]), ("cp", deg["cp"]),
+                 ("ep", deg["ep"]))
+        twins = self._relief_opts(deg, mine) if relief else []
+        return SpaceNode(bound, floor, count, fixed, partial(self._mappings, deg, mb, m, v, rc, pairs),
+                         leaf=True, screen=partial(self._screen, deg, mb, m, v, rc, key, bool(spar)),
+                         relief=partial(self._relief_leaf, deg, mb, m, v, rc, spar, places_by, twins)
+                         if twins else None)
+
+    def _relief_leaf(self, deg, mb, m, v, rc, spar, places_by, twins) -> SpaceNode | None:
+        """The offloaded twins of a leaf group pruned for memory, as one group per option key
+        under a parent that is never pruned itself (each leaf is screened when reached)."""
+        leaves = [self._leaf(deg, mb, m, v, rc, key, spar, places_by, [o for o in twins if self._key(o) == key], False)
+                  for key in dict.fromkeys(self._key(o) for o in twins)]
+        leaves = [x for x in leaves if x is not None]
+        if not leaves:
+            return None
+        return SpaceNode(min(x.bound_s for x in leaves), min(x.floor_bytes for x in leaves),
+                         sum(x.count for x in leaves), leaves[0].knobs[:8], lambda: leaves)
+
+    def _ep_layers_s(self, deg, mb, m, rcs, places_by, opts) -> float:
+        """Least exposed MoE all-to-all time of a stage's share of the layers, ``L ep_s / pp``,
+        over the recompute choices, expert-TP placements and the all-to-all overlap option (0
+        without experts): what a group adds to the mean stage time of every mapping in it
+        (:meth:`_exposed_ep_s`)."""
+        if deg["ep"] <= 1:
+            return 0.0
+        overlap = any(o.get("overlap_moe_expert_parallel_comm", False) for o in opts)
+        places = tuple(p for pl in places_by.values() for p in pl)
+        key = (tuple(sorted(deg.items())), mb, tuple(rcs), overlap, tuple(sorted(places_by)))
+        if key not in self._ep_memo:
+            rc = next((r for r in rcs if r != "full"), rcs[0])  # full recompute repeats the forward pair
+            model = self.model
+            ep_s = min(sum(model._ep_comm(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, 1, rc, placement=place,
+                                                  cp=deg["cp"], ep=deg["ep"])))
+                       for place in places) if places else 0.0
+            # overlapped, at least the share of the SMs the communication kernels hold stays
+            # exposed (experts.overlapped_a2a_exposed_s: max(a - c, f a) >= f a)
+            if overlap:
+                ep_s *= moe_terms.a2a_sm_fraction()
+            self._ep_memo[key] = model.num_moe_layers * ep_s / deg["pp"]
+        return self._ep_memo[key]
+
+    def _exposed_ep_s(self, deg, mb, m, v, rc, places_by, opts) -> float:
+        """What the MoE token all-to-alls add to the pipeline bound of every mapping of a leaf
+        group: ``LLMModel._ep_comm`` is exposed on every MoE layer's forward and backward (it
+        reads the micro-batch, cp, tp, ep, recompute and the ep group, nothing solved; with the
+        overlap option at least the SM share :func:`~dfmodel.inter_chip.experts.a2a_sm_fraction`
+        of it), so each stage's time grows by its layers x that, and the 1F1B bound
+        ``(M + (pp - 1)/v) x mean stage time`` by ``(M + (pp - 1)/v) L ep_s / pp`` with the
+        cheapest placement's ``ep_s``. For DeepSeek-V3 the all-to-alls are comparable to a
+        layer's compute, so this is most of the gap a compute-only bound leaves."""
+        if deg["ep"] <= 1:
+            return 0.0
+        return (m + (deg["pp"] - 1) / v) * self._ep_layers_s(deg, mb, m, [rc], places_by, opts) * (1 - 1e-12)
+
+    def _screen(self, deg, mb, m, v, rc, key, sp) -> float:
+        """``memory_before_blocks`` of the group's mappings (it reads no other option)."""
+        return self.model.memory_before_blocks(self._probe(deg, mb, m, v, rc, key, sp)).total_bytes
+
+    @staticmethod
+    def _mappings(deg, mb, m, v, rc, pairs) -> list[Mapping]:
+        tp, pp, dp, cp, ep = deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"]
+        return [Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place, cp=cp, ep=ep, **o)
+                for spar, o, places in pairs for place in places]
+
+    def leanest(self, capacity_bytes: float) -> Mapping | None:
+        """A mapping likely to fit in memory (an incumbent for a time-limited search): of the
+        roots whose floor fits, the smallest micro-batch then floor, with full recompute, sequence
+        parallelism and the most sharded ZeRO stage allowed."""
+        fits = [r for r in self.roots_built if r.floor_bytes <= capacity_bytes]
+        if not fits:
+            return None
+        root = min(fits, key=lambda r: r.floor_bytes)  # its floor is its smallest micro-batch's
+        group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
+        leaves = [leaf for sub in group.expand() for leaf in sub.expand()]
+        rank = {"full": 0, "selective": 1, "none": 2}
+        return min(leaves, key=lambda x: (rank.get(x.recompute, 3), -x.zero_stage, not x.sequence_parallel))
+
+
 def validate_knobs(knobs: Knobs, num_chips: int) -> None:
     """One-line InputError for a knob no mapping can take (before any search)."""
     for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "interleave"):
@@ -230,4 +565,4 @@ def validate_knobs(knobs: Knobs, num_chips: int) -> None:
                              field="/".join(n for n in ("tp", "pp", "dp") if n in fixed) if "cp" not in fixed else "/".join(fixed))
 
 
-__all__ = ["llm_candidates", "degree_triples", "validate_knobs", "interleaves", "placements", "DIM_NAMES"]
+__all__ = ["llm_candidates", "LLMSpace", "symmetric_dims", "canonical_placement", "degree_triples", "validate_knobs", "interleaves", "placements", "DIM_NAMES"]

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from dfmodel.errors import InfeasibleError, TimeLimitError
 # the LLM mapping space lives in llm_space; re-exported here for existing imports
 from dfmodel.inter_chip.llm_space import degree_triples, llm_candidates, validate_knobs  # noqa: F401
-from dfmodel.solvers.deadline import DeadlineExpired, deadline_scope, expired, time_left_s
+from dfmodel.inter_chip.space import SpaceNode
+from dfmodel.solvers.deadline import DeadlineExpired, deadline_scope, expired, grace_scope, time_left_s
 
 
 @dataclass
@@ -118,88 +119,119 @@ def search(model, candidates, *, exhaustive: bool = False, alternatives: int | N
         time_limit_s = getattr(model, "time_limit_s", None)
     with deadline_scope(time_limit_s):
         return _search(model, candidates, exhaustive=exhaustive, keep=max(0, int(alternatives)) + 1,
-                       progress=progress)
+                       progress=progress, limit_s=time_limit_s)
 
 
-def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
+def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s: float | None = None):
+    """Best-bound-first branch and bound. ``candidates`` is an iterable of mappings (each
+    screened and bounded up front), or a space with ``roots()`` (:mod:`dfmodel.inter_chip.space`):
+    groups of mappings with a bound and memory floor valid for all of them, expanded only when
+    they reach the top of the queue below the cutoff."""
     t0 = time.perf_counter()
     stats = SearchStats()
     ledger = _Ledger()
     reporter = _Reporter(progress, t0)
     heap = []
     capacity = model.system.chip.memory.capacity_bytes
-    smallest_floor = None
+    floors = {"smallest": None}
     enumeration_cut = False
     # Under a deadline, an incumbent is taken early once a quarter of the time is gone (the best-bound
     # candidate seen, else the leanest in memory, which is the likeliest to fit) so that a cut
     # search still returns a mapping, as a MILP solver's primal heuristics do.
     limit_left = time_left_s()
     dive_at = None if limit_left is None or exhaustive else time.perf_counter() + 0.25 * limit_left
-    dived: dict[int, object] = {}
-    best_seen = leanest = None
-    leanness = getattr(model, "leanness", None)  # optional: sorts candidates by memory they need
+    dived: dict = {}  # mapping -> its evaluation (or the InfeasibleError it raised)
+    seq = itertools.count()
+    space = candidates if hasattr(candidates, "roots") and not exhaustive else None
     # optional: candidates to try when one does not fit in memory (LLM offload variants,
     # dfmodel.inter_chip.offload.variants); they join the space only then
     relief = getattr(model, "memory_relief", None)
     pending: list = []
 
-    def stream():
-        for m in candidates:
-            yield m
-            while pending:
-                yield pending.pop()
+    def admit(node) -> None:
+        """A group onto the queue, or pruned with all its mappings when its floor cannot fit
+        (then its relief group -- the same mappings offloaded to host memory -- joins instead)."""
+        if node.count <= 0:
+            return
+        if node.floor_bytes > capacity:
+            prune_group(node, node.bound_s, node.floor_bytes)
+            return
+        heapq.heappush(heap, (node.bound_s, next(seq), False, node))
 
-    for i, m in enumerate(stream()):
-        if i % 64 == 0:
-            if expired():
-                enumeration_cut = True
-                break
-            if dive_at is not None and best_seen is not None and time.perf_counter() >= dive_at:
-                # until one fits: the best bound once, then the leanest seen whenever it changes
-                for _, j, cand in (best_seen, leanest):
-                    if j not in dived and not expired():
-                        ev = _try_evaluate(model, cand)
-                        if ev is None:
-                            break
-                        dived[j] = ev
-                        if not isinstance(ev, InfeasibleError) and ev.fits:
-                            dive_at = None
-                            break
-        stats.candidates += 1
-        floor = model.memory_floor_bytes(m)
-        if floor > capacity and not exhaustive:
-            stats.pruned_memory += 1
-            smallest_floor = floor if smallest_floor is None else min(smallest_floor, floor)
-            ledger.ruled_out(m, model.lower_bound_s(m), "memory", floor)
-            if relief is not None:
-                pending.extend(relief(m))
-            continue
-        bound = model.lower_bound_s(m)
-        heap.append((bound, i, False, m))
-        if best_seen is None or bound < best_seen[0]:
-            best_seen = (bound, i, m)
-        lean = leanness(m) if leanness else floor
-        if leanest is None or lean < leanest[0]:
-            leanest = (lean, i, m)
-        if i % 256 == 0:
-            reporter.maybe(stats, len(heap), None, None)
+    def prune_group(node, bound_s: float, need_bytes: float) -> None:
+        stats.pruned_memory += node.count
+        small = floors["smallest"]
+        floors["smallest"] = need_bytes if small is None else min(small, need_bytes)
+        ledger.ruled_out(node, bound_s, "memory", need_bytes, node.count)
+        other = node.relief() if node.relief is not None else None
+        if other is not None:
+            stats.candidates += other.count
+            admit(other)
+
+    if space is not None:
+        for node in space.roots():
+            stats.candidates += max(0, node.count)
+            admit(node)
+    else:
+        best_seen = leanest = None
+        leanness = getattr(model, "leanness", None)  # optional: sorts candidates by memory they need
+        def stream():
+            for m in candidates:
+                yield m
+                while pending:
+                    yield pending.pop()
+
+        for i, m in enumerate(stream()):
+            if i % 64 == 0:
+                if expired():
+                    enumeration_cut = True
+                    break
+                if dive_at is not None and best_seen is not None and time.perf_counter() >= dive_at:
+                    # until one fits: the best bound once, then the leanest seen whenever it changes
+                    for _, _, cand in (best_seen, leanest):
+                        if cand not in dived and not expired():
+                            ev = _try_evaluate(model, cand)
+                            if ev is None:
+                                break
+                            dived[cand] = ev
+                            if not isinstance(ev, InfeasibleError) and ev.fits:
+                                dive_at = None
+                                break
+            stats.candidates += 1
+            floor = model.memory_floor_bytes(m)
+            if floor > capacity and not exhaustive:
+                stats.pruned_memory += 1
+                floors["smallest"] = floor if floors["smallest"] is None else min(floors["smallest"], floor)
+                ledger.ruled_out(m, model.lower_bound_s(m), "memory", floor)
+                if relief is not None:
+                    pending.extend(relief(m))
+                continue
+            bound = model.lower_bound_s(m)
+            heap.append((bound, next(seq), False, m))
+            if best_seen is None or bound < best_seen[0]:
+                best_seen = (bound, i, m)
+            lean = leanness(m) if leanness else floor
+            if leanest is None or lean < leanest[0]:
+                leanest = (lean, i, m)
+            if i % 256 == 0:
+                reporter.maybe(stats, len(heap), None, None)
+        heapq.heapify(heap)
+    smallest_floor = floors["smallest"]
     if not heap and stats.candidates == 0 and not enumeration_cut:
         from dfmodel.inter_chip.diagnose import no_mapping_message  # names the failed constraint
 
         raise InfeasibleError(no_mapping_message(model))
-    heapq.heapify(heap)
     top: list = []  # the ``keep`` best fitting evaluations, best first
     unproven_bound = math.inf  # smallest bound of an evaluated candidate whose inner solve was cut
     worst_memory = None
     inner_failure = None
     queue = heap
     if enumeration_cut:  # the incumbent taken early is all there is; the heap still bounds the rest
-        queue = [(b, i, True, m) for b, i, _, m in heap if i in dived]
+        queue = [(b, i, True, m) for b, i, _, m in heap if m in dived]
         heapq.heapify(queue)
     recent_eval_s: list[float] = []  # durations of the last evaluations (to respect the deadline)
-    joined = itertools.count(stats.candidates)  # ids after every enumerated one (never in ``dived``)
 
-    def admit(ms) -> None:  # candidates joining during the search (memory relief)
+    def admit_mappings(ms) -> None:  # candidates joining during the search (memory relief)
         for extra in ms:
             stats.candidates += 1
             floor = model.memory_floor_bytes(extra)
@@ -207,20 +239,46 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
                 stats.pruned_memory += 1
                 ledger.ruled_out(extra, model.lower_bound_s(extra), "memory", floor)
                 continue
-            heapq.heappush(queue, (model.lower_bound_s(extra), next(joined), False, extra))
+            heapq.heappush(queue, (model.lower_bound_s(extra), next(seq), False, extra))
 
     while queue:
-        if not exhaustive and queue[0][1] not in dived and _no_time_for(recent_eval_s):
+        if space is not None and dive_at is not None and time.perf_counter() >= dive_at:
+            dive_at = None
+            if not any(ev.fits for ev in top):  # no incumbent yet: the leanest mapping, once
+                lean = space.leanest(capacity)
+                if lean is not None:
+                    # the first incumbent may finish up to half a second (at most half the limit)
+                    # past the deadline: the limit holds "within a second", as a MILP solver's does
+                    with grace_scope(min(0.5, 0.5 * (limit_s or limit_left))):
+                        ev = _try_evaluate(model, lean)
+                    if ev is not None:
+                        dived[lean] = ev
+        head = queue[0][3]
+        if not exhaustive and head not in dived and _no_time_for(recent_eval_s):
             stats.timed_out = True
             break
         bound, i, refined, m = queue[0]
         cutoff = top[-1].iteration_time_s if len(top) >= keep else None
         if cutoff is not None and bound >= cutoff and not exhaustive:
-            stats.pruned_bound += len(queue)
+            stats.pruned_bound += _count(queue)
             ledger.bounded(queue)
             queue = []
             break
         heapq.heappop(queue)
+        if isinstance(m, SpaceNode):  # a group below the cutoff: its children join the queue
+            if m.screen is not None:
+                need = m.screen()
+                if need > capacity:
+                    prune_group(m, bound, need)
+                    continue
+            children = m.expand()
+            if m.leaf:  # mappings with exactly this bound and floor
+                for child in children:
+                    heapq.heappush(queue, (bound, next(seq), False, child))
+            else:
+                for child in children:
+                    admit(child)
+            continue
         if not refined and not exhaustive:
             # lazy bound tightening: once this candidate's inner blocks are solved (for another
             # candidate), its exact stage times give a tighter bound; re-queue it with that
@@ -230,7 +288,9 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
                 continue
         try:
             t_eval = time.perf_counter()
-            ev = dived.pop(i) if i in dived else _evaluate_below(model, m, cutoff, screen=not exhaustive)
+            # (a space's groups were screened for memory already)
+            ev = dived.pop(m) if m in dived else _evaluate_below(model, m, cutoff, screen=not exhaustive,
+                                                                  screen_memory=space is None)
             recent_eval_s[:] = (recent_eval_s + [time.perf_counter() - t_eval])[-8:]
             if ev is None:  # proven slower than the cutoff part-way: as good as pruned by its bound
                 stats.evaluated += 1
@@ -256,7 +316,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
             if worst_memory is None or ev.memory.total_bytes < worst_memory.memory.total_bytes:
                 worst_memory = ev
             if relief is not None:
-                admit(relief(m))
+                admit_mappings(relief(m))
             continue
         if not ev.proven_optimal:
             stats.proven_optimal = False
@@ -265,7 +325,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
         ledger.evaluated(m, ev.iteration_time_s)
         _insert(top, ev, keep)
         reporter.maybe(stats, len(queue), top[0].iteration_time_s, queue[0][0] if queue else None)
-    for i, ev in dived.items():  # incumbents taken early that the cut search never reached
+    for ev in dived.values():  # incumbents taken early that the cut search never reached
         if isinstance(ev, InfeasibleError) or ev is None:
             continue
         stats.evaluated += 1
@@ -315,6 +375,16 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress):
     return best, stats
 
 
+def _count(items) -> int:
+    """Mappings behind queue entries (a group counts all of its mappings)."""
+    return sum(item[3].count if isinstance(item[3], SpaceNode) else 1 for item in items)
+
+
+def _knob_items(item) -> tuple:
+    """(knob, value) pairs a queue item fixes: every field of a mapping, a group's shared knobs."""
+    return item.knobs if isinstance(item, SpaceNode) else tuple(vars(item).items())
+
+
 def _no_time_for(recent_eval_s: list[float]) -> bool:
     """True when the deadline has passed, or is nearer than the slowest recent evaluation
     (parts of an evaluation, e.g. the pipeline simulation, cannot be interrupted: starting one
@@ -325,13 +395,14 @@ def _no_time_for(recent_eval_s: list[float]) -> bool:
     return left <= 0.0 or (bool(recent_eval_s) and left < max(recent_eval_s))
 
 
-def _evaluate_below(model, m, cutoff_s: float | None, *, screen: bool):
+def _evaluate_below(model, m, cutoff_s: float | None, *, screen: bool, screen_memory: bool = True):
     """``model.evaluate(m)``. With ``screen`` (not in an exhaustive run), models that accept it
     may return None when they prove part-way that the mapping is slower than ``cutoff_s``
     (strictly: a margin of 1e-9 keeps ties, which :func:`_better` breaks), or a non-fitting
     memory floor before their costly inner solves."""
     if screen and getattr(model, "evaluate_accepts_cutoff", False):
-        return model.evaluate(m, cutoff_s=None if cutoff_s is None else cutoff_s * (1.0 + 1e-9), screen_memory=True)
+        return model.evaluate(m, cutoff_s=None if cutoff_s is None else cutoff_s * (1.0 + 1e-9),
+                              screen_memory=screen_memory)
     return model.evaluate(m)
 
 
@@ -481,46 +552,49 @@ class _Ledger:
     the search (cheap); the per-knob tables are built once at the end."""
 
     def __init__(self) -> None:
-        self.events: list[tuple] = []  # (mapping, kind, value, need_bytes)
-        self.open: list = []  # heaps of candidates left unexplored: (bound, i, refined, mapping)
+        self.events: list[tuple] = []  # (knob items, kind, value, need_bytes, count)
+        self.open: list = []  # heaps of candidates left unexplored: (bound, i, refined, mapping or group)
 
     def evaluated(self, m, time_s: float) -> None:
-        self.events.append((m, "evaluated", time_s, None))
+        self.events.append((_knob_items(m), "evaluated", time_s, None, 1))
 
-    def ruled_out(self, m, bound_s: float, reason: str, need_bytes: float | None = None) -> None:
-        self.events.append((m, reason, bound_s, need_bytes))
+    def ruled_out(self, m, bound_s: float, reason: str, need_bytes: float | None = None, count: int = 1) -> None:
+        """``m`` (a mapping, or a group of ``count`` mappings and their common bound) could not run."""
+        self.events.append((_knob_items(m), reason, bound_s, need_bytes, count))
 
     def bounded(self, heap) -> None:
         self.open.append(heap)
 
     def ruled_out_counts(self, best_s: float) -> dict[str, int]:
-        """Candidates whose bound was below the winner's time but that could not run."""
+        """Candidates whose bound was below the winner's time but that could not run (a group
+        pruned whole counts all of its mappings under the group's bound)."""
         counts: dict[str, int] = {}
-        for _, kind, bound_s, _ in self.events:
+        for _, kind, bound_s, _, n in self.events:
             if kind != "evaluated" and bound_s < best_s:
-                counts[kind] = counts.get(kind, 0) + 1
+                counts[kind] = counts.get(kind, 0) + n
         return counts
 
     def why_not(self, winner, best_s: float) -> dict[str, dict]:
         """For every knob value the winner does not use: its best time, or the bound that
-        proves it no better, or what ruled all of its candidates out."""
+        proves it no better, or what ruled all of its candidates out. Groups pruned whole
+        speak for the knob values they fix."""
         best: dict[tuple, float] = {}
         bound: dict[tuple, float] = {}
         out: dict[tuple, dict[str, int]] = {}
         need: dict[tuple, float] = {}
-        for m, kind, value, need_bytes in self.events:
-            for kv in vars(m).items():
+        for items, kind, value, need_bytes, n in self.events:
+            for kv in items:
                 if kind == "evaluated":
                     if value < best.get(kv, math.inf):
                         best[kv] = value
                     continue
                 c = out.setdefault(kv, {})
-                c[kind] = c.get(kind, 0) + 1
+                c[kind] = c.get(kind, 0) + n
                 if need_bytes is not None and need_bytes < need.get(kv, math.inf):
                     need[kv] = need_bytes
         for heap in self.open:
             for bound_s, _, _, m in heap:
-                for kv in vars(m).items():
+                for kv in _knob_items(m):
                     if bound_s < bound.get(kv, math.inf):
                         bound[kv] = bound_s
         mine = vars(winner)

@@ -32,7 +32,9 @@ class PartitionReport:
     stream_extra_bytes: float = 0.0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # what asdict gives (fresh list and dict), without its recursive deep copy: the search
+        # turns every partition of every block solve into a row (asdict was 5% of a solve)
+        return {**self.__dict__, "kernels": list(self.kernels), "tiles_per_kernel": dict(self.tiles_per_kernel)}
 
     @classmethod
     def from_row(cls, row: dict) -> "PartitionReport":

@@ -79,4 +79,21 @@ def deadline_scope(time_limit_s: float | None):
         _DEADLINE.reset(token)
 
 
-__all__ = ["deadline", "time_left_s", "expired", "check", "clamp", "deadline_scope", "DeadlineExpired"]
+@contextlib.contextmanager
+def grace_scope(extra_s: float):
+    """Run the block with the active deadline moved ``extra_s`` seconds later (no deadline: no
+    change). Only for the one evaluation that gives a time-limited search its first incumbent:
+    the contract is "within about a second of the limit", and a search that returns no mapping
+    at all helps nobody."""
+    d = _DEADLINE.get()
+    if d is None:
+        yield
+        return
+    token = _DEADLINE.set(d + max(0.0, float(extra_s)))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+__all__ = ["deadline", "grace_scope", "time_left_s", "expired", "check", "clamp", "deadline_scope", "DeadlineExpired"]
