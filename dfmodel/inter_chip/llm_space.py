@@ -378,7 +378,7 @@ class LLMSpace:
         # bound: (M + (pp-1)/v) mb F(1) = per_dp F(1) + (pp-1) mb F(1) / v, least over the
         # (mb, v) pairs; the optimizer step at its cheapest ZeRO stage / offload
         avg_s = f1 / (tp * cp * pp)
-        probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], k) for k in keys]
+        probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], k, sp) for k in keys for sp in sps]
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         pipe_s = min((m + (pp - 1) / max(vs)) * (mb * avg_s + self._ep_layers_s(deg, mb, m, rcs, places_by, opts))
                      for mb, m, vs in mbs)
@@ -409,7 +409,7 @@ class LLMSpace:
             return None
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
         keys = list(dict.fromkeys(self._key(o) for o in opts))
-        probes = [self._probe(deg, mb, m, 1, rcs[0], k) for k in keys]
+        probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
         avg_stage_s = mb * f1 / (tp * cp * pp)
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
@@ -444,7 +444,7 @@ class LLMSpace:
         if not count:
             return None
         model = self.model
-        probe = self._probe(deg, mb, m, v, rc, key)
+        probe = self._probe(deg, mb, m, v, rc, key, bool(spar))  # (offloaded activations: SP shrinks them)
         bound, floor = model.lower_bound_s(probe), model.memory_floor_bytes(probe)
         bound += self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
         fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
