@@ -310,7 +310,16 @@ class LLMSpace:
                 if not (o.get("etp", 0) == 1 and tp > 1 and not spar)]
 
     def _relief_opts(self, deg, opts) -> list[dict]:
-        """The offloaded twins of ``opts`` (:func:`~dfmodel.inter_chip.offload.variants`)."""
+        """The offloaded twins of ``opts`` (:func:`~dfmodel.inter_chip.offload.variants`; they
+        read the options and dp x cp only, so they are memoised on those)."""
+        key = (deg["dp"] * deg["cp"], deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"],
+               tuple(tuple(sorted(o.items())) for o in opts))
+        memo = self.__dict__.setdefault("_twins", {})
+        if key not in memo:
+            memo[key] = self._relief_opts_of(deg, opts)
+        return memo[key]
+
+    def _relief_opts_of(self, deg, opts) -> list[dict]:
         out, seen = [], set()
         for o in opts:
             probe = Mapping(deg["tp"], deg["pp"], deg["dp"], 1, 1, cp=deg["cp"], ep=deg["ep"], **o)
@@ -451,15 +460,15 @@ class LLMSpace:
                  ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
                  ("sequence_parallel", bool(spar)), ("zero_stage", key[0]), ("cp", deg["cp"]),
                  ("ep", deg["ep"]))
-        twins = self._relief_opts(deg, mine) if relief else []
         return SpaceNode(bound, floor, count, fixed, partial(self._mappings, deg, mb, m, v, rc, pairs),
                          leaf=True, screen=partial(self._screen, deg, mb, m, v, rc, key, bool(spar)),
-                         relief=partial(self._relief_leaf, deg, mb, m, v, rc, spar, places_by, twins)
-                         if twins else None)
+                         relief=partial(self._relief_leaf, deg, mb, m, v, rc, spar, places_by, mine)
+                         if relief else None)
 
-    def _relief_leaf(self, deg, mb, m, v, rc, spar, places_by, twins) -> SpaceNode | None:
+    def _relief_leaf(self, deg, mb, m, v, rc, spar, places_by, mine) -> SpaceNode | None:
         """The offloaded twins of a leaf group pruned for memory, as one group per option key
         under a parent that is never pruned itself (each leaf is screened when reached)."""
+        twins = self._relief_opts(deg, mine)
         leaves = [self._leaf(deg, mb, m, v, rc, key, spar, places_by, [o for o in twins if self._key(o) == key], False)
                   for key in dict.fromkeys(self._key(o) for o in twins)]
         leaves = [x for x in leaves if x is not None]
