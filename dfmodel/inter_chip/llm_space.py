@@ -165,41 +165,50 @@ def placements(system, deg: dict[str, int], etp: int = 0) -> list[tuple]:
     return out
 
 
-def llm_candidates(model, knobs: Knobs):
-    """Every valid mapping of an LLM workload (fixed knobs fixed, the rest enumerated)."""
+def degree_tuples(model, knobs: Knobs):
+    """Every chip-taking degree tuple of the record as ``{"tp", "cp", "ep", "pp", "dp"}`` (fixed
+    knobs fixed): ``tp x cp x pp x dp = chips``, tp splitting the heads (and KV heads), ep carved
+    out as :func:`ep_degrees` allows. Checks the offload knobs against the system first."""
     system, w = model.system, model.workload
     n, L = system.num_chips, w.model.num_layers
-    batch = w.training.global_batch
     heads = w.model.num_heads
     kv = getattr(w.model, "num_kv_heads", heads) or heads
     offload.check_knobs(knobs, system, source=getattr(w, "source", None))
-    upfront = offload.host_step_can_win(system)
     for cp in cp_degrees(model, knobs):
         max_tp = max(d for d in divisors(heads) if d <= n // cp)
-        for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch, cp=cp):
+        for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=w.training.global_batch, cp=cp):
             if heads % tp or (kv % tp and tp % kv):
                 continue
             for ep in ep_degrees(model, knobs, dp * cp, tp):
-                deg = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
-                places_of = {0: placements(system, deg)}
-                per_dp = batch // dp
-                fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
-                for mb in _choices(fixed_mb, divisors(per_dp)):
-                    if per_dp % mb:
-                        continue
-                    m = per_dp // mb
-                    for v in interleaves(knobs, pp, m, L):
-                        for rc in _choices(knobs.recompute, RECOMPUTE):
-                            for spar in _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False]):
-                                for opts in option_values(knobs, deg, upfront):
-                                    etp = opts.get("etp", 0)
-                                    if etp == 1 and tp > 1 and not spar:
-                                        continue  # Megatron-Core: expert TP 1 with TP needs SP
-                                    if etp not in places_of:
-                                        places_of[etp] = placements(system, deg, etp)
-                                    for place in places_of[etp]:
-                                        yield Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place,
-                                                      cp=cp, ep=ep, **opts)
+                yield {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
+
+
+def llm_candidates(model, knobs: Knobs):
+    """Every valid mapping of an LLM workload (fixed knobs fixed, the rest enumerated)."""
+    system, w = model.system, model.workload
+    L, batch = w.model.num_layers, w.training.global_batch
+    upfront = offload.host_step_can_win(system)
+    fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
+    for deg in degree_tuples(model, knobs):
+        tp, cp, ep, pp, dp = (deg[d] for d in ("tp", "cp", "ep", "pp", "dp"))
+        places_of = {0: placements(system, deg)}
+        per_dp = batch // dp
+        for mb in _choices(fixed_mb, divisors(per_dp)):
+            if per_dp % mb:
+                continue
+            m = per_dp // mb
+            for v in interleaves(knobs, pp, m, L):
+                for rc in _choices(knobs.recompute, RECOMPUTE):
+                    for spar in _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False]):
+                        for opts in option_values(knobs, deg, upfront):
+                            etp = opts.get("etp", 0)
+                            if etp == 1 and tp > 1 and not spar:
+                                continue  # Megatron-Core: expert TP 1 with TP needs SP
+                            if etp not in places_of:
+                                places_of[etp] = placements(system, deg, etp)
+                            for place in places_of[etp]:
+                                yield Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place,
+                                              cp=cp, ep=ep, **opts)
 
 
 def symmetric_dims(system) -> list[list[str]]:
@@ -341,37 +350,27 @@ class LLMSpace:
     def roots(self) -> list[SpaceNode]:
         """One group per degree tuple (cp, tp, pp, dp, ep)."""
         model, knobs = self.model, self.knobs
-        system, w = model.system, model.workload
-        n, L = system.num_chips, w.model.num_layers
-        batch = w.training.global_batch
-        heads = w.model.num_heads
-        kv = getattr(w.model, "num_kv_heads", heads) or heads
-        offload.check_knobs(knobs, system, source=getattr(w, "source", None))
+        w = model.workload
+        L, batch = w.model.num_layers, w.training.global_batch
         rcs = _choices(knobs.recompute, RECOMPUTE)
         fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
         out = []
-        for cp in cp_degrees(model, knobs):
-            max_tp = max(d for d in divisors(heads) if d <= n // cp)
-            for tp, pp, dp in degree_triples(n, knobs, max_tp=max_tp, max_pp=L, batch=batch, cp=cp):
-                if heads % tp or (kv % tp and tp % kv):
-                    continue
-                for ep in ep_degrees(model, knobs, dp * cp, tp):
-                    deg = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}
-                    per_dp = batch // dp
-                    mbs = []  # (micro-batch, micro-batches, interleaves)
-                    for mb in _choices(fixed_mb, divisors(per_dp)):
-                        if per_dp % mb == 0 and (vs := interleaves(knobs, pp, per_dp // mb, L)):
-                            mbs.append((mb, per_dp // mb, vs))
-                    if not mbs:
-                        continue
-                    opts = option_values(knobs, deg, self.upfront)
-                    places_by = {e: self.placements(deg, e) for e in dict.fromkeys(o.get("etp", 0) for o in opts)}
-                    if not any(places_by.values()):
-                        continue
-                    sps = _choices(knobs.sequence_parallel, [False, True] if tp > 1 else [False])
-                    node = self._root(deg, mbs, rcs, sps, places_by, opts, self.relief_on)
-                    if node is not None:
-                        out.append(node)
+        for deg in degree_tuples(model, knobs):
+            per_dp = batch // deg["dp"]
+            mbs = []  # (micro-batch, micro-batches, interleaves)
+            for mb in _choices(fixed_mb, divisors(per_dp)):
+                if per_dp % mb == 0 and (vs := interleaves(knobs, deg["pp"], per_dp // mb, L)):
+                    mbs.append((mb, per_dp // mb, vs))
+            if not mbs:
+                continue
+            opts = option_values(knobs, deg, self.upfront)
+            places_by = {e: self.placements(deg, e) for e in dict.fromkeys(o.get("etp", 0) for o in opts)}
+            if not any(places_by.values()):
+                continue
+            sps = _choices(knobs.sequence_parallel, [False, True] if deg["tp"] > 1 else [False])
+            node = self._root(deg, mbs, rcs, sps, places_by, opts, self.relief_on)
+            if node is not None:
+                out.append(node)
         self.roots_built = out
         return out
 
@@ -574,4 +573,4 @@ def validate_knobs(knobs: Knobs, num_chips: int) -> None:
                              field="/".join(n for n in ("tp", "pp", "dp") if n in fixed) if "cp" not in fixed else "/".join(fixed))
 
 
-__all__ = ["llm_candidates", "LLMSpace", "symmetric_dims", "canonical_placement", "degree_triples", "validate_knobs", "interleaves", "placements", "DIM_NAMES"]
+__all__ = ["llm_candidates", "degree_tuples", "LLMSpace", "symmetric_dims", "canonical_placement", "degree_triples", "validate_knobs", "interleaves", "placements", "DIM_NAMES"]
