@@ -434,6 +434,18 @@ class EmbeddingTables(Strict):
         return list(self.lookups_per_table)
 
 
+class DLRMTraining(Training):
+    """DLRM training: :class:`Training` plus how the framework launches the step.
+
+    ``cuda_graphs``: the whole iteration is replayed as one CUDA graph (HugeCTR
+    ``use_holistic_cuda_graph = True`` in NVIDIA's MLPerf v1.0-v2.0 DLRM configs, e.g.
+    training_results_v2.0 NVIDIA/benchmarks/dlrm/implementations/hugectr/dgx_a100.py), so each
+    kernel costs the chip's ``efficiency.graph_kernel_overhead_s`` instead of the eager launch.
+    """
+
+    cuda_graphs: bool = False
+
+
 class DLRMWorkload(_Trained, _Base):
     """``kind: dlrm``: Deep Learning Recommendation Model (Naumov et al. 2019, arXiv:1906.00091).
 
@@ -450,7 +462,7 @@ class DLRMWorkload(_Trained, _Base):
     bottom_mlp: list[PositiveInt] = Field(min_length=1)
     top_mlp: list[PositiveInt] = Field(min_length=1)
     interaction: Literal["dot"] = "dot"
-    training: Training
+    training: DLRMTraining
 
     @field_validator("bottom_mlp")
     @classmethod

@@ -81,6 +81,20 @@ from dfmodel.system.schema import System
 FP32 = 4
 
 
+def graph_launched(system: System) -> System:
+    """``system`` with its per-kernel overhead replaced by the in-graph one (CUDA graphs).
+
+    A captured iteration replays its kernels without the CPU launch, so only the GPU-side gap
+    between graph nodes remains (:meth:`~dfmodel.system.schema.Efficiency.graph_overhead_s`).
+    The system is unchanged when the chip gives no separate figure.
+    """
+    eff = system.chip.efficiency
+    if eff.graph_kernel_overhead_s is None:
+        return system
+    eff = eff.model_copy(update={"kernel_overhead_s": eff.graph_overhead_s()})
+    return system.model_copy(update={"chip": system.chip.model_copy(update={"efficiency": eff})})
+
+
 def dense_optimizer_bytes(optimizer: str, bytes_per_element: int) -> tuple[float, float]:
     """(state bytes, DRAM traffic bytes of one step) per dense (MLP) parameter.
 
@@ -227,6 +241,8 @@ class DLRMModel(FamilyModel):
     family = "dlrm"
 
     def __init__(self, workload, system: System, **options):
+        if workload.training.cuda_graphs:
+            system = graph_launched(system)
         super().__init__(workload, system, **options)
         self.p = self.precision.bytes
         self.optimizer = workload.training.optimizer
