@@ -406,6 +406,25 @@ class EmbeddingTables(Strict):
     rows_per_table: list[PositiveInt]
     dim: PositiveInt
     lookups_per_table: list[PositiveInt] = Field(default=1, validate_default=True)  # type: ignore[assignment]
+    #: How often each row is looked up: null = uniformly over a table's rows; a number s >= 0
+    #: (one, or one per table) = a rank-frequency power law p(k) ~ k^-s over the rows (Zipf;
+    #: click logs are power-law distributed, e.g. Naumov et al. 2019 sec. 2 on DLRM's sparse
+    #: features). Read by the frequency-hybrid sharding (frequent rows replicated, HugeCTR).
+    zipf_exponent: list[NonNegativeFloat] | None = None
+
+    @field_validator("zipf_exponent", mode="before")
+    @classmethod
+    def _broadcast_zipf(cls, v: Any, info: ValidationInfo) -> Any:
+        t = info.data.get("num_tables")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return [float(v)] * (t or 1)
+        if isinstance(v, list) and t is not None and len(v) != t:
+            raise ValueError(f"must be one number or a list of num_tables ({t}) numbers, got {len(v)}")
+        return v
+
+    def zipf(self) -> list[float]:
+        """Per-table power-law exponent (0 = uniform)."""
+        return list(self.zipf_exponent) if self.zipf_exponent is not None else [0.0] * self.num_tables
 
     @field_validator("rows_per_table", "lookups_per_table", mode="before")
     @classmethod
