@@ -14,7 +14,10 @@ as torchrec implements it, with torchrec's 2-D sparse parallelism as the ``dp`` 
   into ``k`` column shards placed like tables), ``replicated`` (a copy on every chip, gradients
   all-reduced over all chips: torchrec's data-parallel sharding), and the hybrids ``hybrid:r,j``
   = the ``r`` largest tables row-wise, the ``j`` smallest replicated, the rest table-wise (this
-  family contains table-wise ``0,0``, row-wise ``t,0`` and replicated ``0,t``). Whole tables and
+  family contains table-wise ``0,0``, row-wise ``t,0`` and replicated ``0,t``), and HugeCTR's
+  ``frequency-hybrid:t`` (NVIDIA's MLPerf DLRM: rows looked up at least ``t`` times per iteration
+  replicated and all-reduced, the rest distributed by row with one vector per look-up in the
+  all-to-all; see :func:`frequency_plans`). Whole tables and
   column shards are placed by LPT (largest lookup load first, onto the least-loaded chip with
   room), so a plan's placement is one fixed function of the plan.
 - Time of one micro-batch: the intra-chip pass on the graph of the busiest chip (the builder's
@@ -29,13 +32,17 @@ as torchrec implements it, with torchrec's 2-D sparse parallelism as the ``dp`` 
   all-reduced over all chips -- or reduce-scatter + all-gather with ``distributed_optimizer``
   -- plus the replicated tables' touched rows over all chips, plus, with ``dp > 1``, each shard's
   touched rows over its replicas), overlapped with the last micro-batch's backward as the
-  system's ``dp_overlap`` says (:func:`~dfmodel.inter_chip.pipeline.dp_sync_time`); then the
+  system's ``dp_overlap`` says (:func:`~dfmodel.inter_chip.pipeline.dp_sync_time`) -- only its
+  compute hides the sync: the backward's embedding exchange keeps the same links busy; then the
   optimizer step (DRAM traffic, see :func:`dense_optimizer_bytes`,
   :func:`embedding_state_bytes_per_row`) and the exposed input pipeline.
 - Memory of the busiest chip: table shards + MLP weights (``weights``), MLP and replicated-table
   dense gradients plus one micro-batch's sparse gradient rows (``gradients``), optimizer state
   (``optimizer``: see the two functions above), and the graph's peak live DRAM tensors plus its
   inputs (``activations``).
+
+With ``training.cuda_graphs`` (HugeCTR's holistic CUDA graph) each kernel costs the chip's
+``graph_kernel_overhead_s`` instead of the eager launch (:func:`graph_launched`).
 
 Breakdown keys: the embedding exchanges inside the step (model-parallel) under ``tp_comm`` when
 they dominate a partition, the gradient/replica syncs under ``dp_comm``.
@@ -410,8 +417,9 @@ class DLRMModel(FamilyModel):
                     ots += 2 * L * phi * st
                     dp_w += K * d * p
                     dp_st += K * st
-                    dp_sync += K * d * p  # each is looked up >= 1 time per iteration
-                    dp_upd += K * (3 * d * p + 2 * st)
+                    touched = min(K, B * L * phi)  # = K: a frequent row is looked up >= t >= 1 times
+                    dp_sync += touched * d * p
+                    dp_upd += touched * (3 * d * p + 2 * st)
                 if K < R:  # infrequent rows: by row over the group, each look-up sent as one row
                     q = L * (1.0 - phi) / g  # per sample of the group, on every chip (id mod g)
                     held = math.ceil((R - K) / g)
