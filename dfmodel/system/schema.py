@@ -214,6 +214,11 @@ class NetworkDim(Strict):
     nvls_efficiency: Fraction | None = None
     # NCCL's LL / LL128 / Simple protocols as choices per collective (latency_s is Simple's).
     nccl_protocols: bool = False
+    # Whether a collective's phase on this dimension can overlap its phases on other dimensions
+    # (chunks flowing through the phases, as NCCL does over NVLink and InfiniBand). false: the
+    # phases run in series -- host-staged MPI without a GPU-aware transport copies the whole
+    # buffer device->host, exchanges it, and copies it back (dfmodel.netmodels.collectives).
+    pipelined: bool = True
 
     @property
     def effective_bandwidth_Bps(self) -> float:
