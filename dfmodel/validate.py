@@ -530,7 +530,8 @@ def family_case_inputs(case: FamilyCase) -> list[tuple[dict, float, dict]]:
                     "dense_features": int(w["dense_features"]), "bottom_mlp": _ints(w["bottom_mlp"]),
                     "top_mlp": _ints(w["top_mlp"]), "interaction": "dot",
                     "training": {"global_batch": int(w["global_batch"]), "precision": "fp16",
-                                 "optimizer": str(w.get("optimizer", "sgd")).lower()}}
+                                 "optimizer": str(w.get("optimizer", "sgd")).lower(),
+                                 "cuda_graphs": bool(w.get("cuda_graphs", False))}}
         throughput = _extra(case, "throughput")
         if throughput is None:
             raise InputError("a DLRM case needs a 'median logged throughput' in extra_measured", field=case.id)

@@ -406,6 +406,25 @@ class EmbeddingTables(Strict):
     rows_per_table: list[PositiveInt]
     dim: PositiveInt
     lookups_per_table: list[PositiveInt] = Field(default=1, validate_default=True)  # type: ignore[assignment]
+    #: How often each row is looked up: null = uniformly over a table's rows; a number s >= 0
+    #: (one, or one per table) = a rank-frequency power law p(k) ~ k^-s over the rows (Zipf;
+    #: click logs are power-law distributed, e.g. Naumov et al. 2019 sec. 2 on DLRM's sparse
+    #: features). Read by the frequency-hybrid sharding (frequent rows replicated, HugeCTR).
+    zipf_exponent: list[NonNegativeFloat] | None = None
+
+    @field_validator("zipf_exponent", mode="before")
+    @classmethod
+    def _broadcast_zipf(cls, v: Any, info: ValidationInfo) -> Any:
+        t = info.data.get("num_tables")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return [float(v)] * (t or 1)
+        if isinstance(v, list) and t is not None and len(v) != t:
+            raise ValueError(f"must be one number or a list of num_tables ({t}) numbers, got {len(v)}")
+        return v
+
+    def zipf(self) -> list[float]:
+        """Per-table power-law exponent (0 = uniform)."""
+        return list(self.zipf_exponent) if self.zipf_exponent is not None else [0.0] * self.num_tables
 
     @field_validator("rows_per_table", "lookups_per_table", mode="before")
     @classmethod
@@ -434,6 +453,18 @@ class EmbeddingTables(Strict):
         return list(self.lookups_per_table)
 
 
+class DLRMTraining(Training):
+    """DLRM training: :class:`Training` plus how the framework launches the step.
+
+    ``cuda_graphs``: the whole iteration is replayed as one CUDA graph (HugeCTR
+    ``use_holistic_cuda_graph = True`` in NVIDIA's MLPerf v1.0-v2.0 DLRM configs, e.g.
+    training_results_v2.0 NVIDIA/benchmarks/dlrm/implementations/hugectr/dgx_a100.py), so each
+    kernel costs the chip's ``efficiency.graph_kernel_overhead_s`` instead of the eager launch.
+    """
+
+    cuda_graphs: bool = False
+
+
 class DLRMWorkload(_Trained, _Base):
     """``kind: dlrm``: Deep Learning Recommendation Model (Naumov et al. 2019, arXiv:1906.00091).
 
@@ -450,7 +481,7 @@ class DLRMWorkload(_Trained, _Base):
     bottom_mlp: list[PositiveInt] = Field(min_length=1)
     top_mlp: list[PositiveInt] = Field(min_length=1)
     interaction: Literal["dot"] = "dot"
-    training: Training
+    training: DLRMTraining
 
     @field_validator("bottom_mlp")
     @classmethod

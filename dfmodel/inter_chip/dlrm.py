@@ -14,7 +14,10 @@ as torchrec implements it, with torchrec's 2-D sparse parallelism as the ``dp`` 
   into ``k`` column shards placed like tables), ``replicated`` (a copy on every chip, gradients
   all-reduced over all chips: torchrec's data-parallel sharding), and the hybrids ``hybrid:r,j``
   = the ``r`` largest tables row-wise, the ``j`` smallest replicated, the rest table-wise (this
-  family contains table-wise ``0,0``, row-wise ``t,0`` and replicated ``0,t``). Whole tables and
+  family contains table-wise ``0,0``, row-wise ``t,0`` and replicated ``0,t``), and HugeCTR's
+  ``frequency-hybrid:t`` (NVIDIA's MLPerf DLRM: rows looked up at least ``t`` times per iteration
+  replicated and all-reduced, the rest distributed by row with one vector per look-up in the
+  all-to-all; see :func:`frequency_plans`). Whole tables and
   column shards are placed by LPT (largest lookup load first, onto the least-loaded chip with
   room), so a plan's placement is one fixed function of the plan.
 - Time of one micro-batch: the intra-chip pass on the graph of the busiest chip (the builder's
@@ -29,13 +32,17 @@ as torchrec implements it, with torchrec's 2-D sparse parallelism as the ``dp`` 
   all-reduced over all chips -- or reduce-scatter + all-gather with ``distributed_optimizer``
   -- plus the replicated tables' touched rows over all chips, plus, with ``dp > 1``, each shard's
   touched rows over its replicas), overlapped with the last micro-batch's backward as the
-  system's ``dp_overlap`` says (:func:`~dfmodel.inter_chip.pipeline.dp_sync_time`); then the
+  system's ``dp_overlap`` says (:func:`~dfmodel.inter_chip.pipeline.dp_sync_time`) -- only its
+  compute hides the sync: the backward's embedding exchange keeps the same links busy; then the
   optimizer step (DRAM traffic, see :func:`dense_optimizer_bytes`,
   :func:`embedding_state_bytes_per_row`) and the exposed input pipeline.
 - Memory of the busiest chip: table shards + MLP weights (``weights``), MLP and replicated-table
   dense gradients plus one micro-batch's sparse gradient rows (``gradients``), optimizer state
   (``optimizer``: see the two functions above), and the graph's peak live DRAM tensors plus its
   inputs (``activations``).
+
+With ``training.cuda_graphs`` (HugeCTR's holistic CUDA graph) each kernel costs the chip's
+``graph_kernel_overhead_s`` instead of the eager launch (:func:`graph_launched`).
 
 Breakdown keys: the embedding exchanges inside the step (model-parallel) under ``tp_comm`` when
 they dominate a partition, the gradient/replica syncs under ``dp_comm``.
@@ -81,6 +88,20 @@ from dfmodel.system.schema import System
 FP32 = 4
 
 
+def graph_launched(system: System) -> System:
+    """``system`` with its per-kernel overhead replaced by the in-graph one (CUDA graphs).
+
+    A captured iteration replays its kernels without the CPU launch, so only the GPU-side gap
+    between graph nodes remains (:meth:`~dfmodel.system.schema.Efficiency.graph_overhead_s`).
+    The system is unchanged when the chip gives no separate figure.
+    """
+    eff = system.chip.efficiency
+    if eff.graph_kernel_overhead_s is None:
+        return system
+    eff = eff.model_copy(update={"kernel_overhead_s": eff.graph_overhead_s()})
+    return system.model_copy(update={"chip": system.chip.model_copy(update={"efficiency": eff})})
+
+
 def dense_optimizer_bytes(optimizer: str, bytes_per_element: int) -> tuple[float, float]:
     """(state bytes, DRAM traffic bytes of one step) per dense (MLP) parameter.
 
@@ -114,25 +135,113 @@ def embedding_state_bytes_per_row(optimizer: str, columns: int) -> float:
 # Sharding plans
 # --------------------------------------------------------------------------------------------
 
-SCHEME_NAMES = {"tw": "table-wise", "rw": "row-wise", "dp": "replicated", "cw": "column-wise"}
+SCHEME_NAMES = {"tw": "table-wise", "rw": "row-wise", "dp": "replicated", "cw": "column-wise",
+                "fh": "frequency-hybrid"}
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A scheme per table: ``tw``, ``rw``, ``dp`` (replicated) or ``cw`` (with ``col_shards``)."""
+    """A scheme per table: ``tw``, ``rw``, ``dp`` (replicated), ``cw`` (with ``col_shards``) or
+    ``fh`` (frequency-hybrid: ``frequent`` holds each table's (frequent rows, share of lookups))."""
 
     name: str
     schemes: tuple[str, ...]
     col_shards: int = 1
+    frequent: tuple[tuple[int, float], ...] = ()
 
 
-def enumerate_plans(rows: list[int], dim: int, g: int) -> list[Plan]:
-    """Every plan the search considers for a sharding group of ``g`` chips (see module doc).
+# -- frequency-hybrid embedding (HugeCTR) ------------------------------------------------------
+#
+# NVIDIA's MLPerf DLRM (HugeCTR ``HybridSparseEmbedding``, MLPerf Training v1.0-v2.0) splits every
+# table by how often its rows are looked up: the *frequent* rows are replicated on every GPU
+# (looked up locally, their gradients all-reduced over all GPUs: data-parallel), the *infrequent*
+# rows are distributed over the GPUs by row (model-parallel) and each infrequent look-up travels
+# as one vector in the all-to-all. HugeCTR calls a row frequent when its count over the
+# calibration iterations passes a threshold (``calculate_threshold`` in HugeCTR
+# src/embeddings/hybrid_embedding/calibration_data.cu: multi-node, per iteration
+# ``t = nodes * (a2a_bw / ar_bw) * nodes / (nodes - 1)``, with MLPerf's 1.9e11 / 1.3e11 B/s
+# about 13.4 at 8 nodes; single node, a duplicate-probability bound). Here the threshold ``t``
+# (expected look-ups per iteration) is a search variable over powers of two, so the search
+# finds the split that is best under this model's own collective costs rather than HugeCTR's
+# two calibrated bandwidths. Expected counts follow the workload's access distribution
+# (``embedding.zipf_exponent``: uniform when absent, then a table is frequent as a whole or not).
+
+#: Euler-Maclaurin is used above this many terms of the generalized harmonic number.
+_HARMONIC_EXACT = 4096
+
+
+def harmonic(n: int, s: float) -> float:
+    """Generalized harmonic number ``H(n, s) = sum_{k=1..n} k^-s`` (exact up to 4096 terms, then
+    the Euler-Maclaurin tail: integral + half the end terms + the first derivative correction).
+
+    >>> harmonic(3, 0.0), round(harmonic(4, 1.0), 6), abs(harmonic(10**6, 1.2) - 5.0) < 1.0
+    (3.0, 2.083333, True)
+    """
+    if n <= 0:
+        return 0.0
+    m = min(n, _HARMONIC_EXACT)
+    head = float(np.sum(np.arange(1, m + 1, dtype=float) ** -s))
+    if n == m:
+        return head
+    a, b = float(m), float(n)
+    integral = math.log(b / a) if s == 1.0 else (b ** (1 - s) - a ** (1 - s)) / (1 - s)
+    # sum_{k=m+1..n} f(k) = int_m^n f + (f(n) - f(m))/2 + (f'(n) - f'(m))/12, f(k) = k^-s
+    return head + integral + (b ** -s - a ** -s) / 2 + (-s * b ** (-s - 1) + s * a ** (-s - 1)) / 12
+
+
+def frequent_split(rows: int, lookups_per_iteration: float, zipf: float, threshold: float) -> tuple[int, float]:
+    """(frequent rows, their share of the table's look-ups) for rows looked up at least
+    ``threshold`` times per iteration in expectation.
+
+    Uniform access (``zipf`` 0): every row ``lookups / rows`` times, so all rows or none.
+    Power law ``p(k) = k^-s / H(rows, s)``: the ``K`` most popular rows with
+    ``lookups * K^-s / H >= threshold``, holding ``H(K, s) / H(rows, s)`` of the look-ups.
+
+    >>> frequent_split(100, 1000, 0.0, 8), frequent_split(100, 1000, 0.0, 16)
+    ((100, 1.0), (0, 0.0))
+    >>> k, f = frequent_split(1000, 1000, 1.0, 10); k, round(f, 3)
+    (13, 0.425)
+    """
+    if zipf == 0.0:
+        return (rows, 1.0) if lookups_per_iteration / rows >= threshold else (0, 0.0)
+    h = harmonic(rows, zipf)
+    k = min(rows, int(math.floor((lookups_per_iteration / (threshold * h)) ** (1.0 / zipf) + 1e-9)))
+    if k <= 0:
+        return 0, 0.0
+    return k, (1.0 if k == rows else harmonic(k, zipf) / h)
+
+
+def frequency_thresholds(max_count: float) -> list[float]:
+    """Thresholds searched: powers of two from 1 look-up per iteration up to the largest
+    expected count of any row (beyond it nothing is frequent)."""
+    return [2.0 ** k for k in range(int(math.floor(math.log2(max(max_count, 1.0)))) + 1)]
+
+
+def frequency_plans(rows: list[int], lookups: list[int], batch: int, zipf: list[float]) -> list[Plan]:
+    """One ``fh`` plan per distinct frequent split over :func:`frequency_thresholds`."""
+    t = len(rows)
+    counts = [batch * lookups[i] / (1.0 if zipf[i] else rows[i]) / (harmonic(rows[i], zipf[i]) if zipf[i] else 1.0)
+              for i in range(t)]  # the most popular row's expected count per iteration
+    out: dict[tuple, Plan] = {}
+    for th in frequency_thresholds(max(counts)):
+        split = tuple(frequent_split(rows[i], batch * lookups[i], zipf[i], th) for i in range(t))
+        key = tuple(k for k, _ in split)
+        if key not in out:
+            out[key] = Plan(f"frequency-hybrid:{th:g}", ("fh",) * t, 1, split)
+    return list(out.values())
+
+
+def enumerate_plans(rows: list[int], dim: int, g: int, *, lookups: list[int] | None = None,
+                    batch: int | None = None, zipf: list[float] | None = None) -> list[Plan]:
+    """Every plan the search considers for a sharding group of ``g`` chips (see module doc);
+    with ``lookups`` and ``batch`` also the frequency-hybrid plans (:func:`frequency_plans`).
 
     >>> [p.name for p in enumerate_plans([10, 20], 4, 2)][:4]
     ['hybrid:0,0', 'hybrid:0,1', 'hybrid:0,2', 'hybrid:1,0']
     >>> [p.name for p in enumerate_plans([10, 20], 4, 1)]
     ['replicated']
+    >>> [p.name for p in enumerate_plans([10, 20], 4, 2, lookups=[1, 1], batch=40)][-3:]
+    ['column-wise:2', 'frequency-hybrid:1', 'frequency-hybrid:4']
     """
     t = len(rows)
     if g == 1:
@@ -153,12 +262,19 @@ def enumerate_plans(rows: list[int], dim: int, g: int) -> list[Plan]:
     for k in divisors(dim):
         if 1 < k <= g:
             plans.append(Plan(f"column-wise:{k}", ("cw",) * t, k))
+    if lookups is not None and batch is not None:
+        plans.extend(frequency_plans(rows, lookups, batch, zipf or [0.0] * t))
     return plans
 
 
 def plan_label(plan: Plan) -> str:
     """Readable name: the uniform schemes by their torchrec names, hybrids by their counts."""
     kinds = set(plan.schemes)
+    if kinds == {"fh"}:
+        k = sum(r for r, _ in plan.frequent)
+        share = sum(f for _, f in plan.frequent) / len(plan.frequent)
+        return (f"frequency-hybrid ({k:,} frequent rows replicated, {share:.0%} of look-ups on average; "
+                f"the rest distributed by row)")
     if len(kinds) == 1:
         s = plan.schemes[0]
         return SCHEME_NAMES[s] + (f" ({plan.col_shards} column shards)" if s == "cw" else "")
@@ -186,7 +302,7 @@ class PlanLoads:
     ids_s: float
     opt_traffic_s: float
     ids_sent_s: float  # ids each chip ships out per own sample (sharded tables)
-    cols_twcw: int  # columns delivered by the all-to-all per sample
+    cols_twcw: float  # columns delivered by the all-to-all per sample
     cols_rw: int  # columns of row-wise tables (reduce-scatter / all-gather per sample)
     weight_bytes: np.ndarray  # table shard bytes held
     state_bytes: np.ndarray  # their optimizer state
@@ -227,11 +343,14 @@ class DLRMModel(FamilyModel):
     family = "dlrm"
 
     def __init__(self, workload, system: System, **options):
+        if workload.training.cuda_graphs:
+            system = graph_launched(system)
         super().__init__(workload, system, **options)
         self.p = self.precision.bytes
         self.optimizer = workload.training.optimizer
         e = workload.embedding
         self.rows, self.lookups, self.dim = e.rows(), e.lookups(), e.dim
+        self.zipf = e.zipf()
         self.t = e.num_tables
         self.N = system.num_chips
         self.B = workload.training.global_batch
@@ -250,7 +369,8 @@ class DLRMModel(FamilyModel):
     # -- plans ------------------------------------------------------------------------------
     def plans(self, g: int) -> dict[str, Plan]:
         if g not in self._plans:
-            self._plans[g] = {p.name: p for p in enumerate_plans(self.rows, self.dim, g)}
+            self._plans[g] = {p.name: p for p in enumerate_plans(self.rows, self.dim, g, lookups=self.lookups,
+                                                                 batch=self.B, zipf=self.zipf)}
         return self._plans[g]
 
     def common_static_bytes(self, mapping: DLRMMapping) -> float:
@@ -286,6 +406,36 @@ class DLRMModel(FamilyModel):
                 touched = min(R, B * L)
                 dp_sync += touched * d * p
                 dp_upd += touched * (3 * d * p + 2 * st)
+            elif scheme == "fh":
+                K, phi = plan.frequent[i]
+                st = embedding_state_bytes_per_row(opt, d)
+                if K:  # frequent rows: replicated, looked up locally, gradients all-reduced
+                    gs += L * phi * d
+                    grs += L * phi
+                    ps += phi * d
+                    ids_s += L * phi
+                    ots += 2 * L * phi * st
+                    dp_w += K * d * p
+                    dp_st += K * st
+                    touched = min(K, B * L * phi)  # = K: a frequent row is looked up >= t >= 1 times
+                    dp_sync += touched * d * p
+                    dp_upd += touched * (3 * d * p + 2 * st)
+                if K < R:  # infrequent rows: by row over the group, each look-up sent as one row
+                    q = L * (1.0 - phi) / g  # per sample of the group, on every chip (id mod g)
+                    held = math.ceil((R - K) / g)
+                    gather += q * d
+                    grow += q
+                    pooled += q * d
+                    ptw += q * d
+                    ids += q
+                    otr += 2 * q * st
+                    wbytes += held * d * p
+                    sbytes += held * st
+                    touched = min(held, B * q)
+                    sync += touched * d * p
+                    syncd += touched * 2 * d * p
+                    ids_sent += L * (1.0 - phi)
+                    cols_twcw += L * (1.0 - phi) * d
             elif scheme == "rw":
                 held = math.ceil(R / g)
                 share = min(1.0, held / R)  # uniform ids: the fullest chip's share of the lookups
@@ -500,7 +650,7 @@ class DLRMModel(FamilyModel):
         terms.io_bytes = io_bytes(g.kernels, g.tensors, tensors)
         L = self.loads(m.tp, self.plans(m.tp)[m.plan])
         sync_bytes, sync_s = self.sync_s(m, L)
-        back = terms.backward_upper_s(self.system)
+        back = max(0.0, terms.backward_upper_s(self.system) - network[self.base_graph(m.micro_batch)[1]['a2a_bwd']])
         exposed = dp_sync_time(sync_bytes, sync_s, back, self.system.dp_overlap) if sync_s > 0 and back < math.inf \
             else (sync_s if self.system.dp_overlap == 0 else 0.0)
         step = m.num_micro_batches * terms.bound_s(self.system) + exposed + self.optimizer_s(m, L)
@@ -530,7 +680,10 @@ class DLRMModel(FamilyModel):
         if not mem.fits:
             return self._misfit(m, mem, "with activations")
         sync_bytes, sync_s = self.sync_s(m, L)
-        dp_exposed = dp_sync_time(sync_bytes, sync_s, ct.backward_s, self.system.dp_overlap) if sync_s > 0 else 0.0
+        # the gradient sync hides behind the backward's compute, not behind its embedding
+        # exchange: both are bandwidth-bound on the same links (the chip's NVLink/NIC ports)
+        window = max(0.0, ct.backward_s - network[self.base_graph(m.micro_batch)[1]["a2a_bwd"]])
+        dp_exposed = dp_sync_time(sync_bytes, sync_s, window, self.system.dp_overlap) if sync_s > 0 else 0.0
         opt_s = self.optimizer_s(m, L)
         step = m.num_micro_batches * ct.time_s + dp_exposed + opt_s
         io = io_terms(self.system, self.workload.training, self.B, step, self.checkpoint_state(),
@@ -615,7 +768,10 @@ def to_result(model: DLRMModel, ev: FamilyEvaluation, stats):
     sharding = {}
     for i, s in enumerate(plan.schemes):
         label = SCHEME_NAMES[s]
-        if s == "cw":
+        if s == "fh":
+            k, f = plan.frequent[i]
+            label += f" ({k:,} frequent rows replicated, {f:.0%} of look-ups; the rest by row over {m.tp} chips)"
+        elif s == "cw":
             label += f" ({plan.col_shards} shards)"
         elif s == "rw":
             label += f" (over {m.tp} chips)"

@@ -26,7 +26,8 @@ returns the fastest.
   behave like this across NVLink and InfiniBand). Time = the busiest dimension's summed phase
   times + the pipeline fill, estimated as every phase's zero-byte (latency-only) time. Only the
   latency is taken for the fill (many small chunks), and the bottleneck's latency is counted
-  twice, which keeps the estimate on the safe side and monotone in every parameter.
+  twice, which keeps the estimate on the safe side and monotone in every parameter. Not offered
+  when a dimension of the group says ``pipelined: false`` (host-staged transfers run in series).
 
 Not modelled: contention with other groups on shared links; multi-port torus algorithms that
 run different chunks along different dimensions *in different orders* at the same time.
@@ -126,6 +127,10 @@ def _pipelined(steps: Sequence[StepCost], dims: tuple[GroupDim, ...]) -> Collect
 
 
 def _both(steps: Sequence[StepCost], dims: tuple[GroupDim, ...]) -> list[CollectiveCost]:
+    """Phases in series, and pipelined across dimensions unless a dimension forbids it
+    (``NetworkDim.pipelined`` false: host-staged transfers)."""
+    if not all(gd.dim.pipelined for gd in dims):
+        return [_cost(steps)]
     return [_cost(steps), _pipelined(steps, dims)]
 
 

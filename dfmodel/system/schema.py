@@ -116,6 +116,10 @@ class Efficiency(Strict):
     - ``memory``: fraction of DRAM bandwidth reached by streaming kernels;
     - ``kernel_overhead_s``: fixed time per kernel launch (kernel-by-kernel) or per partition
       (dataflow: reconfiguration) -- the small-op penalty.
+    - ``graph_kernel_overhead_s``: the same per-kernel time when the framework captures the whole
+      iteration in a CUDA graph (HugeCTR's ``use_holistic_cuda_graph``, MLPerf): the CPU launch
+      goes and only the GPU's gap between graph nodes remains. Read only by workloads that say
+      they run as a graph (DLRM ``training.cuda_graphs``); default: ``kernel_overhead_s``.
     """
 
     matmul: Fraction | dict[Precision, Fraction] = 1.0
@@ -124,6 +128,20 @@ class Efficiency(Strict):
     memory: Fraction = 1.0
     matmul_tile: tuple[PositiveInt, PositiveInt, PositiveInt] = (1, 1, 1)
     kernel_overhead_s: Seconds = 0.0
+    graph_kernel_overhead_s: Seconds | None = None
+
+    @field_validator("graph_kernel_overhead_s")
+    @classmethod
+    def _graph_not_slower(cls, v: float | None, info) -> float | None:
+        # a graph replays the same kernels without the CPU launch: never a larger overhead
+        eager = info.data.get("kernel_overhead_s")
+        if v is not None and eager is not None and v > eager:
+            raise ValueError(f"must be at most kernel_overhead_s ({eager:g} s), got {v:g} s")
+        return v
+
+    def graph_overhead_s(self) -> float:
+        """Per-kernel overhead inside a CUDA graph (the eager one when the chip gives none)."""
+        return self.kernel_overhead_s if self.graph_kernel_overhead_s is None else self.graph_kernel_overhead_s
 
     def matmul_at(self, precision: "Precision | str") -> float:
         """Matmul efficiency at ``precision`` (one number = every precision)."""
@@ -196,6 +214,11 @@ class NetworkDim(Strict):
     nvls_efficiency: Fraction | None = None
     # NCCL's LL / LL128 / Simple protocols as choices per collective (latency_s is Simple's).
     nccl_protocols: bool = False
+    # Whether a collective's phase on this dimension can overlap its phases on other dimensions
+    # (chunks flowing through the phases, as NCCL does over NVLink and InfiniBand). false: the
+    # phases run in series -- host-staged MPI without a GPU-aware transport copies the whole
+    # buffer device->host, exchanges it, and copies it back (dfmodel.netmodels.collectives).
+    pipelined: bool = True
 
     @property
     def effective_bandwidth_Bps(self) -> float:
