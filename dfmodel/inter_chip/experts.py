@@ -99,5 +99,40 @@ def complement_group(system, group, sub) -> tuple[tuple[str, int], ...]:
     return tuple((d.name, members[d.name]) for d in system.network if members.get(d.name, 1) > 1)
 
 
-__all__ = ["A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
+def recipe_order(deg: dict[str, int], fast_size: int) -> tuple:
+    """Order in which the search tries MoE recipe incumbents (:meth:`LLMSpace.seeds`), as the
+    published MoE runs are laid out: TP inside the fast (NVLink) domain, no context parallelism
+    at short sequences, the largest expert-parallel degree (DeepSeek-V3: EP 64 over 8 nodes,
+    arXiv:2412.19437 sec. 3.2; Megatron-Core's DeepSeek-V3 recipe: EP 64), then the shallowest
+    pipeline, then the narrowest TP (memory decides whether a candidate fits; the search
+    evaluates it).
+
+    >>> sorted([{"tp": 2, "pp": 16, "cp": 1, "ep": 64}, {"tp": 16, "pp": 2, "cp": 1, "ep": 4},
+    ...         {"tp": 1, "pp": 8, "cp": 1, "ep": 64}], key=lambda d: recipe_order(d, 8))[0]
+    {'tp': 1, 'pp': 8, 'cp': 1, 'ep': 64}
+    """
+    return (deg["tp"] > fast_size, deg["cp"], -deg["ep"], deg["pp"], deg["tp"])
+
+
+#: overlap flags MoE recipes turn on (Megatron-Core's DeepSeek-V3 / Mixtral recipes: TP
+#: communication overlap, overlapped gradient reduce and parameter gather): a seed takes them
+RECIPE_OVERLAPS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+
+
+def members_off(group, fast_dim: str) -> int:
+    """Members of a rank group (``(dim, members)`` pairs) outside the fast dimension: 1 when
+    the whole group sits on it (where recipes put TP: Megatron-LM keeps TP within the NVLink
+    domain).
+
+    >>> members_off((("nvlink", 2),), "nvlink"), members_off((("nvlink", 2), ("ib", 4)), "nvlink")
+    (1, 4)
+    """
+    out = 1
+    for dim, n in group:
+        if dim != fast_dim:
+            out *= n
+    return out
+
+
+__all__ = ["members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
            "dense_layers_per_stage", "complement_group"]

@@ -522,6 +522,59 @@ class LLMSpace:
         return [Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place, cp=cp, ep=ep, **o)
                 for spar, o, places in pairs for place in places]
 
+    def seeds(self, capacity_bytes: float, evaluate, tries: int = 4, keep: int = 4, scan: int = 96):
+        """MoE recipe incumbents evaluated before the search expands any group (deterministic;
+        dense models: none). Published MoE runs pick the largest expert parallelism and then the
+        shallowest pipeline that fits without full recomputation (DeepSeek-V3: EP 64, PP 16,
+        arXiv:2412.19437 sec. 3.2); so the first ``scan`` roots in
+        :func:`~dfmodel.inter_chip.experts.recipe_order` are tried with no recompute, then
+        selective, then full, each at its smallest micro-batch, no interleaving, the distributed
+        optimizer (ZeRO 1), the all-to-all overlap, SP and expert TP 1 where offered, when the
+        pre-solve memory screen fits. Yields the fitting evaluations (at most ``keep``, after at
+        most ``tries`` evaluations). Only the cutoff changes: the search proves the same optimum
+        with or without them."""
+        if self.model.num_experts <= 1:
+            return
+        fast, fast_name = self.system.network[0].size, self.system.network[0].name
+        roots = sorted((r for r in self.roots_built if r.floor_bytes <= capacity_bytes and dict(r.knobs)["ep"] > 1),
+                       key=lambda r: moe_terms.recipe_order(dict(r.knobs), fast))[:scan]
+        leaves_of = {}
+
+        def leaves(root):
+            if id(root) not in leaves_of:
+                group = min(root.expand(), key=lambda g: dict(g.knobs)["micro_batch"])
+                kx = [(dict(x.knobs), x) for x in group.expand()]
+                leaves_of[id(root)] = sorted(((k, x) for k, x in kx if k["interleave"] == 1 and k["zero_stage"] in (0, 1)),
+                                             key=lambda p: (p[0]["zero_stage"] != 1, not p[0]["sequence_parallel"]))
+            return leaves_of[id(root)]
+
+        def fitting(root):  # its leaves at the lightest recompute that passes the memory screen
+            for rc in RECOMPUTE:
+                fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc
+                       and leaf.floor_bytes <= capacity_bytes and leaf.screen() <= capacity_bytes]
+                if fit:
+                    return fit
+            return []
+
+        # one seed per expert-parallel degree, largest first: of its roots' fitting leaves the
+        # least bound, and of that leaf's mappings the placement with the cheapest all-to-alls
+        for ep in sorted({dict(r.knobs)["ep"] for r in roots}, reverse=True):
+            if tries <= 0 or keep <= 0:
+                return
+            cands = [leaf for r in roots if dict(r.knobs)["ep"] == ep for leaf in fitting(r)]
+            if not cands:
+                continue
+            leaf = min(cands, key=lambda x: x.bound_s)
+            pick = min(leaf.expand(), key=lambda c: (not c.overlap_moe_expert_parallel_comm,
+                                                     moe_terms.members_off(c.group("tp"), fast_name),
+                                                     sum(self.model._ep_comm(c)), c.etp != 1,
+                                                     -sum(bool(getattr(c, f)) for f in moe_terms.RECIPE_OVERLAPS)))
+            tries -= 1
+            ev = evaluate(pick)
+            if ev is not None and not isinstance(ev, Exception) and ev.fits:
+                keep -= 1
+                yield ev
+
     def leanest(self, capacity_bytes: float) -> Mapping | None:
         """A mapping likely to fit in memory (an incumbent for a time-limited search): of the
         roots whose floor fits, the smallest micro-batch then floor, with full recompute, sequence
