@@ -68,3 +68,70 @@ def test_nothing_fits_after_screens_is_a_clear_error():
         solve_llm(load_workload("deepseek_v3"), load_system("dgx_h800", num_chips=2048),
                   Knobs(tp=2, pp=1, dp=1024, ep=64, zero_stage=1, micro_batch=1, etp=1,
                         overlap_moe_expert_parallel_comm=True, sequence_parallel=True))
+
+
+# -- DeepSeek-V3's communication savings: node-limited routing, FP8 dispatch ---------------------
+def _ep_mapping(model, ep, **knobs):
+    from dfmodel.inter_chip.llm_space import llm_candidates
+
+    return next(c for c in llm_candidates(model, Knobs(tp=1, pp=1, ep=ep, micro_batch=1, recompute="none",
+                                                         overlap_moe_expert_parallel_comm=False, **knobs))
+                if dict(c.group("ep")).get("ib", 1) > 1)  # an ep group that spans the nodes
+
+
+def test_node_limited_routing_closed_form():
+    """ep over 2 nodes x 4 GPUs, top-2 of 8 experts, at most 1 node per token: the IB step's
+    buffer is T x 1 x h x e (one copy per node), the NVLink step's T x 2 x h x e (every copy);
+    the two steps run one after another or pipelined, whichever is faster."""
+    s = load_system(small_system(4, 2))
+    free = LLMModel(load_workload(moe_workload()), s)
+    lim = LLMModel(load_workload(moe_workload(max_nodes_per_token=1)), s)
+    m = _ep_mapping(free, 8)
+    h, T, c = free.model.hidden, free.model.seq_len, free.costs
+    full = T * 2 * h * 2
+    assert free._ep_comm(m) == pytest.approx((2 * c.time_s("all_to_all", full, m.group("ep")),) * 2, rel=1e-12)
+    nv = c.time_s("all_to_all", full, (("nvlink", 4),))
+    ib = c.time_s("all_to_all", full / 2, (("ib", 2),))
+    fill = c.time_s("all_to_all", 0.0, (("nvlink", 4),)) + c.time_s("all_to_all", 0.0, (("ib", 2),))
+    one = min(nv + ib, max(nv, ib) + fill)
+    assert lim._ep_comm(m) == pytest.approx((2 * one, 2 * one), rel=1e-12)
+    assert sum(lim._ep_comm(m)) < sum(free._ep_comm(m))
+    # a limit of top_k nodes or more changes nothing
+    same = LLMModel(load_workload(moe_workload(max_nodes_per_token=2)), s)
+    assert sum(same._ep_comm(m)) <= sum(free._ep_comm(m)) * (1 + 1e-12)
+
+
+def test_fp8_dispatch_halves_only_the_dispatches():
+    s = load_system(small_system(4, 2))
+    bf, f8 = (LLMModel(load_workload(moe_workload(dispatch_fp8=v)), s) for v in (False, True))
+    m = _ep_mapping(bf, 8)
+    h, T, c, g = bf.model.hidden, bf.model.seq_len, bf.costs, m.group("ep")
+    combine = c.time_s("all_to_all", T * 2 * h * 2, g)
+    dispatch = c.time_s("all_to_all", T * 2 * h * X.FP8_DISPATCH_BYTES, g)
+    assert f8._ep_comm(m) == pytest.approx((dispatch + combine,) * 2, rel=1e-12)
+    assert dispatch < combine
+
+
+def test_more_scale_out_bandwidth_never_slower_a2a():
+    w = load_workload(moe_workload(max_nodes_per_token=1, dispatch_fp8=True))
+    times = []
+    for ib in ("12.5 GB/s", "25 GB/s", "50 GB/s", "100 GB/s"):
+        model = LLMModel(w, load_system(small_system(4, 2, ib_bw=ib)))
+        times.append(sum(model._ep_comm(_ep_mapping(model, 8))))
+    assert times == sorted(times, reverse=True) and times[0] > times[-1]
+
+
+def test_search_equals_exhaustive_with_node_limited_fp8_dispatch():
+    w, s = load_workload(moe_workload(first_dense_layers=1, max_nodes_per_token=1, dispatch_fp8=True)), \
+        load_system(small_system(4, 2))
+    knobs = Knobs(micro_batch=1)
+    fast, full = solve_llm(w, s, knobs), solve_llm(w, s, knobs, exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+    assert fast.parallelism.ep > 1 or full.parallelism.ep == fast.parallelism.ep
+
+
+def test_moe_fields_rejected_with_a_clear_message():
+    from dfmodel.errors import DFModelError
+
+    with pytest.raises(DFModelError, match="max_nodes_per_token"):
+        load_workload(moe_workload(max_nodes_per_token=0))
