@@ -135,3 +135,22 @@ def test_moe_fields_rejected_with_a_clear_message():
 
     with pytest.raises(DFModelError, match="max_nodes_per_token"):
         load_workload(moe_workload(max_nodes_per_token=0))
+
+
+def test_moe_activation_delta_counts_linear_inputs_at_the_fp8_size():
+    """FP8 training keeps linear-GEMM inputs at 1 byte (TE), dense or expert alike: the MoE
+    delta's FC2 inputs (dense removed, experts and shared experts added) and the permuted FC1
+    input change by (e - 1) bytes per element; the rest stays at e."""
+    from types import SimpleNamespace as N
+
+    from dfmodel.inter_chip.memory import moe_mla_activation_delta_bytes as delta
+
+    moe = N(routed_token_factor=2.0, expert_ffn_hidden=64, num_experts=8, num_shared_experts=1, top_k=2)
+    model = N(hidden=128, ffn=512, ffn_type="swiglu", moe=moe, mla=None)
+    s, b, t, e = 256, 2, 2, 2
+    kw = dict(seq_len=s, micro_batch=b, tp=t, sequence_parallel=True, bytes_per_element=e, recompute="none")
+    rows = s * b * 2.0
+    expected = (e - 1) * (-s * b * 512 / t + rows * 64 / t + rows * 128 / t + s * b * 64 / t)
+    assert delta(model, **kw) - delta(model, linear_input_bytes=1, **kw) == pytest.approx(expected, rel=1e-12)
+    assert delta(model, **kw) == delta(model, linear_input_bytes=e, **kw)  # bf16: as before
+    assert delta(model, linear_input_bytes=1, **{**kw, "recompute": "full"}) == 0.0
