@@ -154,3 +154,23 @@ def test_moe_activation_delta_counts_linear_inputs_at_the_fp8_size():
     assert delta(model, **kw) - delta(model, linear_input_bytes=1, **kw) == pytest.approx(expected, rel=1e-12)
     assert delta(model, **kw) == delta(model, linear_input_bytes=e, **kw)  # bf16: as before
     assert delta(model, linear_input_bytes=1, **{**kw, "recompute": "full"}) == 0.0
+
+
+def test_overlapped_a2a_exposes_the_unpaired_warm_up_micro_batches():
+    """pp = 2: of M forwards (backwards) on the first stage, one is unpaired and exposed whole."""
+    from dfmodel.inter_chip.llm_space import llm_candidates
+
+    w, s = load_workload(moe_workload()), load_system(small_system(4, 2))
+    model = LLMModel(w, s)
+    base = dict(tp=1, pp=2, ep=4, micro_batch=1, recompute="none")
+    m_on = next(iter(llm_candidates(model, Knobs(**base, overlap_moe_expert_parallel_comm=True))))
+    M = m_on.num_micro_batches
+    assert M >= 2
+    key = (m_on.micro_batch, m_on.tp, m_on.group("tp"), m_on.sequence_parallel)
+    layer = model.block("layer", *key, 1, 4)
+    a_f, a_b = model._ep_comm(m_on, None)  # not overlapped
+    c = layer.fwd.time_s + layer.backward_s("none")
+    share = X.overlapped_a2a_exposed_s(a_f + a_b, c, X.a2a_sm_fraction()) / (a_f + a_b)
+    mean = share + (1 - share) / M
+    assert model._ep_comm(m_on, layer) == pytest.approx((a_f * mean, a_b * mean), rel=1e-12)
+    assert sum(model._ep_comm(m_on, layer)) <= a_f + a_b

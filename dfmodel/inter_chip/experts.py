@@ -50,6 +50,26 @@ def overlapped_a2a_exposed_s(a2a_s: float, compute_s: float, sm_fraction: float)
     return max(a2a_s - compute_s, sm_fraction * a2a_s)
 
 
+def with_unpaired(share: float, *, pp: int, num_micro_batches: int) -> float:
+    """Exposed share of a layer's all-to-alls averaged over a stage's micro-batches, when
+    ``share`` is exposed in the overlapped steady state and the unpaired ones are exposed whole.
+
+    The overlap pairs a forward with another micro-batch's backward (Megatron-Core's combined
+    1F1B; DualPipe's forward-backward chunks). The first stage of a 1F1B pipeline runs ``pp - 1``
+    warm-up forwards before its first backward and ``pp - 1`` cool-down backwards after its last
+    forward (Narayanan et al. 2021, sec. 2.2.1): those have nothing to hide behind. Of its ``M``
+    forwards (and backwards) ``u = min(pp - 1, M)`` are unpaired, so the mean exposed share is
+    ``share + (1 - share) u / M`` (the bottleneck stage taken as the first: the others have fewer).
+
+    >>> with_unpaired(0.25, pp=1, num_micro_batches=8), with_unpaired(0.25, pp=5, num_micro_batches=8)
+    (0.25, 0.625)
+    >>> with_unpaired(0.25, pp=16, num_micro_batches=8)
+    1.0
+    """
+    unpaired = min(pp - 1, num_micro_batches) / num_micro_batches
+    return share + (1.0 - share) * unpaired
+
+
 def a2a_overlap_applies(*, ep: int, num_micro_batches: int) -> bool:
     """Whether the overlap option can do anything: an ep group to exchange over and a second
     micro-batch whose computation hides the first's all-to-alls (Megatron-Core pairs the
@@ -194,5 +214,5 @@ def members_off(group, fast_dim: str) -> int:
     return out
 
 
-__all__ = ["token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
+__all__ = ["with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
            "dense_layers_per_stage", "complement_group"]

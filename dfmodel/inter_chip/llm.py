@@ -868,9 +868,9 @@ class LLMModel:
         backward of the layer, which loses the SMs the communication kernels hold; exposed
         ``max(a - c, f a)`` (:func:`~dfmodel.inter_chip.experts.overlapped_a2a_exposed_s`,
         ``f`` = 20 of 132 SMs), split over forward and backward as the all-to-alls are. Applied
-        to every micro-batch (the pipeline's warm-up and cool-down forwards have no partner:
-        an optimistic simplification of at most ``pp - 1`` micro-batches per stage). DualPipe's
-        own smaller bubble and its two parameter copies are not modelled (1F1B's bubble).
+        to the steady state; the ``pp - 1`` warm-up forwards and cool-down backwards of the first
+        stage have no partner and are exposed whole (:func:`~dfmodel.inter_chip.experts.with_unpaired`).
+        DualPipe's own smaller bubble and its two parameter copies are not modelled (1F1B's bubble).
         """
         tokens = m.micro_batch * (self.model.seq_len // m.cp) // m.tp
         moe, e = self.model.moe, self.training.activation_bytes
@@ -887,7 +887,8 @@ class LLMModel:
                 and moe_terms.a2a_overlap_applies(ep=m.ep, num_micro_batches=m.num_micro_batches)):
             compute_s = layer.fwd.time_s + layer.backward_s(m.recompute)
             exposed = moe_terms.overlapped_a2a_exposed_s(fwd_s + bwd_s, compute_s, moe_terms.a2a_sm_fraction())
-            share = exposed / (fwd_s + bwd_s)
+            # the pipeline's warm-up forwards and cool-down backwards have no partner: exposed whole
+            share = moe_terms.with_unpaired(exposed / (fwd_s + bwd_s), pp=m.pp, num_micro_batches=m.num_micro_batches)
             return fwd_s * share, bwd_s * share
         return fwd_s, bwd_s
 
