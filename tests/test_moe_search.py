@@ -174,3 +174,23 @@ def test_overlapped_a2a_exposes_the_unpaired_warm_up_micro_batches():
     mean = share + (1 - share) / M
     assert model._ep_comm(m_on, layer) == pytest.approx((a_f * mean, a_b * mean), rel=1e-12)
     assert sum(model._ep_comm(m_on, layer)) <= a_f + a_b
+
+
+def test_dgx_h800_scale_out_a2a_matches_deepep_bottleneck_bandwidth():
+    """DeepEP's README (H800, CX7 400 Gb/s; 4096 tokens, hidden 7168, top-8, FP8 dispatch /
+    BF16 combine) reports 43-47 GB/s RDMA bottleneck bandwidth per GPU for internode dispatch
+    and combine at EP 16-64 (one IB copy per target node). The IB step of our node-limited
+    all-to-all moves (n-1)/n of its buffer over each GPU's NIC: that rate must land in 43-47."""
+    from dfmodel.graph.workload import MoEConfig
+    from dfmodel.netmodels import CostTable
+
+    s = load_system("dgx_h800", num_chips=64)
+    costs = CostTable(s)
+    moe = MoEConfig(num_experts=256, top_k=8, expert_ffn_hidden=2048, max_nodes_per_token=4)
+    rows, h = 4096 * 8, 7168
+    for nodes in (2, 4, 8):
+        group = (("ib", nodes),)
+        t = X.token_a2a_s(costs, group, "nvlink", rows=rows, hidden=h, bytes_per_element=2, moe=moe)
+        copies = min(4, nodes)
+        sent = 4096 * copies * h * 2 * (nodes - 1) / nodes
+        assert 43e9 <= sent / t <= 47e9
