@@ -33,7 +33,10 @@ def test_seeds_are_fitting_evaluations_of_space_mappings_largest_ep_first():
     assert seeds, "a small MoE case has recipe incumbents"
     in_space = set(LLMSpace(LLMModel(w, s), knobs))
     eps = [ev.mapping.ep for ev in seeds]
-    assert eps == sorted(eps, reverse=True) and len(set(eps)) == len(eps)  # one per ep, largest first
+    assert eps == sorted(eps, reverse=True)  # largest ep first
+    for ep in set(eps):  # per ep, one per pipeline depth, shallowest first
+        pps = [ev.mapping.pp for ev in seeds if ev.mapping.ep == ep]
+        assert pps == sorted(set(pps))
     for ev in seeds:
         assert ev.fits and ev.mapping in in_space and ev.mapping.ep > 1
         assert ev.iteration_time_s == model.evaluate(ev.mapping).iteration_time_s

@@ -522,17 +522,19 @@ class LLMSpace:
         return [Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place, cp=cp, ep=ep, **o)
                 for spar, o, places in pairs for place in places]
 
-    def seeds(self, capacity_bytes: float, evaluate, tries: int = 4, keep: int = 4, scan: int = 96):
+    def seeds(self, capacity_bytes: float, evaluate, tries: int = 24, keep: int = 12, scan: int = 128, eps: int = 3,
+              per_pp: int = 3):
         """MoE recipe incumbents evaluated before the search expands any group (deterministic;
-        dense models: none). Published MoE runs pick the largest expert parallelism and then the
-        shallowest pipeline that fits without full recomputation (DeepSeek-V3: EP 64, PP 16,
-        arXiv:2412.19437 sec. 3.2); so the first ``scan`` roots in
-        :func:`~dfmodel.inter_chip.experts.recipe_order` are tried with no recompute, then
-        selective, then full, each at its smallest micro-batch, no interleaving, the distributed
-        optimizer (ZeRO 1), the all-to-all overlap, SP and expert TP 1 where offered, when the
-        pre-solve memory screen fits. Yields the fitting evaluations (at most ``keep``, after at
-        most ``tries`` evaluations). Only the cutoff changes: the search proves the same optimum
-        with or without them."""
+        dense models: none). Published MoE runs take a large expert parallelism, TP within the
+        NVLink domain and the pipeline depth that fits without full recomputation (DeepSeek-V3:
+        EP 64, PP 16, arXiv:2412.19437 sec. 3.2; Megatron-Bridge's DeepSeek-V3 H100 recipe: TP 2,
+        PP 16, EP 64). So of the first ``scan`` roots in
+        :func:`~dfmodel.inter_chip.experts.recipe_order`, for each of the ``eps`` largest expert-
+        parallel degrees and each pipeline depth, the least-bound leaf at the lightest recompute
+        whose pre-solve memory screen fits (smallest micro-batch, no interleaving, ZeRO 1), with
+        the all-to-all overlap, SP, expert TP 1 and the recipes' overlap flags where offered.
+        Yields the fitting evaluations (at most ``keep``, after at most ``tries`` evaluations).
+        Only the cutoff changes: the search proves the same optimum with or without them."""
         if self.model.num_experts <= 1:
             return
         fast, fast_name = self.system.network[0].size, self.system.network[0].name
@@ -548,32 +550,47 @@ class LLMSpace:
                                              key=lambda p: (p[0]["zero_stage"] != 1, not p[0]["sequence_parallel"]))
             return leaves_of[id(root)]
 
-        def fitting(root):  # its leaves at the lightest recompute that passes the memory screen
+        def fitting(group):
+            """Leaves that pass the memory screen: the lightest recompute first, then the
+            narrowest TP (``group`` is in recipe order); of one root's, the least bound."""
             for rc in RECOMPUTE:
-                fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc
-                       and leaf.floor_bytes <= capacity_bytes and leaf.screen() <= capacity_bytes]
-                if fit:
-                    return fit
-            return []
+                for root in group:
+                    fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc
+                           and leaf.floor_bytes <= capacity_bytes and leaf.screen() <= capacity_bytes]
+                    if fit:
+                        yield min(fit, key=lambda x: x.bound_s)
 
-        # one seed per expert-parallel degree, largest first: of its roots' fitting leaves the
-        # least bound, and of that leaf's mappings the placement with the cheapest all-to-alls
-        for ep in sorted({dict(r.knobs)["ep"] for r in roots}, reverse=True):
-            if tries <= 0 or keep <= 0:
-                return
-            cands = [leaf for r in roots if dict(r.knobs)["ep"] == ep for leaf in fitting(r)]
-            if not cands:
-                continue
-            leaf = min(cands, key=lambda x: x.bound_s)
-            pick = min(leaf.expand(), key=lambda c: (not c.overlap_moe_expert_parallel_comm,
+        def pick(leaf):  # TP on the fast domain, the cheapest all-to-alls, the recipes' flags
+            return min(leaf.expand(), key=lambda c: (not c.overlap_moe_expert_parallel_comm,
                                                      moe_terms.members_off(c.group("tp"), fast_name),
                                                      sum(self.model._ep_comm(c)), c.etp != 1,
                                                      -sum(bool(getattr(c, f)) for f in moe_terms.RECIPE_OVERLAPS)))
-            tries -= 1
-            ev = evaluate(pick)
-            if ev is not None and not isinstance(ev, Exception) and ev.fits:
-                keep -= 1
-                yield ev
+
+        # per expert-parallel degree (the ``eps`` largest with a fitting seed) and pipeline depth
+        # (shallowest first): the first candidate of ``fitting`` whose evaluation fits (the
+        # screen is a floor: a screened-in leaf may still not fit), at most ``per_pp`` tried
+        done = 0
+        for ep in sorted({dict(r.knobs)["ep"] for r in roots}, reverse=True):
+            groups: dict[int, list] = {}
+            for r in roots:  # (in recipe order: the narrowest TP first)
+                if dict(r.knobs)["ep"] == ep:
+                    groups.setdefault(dict(r.knobs)["pp"], []).append(r)
+            found = False
+            for pp in sorted(groups):
+                for n, leaf in enumerate(fitting(groups[pp])):
+                    if tries <= 0 or keep <= 0:
+                        return
+                    if n >= per_pp:
+                        break
+                    tries -= 1
+                    ev = evaluate(pick(leaf))
+                    if ev is not None and not isinstance(ev, Exception) and ev.fits:
+                        keep, found = keep - 1, True
+                        yield ev
+                        break
+            done += found
+            if done >= eps:
+                return
 
     def leanest(self, capacity_bytes: float) -> Mapping | None:
         """A mapping likely to fit in memory (an incumbent for a time-limited search): of the
