@@ -197,3 +197,24 @@ def test_dgx_h800_scale_out_a2a_matches_deepep_bottleneck_bandwidth():
         copies = min(4, nodes)
         sent = 4096 * copies * h * 2 * (nodes - 1) / nodes
         assert 43e9 <= sent / t <= 47e9
+
+
+def test_every_leaf_bound_is_below_its_mappings_with_overlap_and_pipelines():
+    """The space's MoE all-to-all bound term (SM share, and the unpaired warm-up micro-batches
+    whole) stays below every evaluation, pipelines of 1-4 stages included."""
+    w, s = load_workload(moe_workload(first_dense_layers=1)), load_system(small_system(4, 2))
+    knobs = Knobs(micro_batch=1, overlap_moe_expert_parallel_comm=True, recompute="none")
+    model, space = _space(w, s, knobs)
+    checked = set()
+
+    def walk(node):
+        for child in node.expand():
+            if hasattr(child, "bound_s"):
+                yield from ([(child, m) for m in child.expand()] if child.leaf else walk(child))
+
+    for root in space.roots_built:
+        for leaf, m in walk(root):
+            ev = model.evaluate(m)
+            assert leaf.bound_s <= ev.iteration_time_s * (1 + 1e-12), (m, leaf.bound_s, ev.iteration_time_s)
+            checked.add((m.pp, m.ep))
+    assert {(2, 4), (1, 8)} <= checked or any(pp > 1 and ep > 1 for pp, ep in checked)

@@ -493,9 +493,10 @@ class LLMSpace:
                                                   cp=deg["cp"], ep=deg["ep"])))
                        for place in places) if places else 0.0
             # overlapped, at least the share of the SMs the communication kernels hold stays
-            # exposed (experts.overlapped_a2a_exposed_s: max(a - c, f a) >= f a)
-            if overlap:
-                ep_s *= moe_terms.a2a_sm_fraction()
+            # exposed (experts.overlapped_a2a_exposed_s: max(a - c, f a) >= f a), and the
+            # unpaired warm-up / cool-down micro-batches whole (experts.with_unpaired, increasing)
+            if overlap and moe_terms.a2a_overlap_applies(ep=deg["ep"], num_micro_batches=m):
+                ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=deg["pp"], num_micro_batches=m)
             self._ep_memo[key] = model.num_moe_layers * ep_s / deg["pp"]
         return self._ep_memo[key]
 
