@@ -244,10 +244,11 @@ class MoEConfig(Strict):
     first_dense_layers: Annotated[int, Field(ge=0)] = 0
     capacity_factor: Annotated[float, Field(ge=1.0)] = 1.0
     load_imbalance: Annotated[float, Field(ge=1.0)] = 1.0
-    #: node-limited routing (DeepSeek-V3, arXiv:2412.19437 sec. 2.1.2 / 3.2.2: each token goes
-    #: to at most M = 4 nodes and crosses InfiniBand once per node, then NVLink forwards it to
-    #: its experts there); None: every routed copy crosses the scale-out network (Megatron-Core's
-    #: all-to-all dispatcher)
+    #: node-limited routing with a per-node dispatcher (DeepSeek-V3, arXiv:2412.19437 sec. 2.1.2 /
+    #: 3.2.2; the DeepEP kernels, also Megatron-Core's flex dispatcher): each token goes to at
+    #: most M = 4 nodes and crosses InfiniBand once per node, then NVLink forwards it to its
+    #: experts there; None: every routed copy crosses the scale-out network (Megatron-Core's
+    #: alltoall dispatcher sends one copy per expert even under group-limited routing)
     max_nodes_per_token: PositiveInt | None = None
     #: dispatch in FP8 (sec. 3.3.3: the activations before the up-projections and the gradients
     #: before the down-projections are quantised to FP8 with 1x128 tile scales before their
