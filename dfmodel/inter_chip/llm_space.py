@@ -28,6 +28,7 @@ from dfmodel.inter_chip.offload import OFFLOAD_OPTIONS
 from dfmodel.inter_chip import experts as moe_terms
 from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.netmodels import inner_group, merge_groups, split_dims
+from dfmodel.solvers.deadline import expired
 
 
 def _choices(fixed, options):
@@ -579,13 +580,15 @@ class LLMSpace:
             found = False
             for pp in sorted(groups):
                 for n, leaf in enumerate(fitting(groups[pp])):
-                    if tries <= 0 or keep <= 0:
+                    if tries <= 0 or keep <= 0 or expired():
                         return
                     if n >= per_pp:
                         break
                     tries -= 1
                     ev = evaluate(pick(leaf))
-                    if ev is not None and not isinstance(ev, Exception) and ev.fits:
+                    if ev is None:  # the deadline passed
+                        return
+                    if not isinstance(ev, Exception) and ev.fits:
                         keep, found = keep - 1, True
                         yield ev
                         break
