@@ -233,7 +233,8 @@ class MoEConfig(Strict):
     dense MLP of ``num_shared_experts * expert_ffn_hidden`` (DeepSeekMoE, Dai et al. 2024).
     ``capacity_factor`` (Fedus et al. 2021, Switch Transformer eq. 3) and ``load_imbalance``
     (busiest expert's tokens over the mean) scale the routed tokens each rank computes; both
-    1.0 = dropless and perfectly balanced (Megatron-Core's default).
+    1.0 = dropless and perfectly balanced (Megatron-Core's default). ``max_nodes_per_token``
+    and ``dispatch_fp8`` are DeepSeek-V3's communication savings (see the fields).
     """
 
     num_experts: PositiveInt
@@ -243,6 +244,16 @@ class MoEConfig(Strict):
     first_dense_layers: Annotated[int, Field(ge=0)] = 0
     capacity_factor: Annotated[float, Field(ge=1.0)] = 1.0
     load_imbalance: Annotated[float, Field(ge=1.0)] = 1.0
+    #: node-limited routing with a per-node dispatcher (DeepSeek-V3, arXiv:2412.19437 sec. 2.1.2 /
+    #: 3.2.2; the DeepEP kernels, also Megatron-Core's flex dispatcher): each token goes to at
+    #: most M = 4 nodes and crosses InfiniBand once per node, then NVLink forwards it to its
+    #: experts there; None: every routed copy crosses the scale-out network (Megatron-Core's
+    #: alltoall dispatcher sends one copy per expert even under group-limited routing)
+    max_nodes_per_token: PositiveInt | None = None
+    #: dispatch in FP8 (sec. 3.3.3: the activations before the up-projections and the gradients
+    #: before the down-projections are quantised to FP8 with 1x128 tile scales before their
+    #: all-to-all; the combine and its backward stay BF16); False: all at the activation precision
+    dispatch_fp8: bool = False
 
     _k_le_experts = field_validator("top_k")(
         not_above("num_experts", "must be at most model.moe.num_experts ({bound}), got {value}"))

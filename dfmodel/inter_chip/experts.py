@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dfmodel.netmodels.nccl import H100_SMS
 
+#: Bytes per element of an FP8 dispatch: 1 (E4M3) plus one fp32 scale per 1x128 tile
+#: (DeepSeek-V3, arXiv:2412.19437 sec. 3.3.1-3.3.3: fine-grained tile-wise quantisation)
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
+
 #: SMs DeepSeek-V3 gives the dispatch / combine kernels while they overlap computation:
 #: "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink" (DeepSeek-AI
 #: 2024, arXiv:2412.19437, sec. 3.2.2), of the H800's 132 SMs (same die as the H100 SXM5).
@@ -44,6 +48,26 @@ def overlapped_a2a_exposed_s(a2a_s: float, compute_s: float, sm_fraction: float)
     if not 0.0 <= sm_fraction < 1.0:
         raise ValueError(f"sm_fraction must be in [0, 1), got {sm_fraction}")
     return max(a2a_s - compute_s, sm_fraction * a2a_s)
+
+
+def with_unpaired(share: float, *, pp: int, num_micro_batches: int) -> float:
+    """Exposed share of a layer's all-to-alls averaged over a stage's micro-batches, when
+    ``share`` is exposed in the overlapped steady state and the unpaired ones are exposed whole.
+
+    The overlap pairs a forward with another micro-batch's backward (Megatron-Core's combined
+    1F1B; DualPipe's forward-backward chunks). The first stage of a 1F1B pipeline runs ``pp - 1``
+    warm-up forwards before its first backward and ``pp - 1`` cool-down backwards after its last
+    forward (Narayanan et al. 2021, sec. 2.2.1): those have nothing to hide behind. Of its ``M``
+    forwards (and backwards) ``u = min(pp - 1, M)`` are unpaired, so the mean exposed share is
+    ``share + (1 - share) u / M`` (the bottleneck stage taken as the first: the others have fewer).
+
+    >>> with_unpaired(0.25, pp=1, num_micro_batches=8), with_unpaired(0.25, pp=5, num_micro_batches=8)
+    (0.25, 0.625)
+    >>> with_unpaired(0.25, pp=16, num_micro_batches=8)
+    1.0
+    """
+    unpaired = min(pp - 1, num_micro_batches) / num_micro_batches
+    return share + (1.0 - share) * unpaired
 
 
 def a2a_overlap_applies(*, ep: int, num_micro_batches: int) -> bool:
@@ -99,5 +123,102 @@ def complement_group(system, group, sub) -> tuple[tuple[str, int], ...]:
     return tuple((d.name, members[d.name]) for d in system.network if members.get(d.name, 1) > 1)
 
 
-__all__ = ["A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
+def token_a2a_s(costs, group, fast_dim: str, *, rows: float, hidden: int,
+                bytes_per_element: float, moe) -> float:
+    """One token all-to-all (a dispatch or a combine) over the ep ``group``.
+
+    Hierarchically, one all-to-all per network dimension of the group, one after another or
+    pipelined across dimensions, whichever is faster (the cost table's multi-dimension
+    all-to-all, :func:`dfmodel.netmodels.collectives.algorithms`). Each member's buffer is its
+    ``rows`` routed copies of ``hidden`` elements. With node-limited routing
+    (``moe.max_nodes_per_token`` = M, DeepSeek-V3 sec. 3.2.2) a token crosses the dimensions
+    outside the node (``fast_dim``) once per target node, at most ``min(M, top_k, nodes of
+    the group)`` times, instead of once per expert: the buffer of those dimensions is
+    ``rows x copies / top_k``; inside the node NVLink forwards every copy.
+
+    Check on published kernels: DeepEP (github.com/deepseek-ai/DeepEP, README "Normal kernels
+    with NVLink and RDMA forwarding", H800 + CX7 400 Gb/s, DeepSeek-V3's pretraining setting)
+    measures 43-47 GB/s RDMA and 153-158 GB/s NVLink "bottleneck bandwidth" per GPU for these
+    dispatches and combines; dgx_h800's IB and NVLink steps run at 45 and 160 GB/s
+    (tests/test_moe_search.py checks the IB figure).
+
+    >>> from dfmodel.system import load_system
+    >>> from dfmodel.netmodels import CostTable
+    >>> from dfmodel.graph.workload import MoEConfig
+    >>> s = load_system({"name": "t", "chip": {"name": "c", "peak_flops": 1e12, "sram_bytes": 1e6,
+    ...     "memory": {"kind": "DDR", "capacity_bytes": 1e9, "bandwidth_Bps": 1e10}},
+    ...     "network": [{"name": "nv", "topology": "switch", "size": 8, "link_bandwidth_Bps": 1e11},
+    ...                 {"name": "ib", "topology": "switch", "size": 16, "link_bandwidth_Bps": 1e10}]})
+    >>> c, g = CostTable(s), (("nv", 8), ("ib", 8))
+    >>> free = MoEConfig(num_experts=256, top_k=8, expert_ffn_hidden=2048)
+    >>> lim = MoEConfig(num_experts=256, top_k=8, expert_ffn_hidden=2048, max_nodes_per_token=4)
+    >>> kw = dict(rows=8 * 4096, hidden=7168, bytes_per_element=2)
+    >>> a, b = token_a2a_s(c, g, "nv", moe=free, **kw), token_a2a_s(c, g, "nv", moe=lim, **kw)
+    >>> a == c.time_s("all_to_all", 8 * 4096 * 7168 * 2, g), round(b / a, 2) < 0.6
+    (True, True)
+    """
+    buffer = rows * hidden * bytes_per_element
+    limit = getattr(moe, "max_nodes_per_token", None)
+    if limit is None or not group:
+        return costs.time_s("all_to_all", buffer, group)
+    nodes = 1
+    for dim, n in group:
+        if dim != fast_dim:
+            nodes *= n
+    scale_out = buffer * min(limit, moe.top_k, nodes) / moe.top_k
+    steps = [costs.time_s("all_to_all", buffer if dim == fast_dim else scale_out, ((dim, n),)) for dim, n in group]
+    if len(steps) == 1:
+        return steps[0]
+    fill = sum(costs.time_s("all_to_all", 0.0, ((dim, n),)) for dim, n in group)  # latency-only
+    return min(sum(steps), max(steps) + fill)
+
+
+def dispatch_bytes_per_element(moe, activation_bytes: float) -> float:
+    """Element size of a dispatch (and of the combine's backward, which sends the gradients
+    before the down-projections the same way): FP8 with tile scales when ``moe.dispatch_fp8``
+    (DeepSeek-V3 sec. 3.3.3), else the activation precision; combines stay at the latter.
+
+    >>> from types import SimpleNamespace as N
+    >>> dispatch_bytes_per_element(N(dispatch_fp8=True), 2), dispatch_bytes_per_element(N(dispatch_fp8=False), 2)
+    (1.03125, 2)
+    """
+    return FP8_DISPATCH_BYTES if getattr(moe, "dispatch_fp8", False) else activation_bytes
+
+
+def recipe_order(deg: dict[str, int], fast_size: int) -> tuple:
+    """Order in which the search tries MoE recipe incumbents (:meth:`LLMSpace.seeds`), as the
+    published MoE runs are laid out: TP inside the fast (NVLink) domain, no context parallelism
+    at short sequences, the largest expert-parallel degree (DeepSeek-V3: EP 64 over 8 nodes,
+    arXiv:2412.19437 sec. 3.2; Megatron-Core's DeepSeek-V3 recipe: EP 64), then the shallowest
+    pipeline, then the narrowest TP (memory decides whether a candidate fits; the search
+    evaluates it).
+
+    >>> sorted([{"tp": 2, "pp": 16, "cp": 1, "ep": 64}, {"tp": 16, "pp": 2, "cp": 1, "ep": 4},
+    ...         {"tp": 1, "pp": 8, "cp": 1, "ep": 64}], key=lambda d: recipe_order(d, 8))[0]
+    {'tp': 1, 'pp': 8, 'cp': 1, 'ep': 64}
+    """
+    return (deg["tp"] > fast_size, deg["cp"], -deg["ep"], deg["pp"], deg["tp"])
+
+
+#: overlap flags MoE recipes turn on (Megatron-Core's DeepSeek-V3 / Mixtral recipes: TP
+#: communication overlap, overlapped gradient reduce and parameter gather): a seed takes them
+RECIPE_OVERLAPS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+
+
+def members_off(group, fast_dim: str) -> int:
+    """Members of a rank group (``(dim, members)`` pairs) outside the fast dimension: 1 when
+    the whole group sits on it (where recipes put TP: Megatron-LM keeps TP within the NVLink
+    domain).
+
+    >>> members_off((("nvlink", 2),), "nvlink"), members_off((("nvlink", 2), ("ib", 4)), "nvlink")
+    (1, 4)
+    """
+    out = 1
+    for dim, n in group:
+        if dim != fast_dim:
+            out *= n
+    return out
+
+
+__all__ = ["with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
            "dense_layers_per_stage", "complement_group"]

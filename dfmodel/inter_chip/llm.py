@@ -14,10 +14,10 @@ the knobs they depend on, so the search pays for each distinct layer solve once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 
 from dfmodel.graph.build import build_graphs
-from dfmodel.graph.builders.moe import dispatch_bytes_per_rank, expert_params
+from dfmodel.graph.builders.moe import expert_params, routed_rows
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.graph.workload import resolve_attention
@@ -868,22 +868,27 @@ class LLMModel:
         backward of the layer, which loses the SMs the communication kernels hold; exposed
         ``max(a - c, f a)`` (:func:`~dfmodel.inter_chip.experts.overlapped_a2a_exposed_s`,
         ``f`` = 20 of 132 SMs), split over forward and backward as the all-to-alls are. Applied
-        to every micro-batch (the pipeline's warm-up and cool-down forwards have no partner:
-        an optimistic simplification of at most ``pp - 1`` micro-batches per stage). DualPipe's
-        own smaller bubble and its two parameter copies are not modelled (1F1B's bubble).
+        to the steady state; the ``pp - 1`` warm-up forwards and cool-down backwards of the first
+        stage have no partner and are exposed whole (:func:`~dfmodel.inter_chip.experts.with_unpaired`).
+        DualPipe's own smaller bubble and its two parameter copies are not modelled (1F1B's bubble).
         """
         tokens = m.micro_batch * (self.model.seq_len // m.cp) // m.tp
-        nbytes = dispatch_bytes_per_rank(tokens, self.model.moe, self.model.hidden, self.training.activation_bytes, m.ep)
-        # the cost table's all_to_all takes the whole local buffer (S/p to each member): send
-        # bytes x ep / (ep - 1)
-        one_s = self.costs.time_s("all_to_all", nbytes * m.ep / (m.ep - 1), m.group("ep"))
-        again = 2 * one_s if m.recompute == "full" else 0.0
-        fwd_s, bwd_s = 2 * one_s, 2 * one_s + again
+        moe, e = self.model.moe, self.training.activation_bytes
+        # the cost table's all_to_all takes the whole local buffer (S/p to each member): every
+        # routed row; node-limited routing and FP8 dispatch (DeepSeek-V3) in experts.token_a2a_s
+        a2a = partial(moe_terms.token_a2a_s, self.costs, m.group("ep"), self.system.network[0].name,
+                      rows=routed_rows(tokens, moe), hidden=self.model.hidden, moe=moe)
+        # forward: dispatch + combine; backward: the combine's transpose (sent as a dispatch) +
+        # the dispatch's transpose (as a combine); full recompute repeats the forward pair
+        pair_s = a2a(bytes_per_element=moe_terms.dispatch_bytes_per_element(moe, e)) + a2a(bytes_per_element=e)
+        again = pair_s if m.recompute == "full" else 0.0
+        fwd_s, bwd_s = pair_s, pair_s + again
         if (layer is not None and m.overlap_moe_expert_parallel_comm
                 and moe_terms.a2a_overlap_applies(ep=m.ep, num_micro_batches=m.num_micro_batches)):
             compute_s = layer.fwd.time_s + layer.backward_s(m.recompute)
             exposed = moe_terms.overlapped_a2a_exposed_s(fwd_s + bwd_s, compute_s, moe_terms.a2a_sm_fraction())
-            share = exposed / (fwd_s + bwd_s)
+            # the pipeline's warm-up forwards and cool-down backwards have no partner: exposed whole
+            share = moe_terms.with_unpaired(exposed / (fwd_s + bwd_s), pp=m.pp, num_micro_batches=m.num_micro_batches)
             return fwd_s * share, bwd_s * share
         return fwd_s, bwd_s
 

@@ -28,6 +28,7 @@ from dfmodel.inter_chip.offload import OFFLOAD_OPTIONS
 from dfmodel.inter_chip import experts as moe_terms
 from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.netmodels import inner_group, merge_groups, split_dims
+from dfmodel.solvers.deadline import expired
 
 
 def _choices(fixed, options):
@@ -493,9 +494,10 @@ class LLMSpace:
                                                   cp=deg["cp"], ep=deg["ep"])))
                        for place in places) if places else 0.0
             # overlapped, at least the share of the SMs the communication kernels hold stays
-            # exposed (experts.overlapped_a2a_exposed_s: max(a - c, f a) >= f a)
-            if overlap:
-                ep_s *= moe_terms.a2a_sm_fraction()
+            # exposed (experts.overlapped_a2a_exposed_s: max(a - c, f a) >= f a), and the
+            # unpaired warm-up / cool-down micro-batches whole (experts.with_unpaired, increasing)
+            if overlap and moe_terms.a2a_overlap_applies(ep=deg["ep"], num_micro_batches=m):
+                ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=deg["pp"], num_micro_batches=m)
             self._ep_memo[key] = model.num_moe_layers * ep_s / deg["pp"]
         return self._ep_memo[key]
 
@@ -521,6 +523,78 @@ class LLMSpace:
         tp, pp, dp, cp, ep = deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"]
         return [Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place, cp=cp, ep=ep, **o)
                 for spar, o, places in pairs for place in places]
+
+    def seeds(self, capacity_bytes: float, evaluate, tries: int = 24, keep: int = 12, scan: int = 128, eps: int = 3,
+              per_pp: int = 3):
+        """MoE recipe incumbents evaluated before the search expands any group (deterministic;
+        dense models: none). Published MoE runs take a large expert parallelism, TP within the
+        NVLink domain and the pipeline depth that fits without full recomputation (DeepSeek-V3:
+        EP 64, PP 16, arXiv:2412.19437 sec. 3.2; Megatron-Bridge's DeepSeek-V3 H100 recipe: TP 2,
+        PP 16, EP 64). So of the first ``scan`` roots in
+        :func:`~dfmodel.inter_chip.experts.recipe_order`, for each of the ``eps`` largest expert-
+        parallel degrees and each pipeline depth, the least-bound leaf at the lightest recompute
+        whose pre-solve memory screen fits (smallest micro-batch, no interleaving, ZeRO 1), with
+        the all-to-all overlap, SP, expert TP 1 and the recipes' overlap flags where offered.
+        Yields the fitting evaluations (at most ``keep``, after at most ``tries`` evaluations).
+        Only the cutoff changes: the search proves the same optimum with or without them."""
+        if self.model.num_experts <= 1:
+            return
+        fast, fast_name = self.system.network[0].size, self.system.network[0].name
+        roots = sorted((r for r in self.roots_built if r.floor_bytes <= capacity_bytes and dict(r.knobs)["ep"] > 1),
+                       key=lambda r: moe_terms.recipe_order(dict(r.knobs), fast))[:scan]
+        leaves_of = {}
+
+        def leaves(root):
+            if id(root) not in leaves_of:
+                group = min(root.expand(), key=lambda g: dict(g.knobs)["micro_batch"])
+                kx = [(dict(x.knobs), x) for x in group.expand()]
+                leaves_of[id(root)] = sorted(((k, x) for k, x in kx if k["interleave"] == 1 and k["zero_stage"] in (0, 1)),
+                                             key=lambda p: (p[0]["zero_stage"] != 1, not p[0]["sequence_parallel"]))
+            return leaves_of[id(root)]
+
+        def fitting(group):
+            """Leaves that pass the memory screen: the lightest recompute first, then the
+            narrowest TP (``group`` is in recipe order); of one root's, the least bound."""
+            for rc in RECOMPUTE:
+                for root in group:
+                    fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc
+                           and leaf.floor_bytes <= capacity_bytes and leaf.screen() <= capacity_bytes]
+                    if fit:
+                        yield min(fit, key=lambda x: x.bound_s)
+
+        def pick(leaf):  # TP on the fast domain, the cheapest all-to-alls, the recipes' flags
+            return min(leaf.expand(), key=lambda c: (not c.overlap_moe_expert_parallel_comm,
+                                                     moe_terms.members_off(c.group("tp"), fast_name),
+                                                     sum(self.model._ep_comm(c)), c.etp != 1,
+                                                     -sum(bool(getattr(c, f)) for f in moe_terms.RECIPE_OVERLAPS)))
+
+        # per expert-parallel degree (the ``eps`` largest with a fitting seed) and pipeline depth
+        # (shallowest first): the first candidate of ``fitting`` whose evaluation fits (the
+        # screen is a floor: a screened-in leaf may still not fit), at most ``per_pp`` tried
+        done = 0
+        for ep in sorted({dict(r.knobs)["ep"] for r in roots}, reverse=True):
+            groups: dict[int, list] = {}
+            for r in roots:  # (in recipe order: the narrowest TP first)
+                if dict(r.knobs)["ep"] == ep:
+                    groups.setdefault(dict(r.knobs)["pp"], []).append(r)
+            found = False
+            for pp in sorted(groups):
+                for n, leaf in enumerate(fitting(groups[pp])):
+                    if tries <= 0 or keep <= 0 or expired():
+                        return
+                    if n >= per_pp:
+                        break
+                    tries -= 1
+                    ev = evaluate(pick(leaf))
+                    if ev is None:  # the deadline passed
+                        return
+                    if not isinstance(ev, Exception) and ev.fits:
+                        keep, found = keep - 1, True
+                        yield ev
+                        break
+            done += found
+            if done >= eps:
+                return
 
     def leanest(self, capacity_bytes: float) -> Mapping | None:
         """A mapping likely to fit in memory (an incumbent for a time-limited search): of the

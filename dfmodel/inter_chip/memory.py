@@ -146,7 +146,8 @@ def activation_bytes_per_layer(
 
 
 def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
-                                   bytes_per_element: float, recompute: str) -> float:
+                                   bytes_per_element: float, recompute: str,
+                                   linear_input_bytes: float | None = None) -> float:
     """What an MoE MLP and multi-head latent attention change in one layer's saved activations
     relative to :func:`activation_bytes_per_layer` (which counts a dense MLP of ``ffn_hidden``
     and ``h / a``-dim heads). 0 for a dense, standard-attention model or with full recompute.
@@ -161,10 +162,16 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
     ``qk_nope + qk_rope`` (Q, K) and ``v_head_dim`` (V, output) instead of ``h / a``; the latent
     ``e s b (q_lora + kv_lora + rope)`` (``/t`` with SP) is kept for the up projection's weight
     gradient.
+
+    The tensors that are inputs of linear GEMMs (FC2's input, the permuted FC1 input, the
+    attention output, the MLA latents) are kept at ``linear_input_bytes`` (FP8 training: 1 byte,
+    as :func:`activation_bytes_per_layer` keeps the dense ones; default: ``bytes_per_element``),
+    so the MoE / MLA change is counted in the same precisions as the dense tensors it replaces.
     """
     if recompute == "full":
         return 0.0
     s, b, t, e, h = seq_len, micro_batch, tp, bytes_per_element, model.hidden
+    g = e if linear_input_bytes is None else linear_input_bytes  # saved linear-GEMM inputs
     sp = t if sequence_parallel else 1
     gated = 2 if model.ffn_type == "swiglu" else 1
     delta = 0.0
@@ -172,17 +179,18 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
     if moe is not None:
         rows = s * b * moe.routed_token_factor
         fe = moe.expert_ffn_hidden
-        delta -= (gated + 1) * e * s * b * model.ffn / t
-        delta += (gated + 1) * e * rows * fe / t
+        delta -= (gated * e + g) * s * b * model.ffn / t  # the dense FC1 outputs, FC2 input
+        delta += (gated * e + g) * rows * fe / t
         if moe.num_experts > 1 or moe.num_shared_experts:  # routing (one expert: the identity)
-            delta += 2 * e * rows * h / sp + 8 * s * b * moe.top_k
-        delta += (gated + 1) * e * s * b * moe.num_shared_experts * fe / t
+            delta += (g + e) * rows * h / sp + 8 * s * b * moe.top_k  # permuted FC1 input, expert outputs
+        delta += (gated * e + g) * s * b * moe.num_shared_experts * fe / t
     mla = getattr(model, "mla", None)
     if mla is not None:
         a, kv = model.num_heads, model.kv_heads
-        dense = e * s * b * h / t * 2 + 2 * e * s * b * (h / a) * max(kv / t, 1.0)  # Q, output; K and V
-        latent = e * s * b * a * (2 * mla.qk_head_dim + 2 * mla.v_head_dim) / t  # Q, K, V, output
-        delta += latent - dense + e * s * b * mla.latent_out / sp
+        dense = (e + g) * s * b * h / t + 2 * e * s * b * (h / a) * max(kv / t, 1.0)  # Q, output; K and V
+        # Q, K, V at the activation precision, the output (projection input) as a linear input
+        latent = s * b * a * (e * (2 * mla.qk_head_dim + mla.v_head_dim) + g * mla.v_head_dim) / t
+        delta += latent - dense + g * s * b * mla.latent_out / sp
     return delta
 
 
@@ -620,7 +628,7 @@ def llm_layer_activation_bytes(*, model, training, attention: str, tp: int, cp: 
                   linear_input_bytes=fp8_linear_input_bytes(training))
     return activation_bytes_per_layer(recompute=recompute, **common) + moe_mla_activation_delta_bytes(
         m, seq_len=s_local, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, bytes_per_element=e,
-        recompute=recompute)
+        recompute=recompute, linear_input_bytes=common["linear_input_bytes"])
 
 
 def llm_memory_per_chip(

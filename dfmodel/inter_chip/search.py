@@ -16,6 +16,7 @@ import heapq
 import itertools
 import math
 import time
+from functools import partial
 from dataclasses import dataclass, field
 
 from dfmodel.errors import InfeasibleError, TimeLimitError
@@ -230,6 +231,17 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
         queue = [(b, i, True, m) for b, i, _, m in heap if m in dived]
         heapq.heapify(queue)
     recent_eval_s: list[float] = []  # durations of the last evaluations (to respect the deadline)
+    # recipe incumbents (MoE: LLMSpace.seeds) before any group is expanded: the cutoff prunes
+    # from the start and a search cut by its deadline still returns a sensible mapping
+    seeded: set = set()
+    for ev in (space.seeds(capacity, partial(_try_evaluate, model)) if hasattr(space, "seeds") else ()):
+        stats.evaluated += 1
+        seeded.add(ev.mapping)
+        if not ev.proven_optimal:
+            stats.proven_optimal = False
+            unproven_bound = min(unproven_bound, ev.iteration_time_s * (1.0 - _inner_gap(ev)))
+        ledger.evaluated(ev.mapping, ev.iteration_time_s)
+        _insert(top, ev, keep)
 
     def admit_mappings(ms) -> None:  # candidates joining during the search (memory relief)
         for extra in ms:
@@ -278,6 +290,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             else:
                 for child in children:
                     admit(child)
+            continue
+        if m in seeded:  # evaluated before the search began
             continue
         if not refined and not exhaustive:
             # lazy bound tightening: once this candidate's inner blocks are solved (for another
@@ -342,6 +356,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             f"enumerated, {stats.evaluated} evaluated, none fitting yet); allow more time"
         )
     if best is None and worst_memory is None:
+        smallest_floor = floors["smallest"]  # (groups screened out during the search count too)
         if inner_failure is not None:
             raise InfeasibleError(f"no mapping fits: {inner_failure}")
         if smallest_floor is not None:
