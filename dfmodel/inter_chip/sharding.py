@@ -105,6 +105,13 @@ class ShardingProblem:
             self.groups[k.weight or k.name].append(k)
         self.group_of = {k.name: (k.weight or k.name) for k in graph.kernels}
         self.boundaries = ("R", "T") if self.tokens_split else ("R",)
+        # memo tables: strategy lists per kernel, input tensors per kernel, collective times
+        self._strategies: dict[str, dict[str, Strategy]] = {}
+        self._comm: dict[tuple, float] = {}
+        self._inputs: dict[str, list[Tensor]] = defaultdict(list)
+        for e in graph.tensors:
+            if e.consumer is not None:
+                self._inputs[e.consumer].append(e)
 
     @cached_property
     def options(self) -> dict[str, list[str]]:
@@ -126,15 +133,20 @@ class ShardingProblem:
         return out
 
     def strategy(self, kernel: Kernel, name: str) -> Strategy:
-        for s in strategies(kernel, tokens_split=self.tokens_split, whole_experts=self.whole_experts):
-            if s.name == name:
-                return s
-        raise KeyError(name)
+        table = self._strategies.get(kernel.name)
+        if table is None:
+            table = self._strategies[kernel.name] = {
+                s.name: s for s in strategies(kernel, tokens_split=self.tokens_split, whole_experts=self.whole_experts)}
+        return table[name]
 
     def comm_time_s(self, collective: str | None, message_bytes: float) -> float:
         if collective is None or self.group.size == 1:
             return 0.0
-        return self.costs.time_s(collective, message_bytes, self.group.placement)
+        key = (collective, message_bytes)
+        hit = self._comm.get(key)
+        if hit is None:
+            hit = self._comm[key] = self.costs.time_s(collective, message_bytes, self.group.placement)
+        return hit
 
     def conversion_s(self, src: str, dst: str, full_bytes: float) -> float | None:
         c = conversion(src, dst, full_bytes, self.group.size)
@@ -150,11 +162,7 @@ class ShardingProblem:
         t = self.group.size
         chip = self.system.chip
         compute = compute_time_s(chip, kernel, self.precision) / (t if s.splits_work else 1)
-        in_bytes = sum(
-            e.bytes * local_fraction(self.in_layout(kernel, name, e), t)
-            for e in self.graph.tensors
-            if e.consumer == kernel.name
-        )
+        in_bytes = sum(e.bytes * local_fraction(self.in_layout(kernel, name, e), t) for e in self._inputs[kernel.name])
         out_bytes = kernel.output_bytes * local_fraction(s.output, t)
         weight_bytes = kernel.weight_bytes / (t if s.splits_weight else 1)
         memory = memory_time_s(chip, in_bytes + out_bytes + weight_bytes + kernel.extra_memory_bytes)
@@ -299,20 +307,120 @@ def build_milp(problem: ShardingProblem):
     return model, decode
 
 
-def solve_sharding(problem: ShardingProblem, *, solver: str = "auto", time_limit_s: float | None = None) -> ShardingPlan:
-    """Optimal strategies for every kernel (group size 1: everything replicated, no solve)."""
+def pairwise_model(problem: ShardingProblem):
+    """The sharding problem as unary + pairwise terms over one variable per strategy group and
+    one for the boundary layout (the last), with the MILP's objective to the last term.
+
+    Every edge's conversion cost depends on at most two decisions (its producer's and its
+    consumer's strategies, or one of them and the boundary layout), which is why the MILP's
+    flow variables ``y`` are integral; here they are simply the table of those costs, and
+    :func:`dfmodel.solvers.pairwise.minimise` finds the exact optimum without a MILP.
+    Returns ``(groups, domains, unary, pairs)``; ``domains[i]`` lists ``(index in options,
+    strategy name)`` of the strategies valid for every kernel of group ``i``.
+    """
+    groups = list(problem.options)
+    where = {g: i for i, g in enumerate(groups)}
+    domains: list[list[tuple[int, str]]] = []
+    unary: list[np.ndarray] = []
+    for g in groups:
+        dom, cost = [], []
+        for i, name in enumerate(problem.options[g]):
+            gt = problem.group_time_s(g, name)
+            if gt is not None:
+                dom.append((i, name))
+                cost.append(gt * US + 1e-6 * i)  # the MILP's tie-break (build_milp)
+        domains.append(dom)
+        unary.append(np.array(cost, dtype=float))
+    b = len(groups)
+    domains.append([(i, L) for i, L in enumerate(problem.boundaries)])
+    unary.append(np.zeros(len(problem.boundaries)))
+    pairs: dict[tuple[int, int], np.ndarray] = {}
+
+    def cost_s(e, r, q, boundary):
+        c = problem.edge_cost_s(e, r, q, boundary)
+        return np.inf if c is None else c * US
+
+    def add_pair(i, j, table):
+        if i > j:
+            i, j, table = j, i, table.T
+        pairs[(i, j)] = pairs[(i, j)] + table if (i, j) in pairs else table
+
+    for e in problem.graph.tensors:
+        gu = problem.group_of.get(e.producer)
+        gv = problem.group_of.get(e.consumer)
+        if gu is not None and gv is not None:
+            iu, iv = where[gu], where[gv]
+            if iu == iv:  # both ends in one group: they share its strategy
+                unary[iu] = unary[iu] + np.array([cost_s(e, r, r, "R") for _, r in domains[iu]])
+            else:
+                add_pair(iu, iv, np.array([[cost_s(e, r, q, "R") for _, q in domains[iv]] for _, r in domains[iu]]))
+        elif gv is not None:  # a layer input, arriving in the boundary layout
+            iv = where[gv]
+            add_pair(b, iv, np.array([[cost_s(e, None, q, L) for _, q in domains[iv]] for L in problem.boundaries]))
+        elif gu is not None:  # a layer output, leaving in the boundary layout
+            iu = where[gu]
+            add_pair(iu, b, np.array([[cost_s(e, r, None, L) for L in problem.boundaries] for _, r in domains[iu]]))
+        else:
+            unary[b] = unary[b] + np.array([cost_s(e, None, None, L) for L in problem.boundaries])
+    return groups, domains, unary, pairs
+
+
+def solve_exact(problem: ShardingProblem) -> tuple[dict[str, str], str] | None:
+    """Optimal (group -> strategy, boundary) by variable elimination over :func:`pairwise_model`;
+    None when nothing is feasible. Raises ``TooLarge`` when the elimination would need a big
+    table (then the MILP solves it)."""
+    from dfmodel.solvers.pairwise import minimise
+
+    groups, domains, unary, pairs = pairwise_model(problem)
+    if any(not d for d in domains):
+        return None
+    x, value = minimise([len(d) for d in domains], unary, pairs)
+    if not np.isfinite(value):
+        return None
+    choice = {g: domains[i][x[i]][1] for i, g in enumerate(groups)}
+    return choice, domains[-1][x[-1]][1]
+
+
+#: ``solve_sharding`` methods: exact elimination when small, else the MILP (``auto``); or either
+SHARDING_METHODS = ("auto", "exact", "milp")
+
+
+def solve_sharding(problem: ShardingProblem, *, solver: str = "auto", time_limit_s: float | None = None,
+                   method: str = "auto") -> ShardingPlan:
+    """Optimal strategies for every kernel (group size 1: everything replicated, no solve).
+
+    ``method``: ``auto`` solves exactly by variable elimination (:func:`solve_exact`, no MILP)
+    unless its tables would be large, then by the MILP on ``solver``; ``exact`` and ``milp``
+    force one (the MILP is the oracle of the tests).
+    """
+    if method not in SHARDING_METHODS:
+        raise ValueError(f"method must be one of {', '.join(SHARDING_METHODS)}, got {method!r}")
     if problem.group.size == 1:
         choice = {g: "rep" for g in problem.groups}
         return ShardingPlan(
             {k.name: "rep" for k in problem.graph.kernels}, "R", problem.evaluate(choice, "R") or 0.0
         )
+    from dfmodel.algorithms import TooLarge
+    from dfmodel.errors import InfeasibleError
+
+    if method in ("auto", "exact"):
+        try:
+            found = solve_exact(problem)
+        except TooLarge:
+            if method == "exact":
+                raise
+        else:
+            if found is None:
+                raise InfeasibleError(f"sharding of {problem.graph.name} on TP {problem.group.size}: infeasible "
+                                      "(no strategy assignment has a valid layout on every edge)")
+            choice, boundary = found
+            per_kernel = {k.name: choice[problem.group_of[k.name]] for k in problem.graph.kernels}
+            return ShardingPlan(per_kernel, boundary, problem.evaluate(choice, boundary), "optimal", "exact", 0.0)
     from dfmodel.solvers import solve
 
     model, decode = build_milp(problem)
     res = solve(model, solver=solver, time_limit_s=time_limit_s)
     if res.x is None:
-        from dfmodel.errors import InfeasibleError
-
         raise InfeasibleError(f"sharding of {problem.graph.name} on TP {problem.group.size}: {res.status} {res.message}")
     choice, boundary = decode(res.x)
     per_kernel = {k.name: choice[problem.group_of[k.name]] for k in problem.graph.kernels}
