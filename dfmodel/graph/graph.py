@@ -81,6 +81,31 @@ class DataflowGraph:
                 raise InputError(f"self-loop on {t.producer!r}: graph must be acyclic", source=source, field=where)
 
     # -- structure ------------------------------------------------------------------------------
+    @cached_property
+    def _kernel_keys(self) -> list[tuple]:
+        return [tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v for v in vars(k).values())
+                for k in self.kernels]
+
+    @cached_property
+    def _tensor_keys(self) -> list[tuple]:
+        return [tuple(vars(t).values()) for t in self.tensors]
+
+    @cached_property
+    def content_key(self) -> tuple:
+        """Hashable key of the graph's content (kernels, tensors, meta; not its name): graphs with
+        equal keys cost the same in every pass, so solves can be memoised on it. The graph must
+        not be mutated after this is read (nothing in the package mutates a built graph)."""
+        return tuple(self._kernel_keys), tuple(self._tensor_keys), repr(sorted(self.meta.items()))
+
+    def subgraph_key(self, names: Iterable[str]) -> tuple:
+        """What :meth:`subgraph` of ``names`` would contain, as a hashable key, without building
+        it: its kernels and every tensor touching them (the cut tensors' renaming depends on
+        nothing else), and the meta it inherits."""
+        keep = set(names)
+        kernels = tuple(kk for k, kk in zip(self.kernels, self._kernel_keys) if k.name in keep)
+        tensors = tuple(tk for t, tk in zip(self.tensors, self._tensor_keys) if t.producer in keep or t.consumer in keep)
+        return kernels, tensors, repr(sorted(self.meta.items()))
+
     def kernel(self, name: str) -> Kernel:
         return self.nx.nodes[name]["kernel"]
 
