@@ -22,7 +22,7 @@ def _model(workload, system, chips):
     from dfmodel.graph.workload import load_workload
     from dfmodel.system.loader import load_system
 
-    return LLMModel(load_workload(workload), load_system(system, num_chips=int(chips)))
+    return LLMModel(load_workload(workload), load_system(system, num_chips=int(chips) or None))
 
 
 def record(workload, system, chips, limit_s, out):
@@ -39,7 +39,7 @@ def record(workload, system, chips, limit_s, out):
     LLMModel.block = block
     t0 = time.process_time()
     try:
-        optimize(workload, system, num_chips=int(chips), time_limit_s=float(limit_s))
+        optimize(workload, system, num_chips=int(chips) or None, time_limit_s=float(limit_s))
     except Exception as e:  # noqa: BLE001 -- a time limit without incumbent still recorded keys
         print("optimize:", type(e).__name__, e)
     uniq = list({json.dumps(k): k for k in keys}.values())
