@@ -108,6 +108,9 @@ class ShardingProblem:
         # memo tables: strategy lists per kernel, input tensors per kernel, collective times
         self._strategies: dict[str, dict[str, Strategy]] = {}
         self._comm: dict[tuple, float] = {}
+        self._conv: dict[tuple, float | None] = {}
+        self._roles: dict[Tensor, str] = {}
+        self._kernel = {k.name: k for k in graph.kernels}
         self._inputs: dict[str, list[Tensor]] = defaultdict(list)
         for e in graph.tensors:
             if e.consumer is not None:
@@ -149,11 +152,21 @@ class ShardingProblem:
         return hit
 
     def conversion_s(self, src: str, dst: str, full_bytes: float) -> float | None:
-        c = conversion(src, dst, full_bytes, self.group.size)
-        return None if c is None else self.comm_time_s(c.collective, c.message_bytes)
+        key = (src, dst, full_bytes)
+        if key not in self._conv:
+            c = conversion(src, dst, full_bytes, self.group.size)
+            self._conv[key] = None if c is None else self.comm_time_s(c.collective, c.message_bytes)
+        return self._conv[key]
+
+    def role(self, t: Tensor) -> str:
+        """:func:`role` of ``t``, memoised (tensors are frozen and hashable)."""
+        r = self._roles.get(t)
+        if r is None:
+            r = self._roles[t] = role(self.graph, t)
+        return r
 
     def in_layout(self, kernel: Kernel, name: str, t: Tensor) -> str:
-        return self.strategy(kernel, name).input_layout(role(self.graph, t))
+        return self.strategy(kernel, name).input_layout(self.role(t))
 
     def kernel_time_s(self, kernel: Kernel, name: str) -> float | None:
         """Roofline time of ``kernel`` per chip under strategy ``name`` (its conversions are
@@ -176,7 +189,7 @@ class ShardingProblem:
         """(held, wanted) layouts of a graph output. Activations and gradients leave in the
         boundary layout; a weight gradient stays split like its weight (S), and is all-reduced
         when its kernel split tokens (every member holds a partial sum)."""
-        kernel = self.graph.kernel(e.producer)
+        kernel = self._kernel[e.producer]
         s = self.strategy(kernel, name)
         if not is_weight_gradient(kernel, e):
             return s.output, boundary
@@ -208,8 +221,8 @@ class ShardingProblem:
         """Layout an edge's tensor is produced in and the layout its consumer needs."""
         if e.consumer is None:
             return self.output_layouts(e, r, boundary)
-        src = boundary if e.producer is None else self.strategy(self.graph.kernel(e.producer), r).output
-        return src, self.in_layout(self.graph.kernel(e.consumer), q, e)
+        src = boundary if e.producer is None else self.strategy(self._kernel[e.producer], r).output
+        return src, self.in_layout(self._kernel[e.consumer], q, e)
 
 
 def build_milp(problem: ShardingProblem):

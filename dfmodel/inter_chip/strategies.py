@@ -44,8 +44,13 @@ class Strategy:
     split_dim: str | None = None  # which of Kernel.dims shrinks by the group size
 
     def input_layout(self, role: str) -> str:
-        table = dict(self.inputs)
-        return table.get(role, table.get("*", "R"))
+        return _input_layout(self.inputs, role)
+
+
+@lru_cache(maxsize=None)
+def _input_layout(inputs: tuple[tuple[str, str], ...], role: str) -> str:
+    table = dict(inputs)
+    return table.get(role, table.get("*", "R"))
 
 
 def _s(name, inputs, output, work=True, weight=False, dim=None) -> Strategy:
