@@ -10,7 +10,7 @@ conversions are collective times over the TP group from the netmodels cost table
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -320,6 +320,62 @@ def build_milp(problem: ShardingProblem):
     return model, decode
 
 
+def structure_key(problem: ShardingProblem) -> tuple:
+    """Everything the strategy options and edge layouts of ``problem`` depend on -- kernel
+    kinds, phases, groups, weights, names, tensor endpoints and operands, the layout rules --
+    but not sizes nor the group's placement (those only change costs)."""
+    kernels = tuple((k.name, k.kind, k.phase, k.group, k.weight, k.weight_bytes > 0, bool(getattr(k, "expert", False)),
+                     "b" in k.dims) for k in problem.graph.kernels)
+    tensors = tuple((e.name, e.producer, e.consumer, e.operand) for e in problem.graph.tensors)
+    return (kernels, tensors, problem.tokens_split, problem.whole_experts, problem.megatron_layouts,
+            problem.group.size > 1)
+
+
+#: layout tables of recently seen structures (:func:`_layout_terms`), oldest first
+_LAYOUTS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_LAYOUTS_KEPT = 64
+
+
+def _layout_terms(problem: ShardingProblem):
+    """``(groups, domains, terms)`` of :func:`pairwise_model` with each term's cells as
+    ``(held, wanted)`` layout pairs: one ``(tensor index, i, j, cells)`` per edge, where ``i``
+    and ``j`` are variables (``len(groups)`` is the boundary layout), ``cells[a][b]`` the
+    layouts at values ``a`` of ``i`` and ``b`` of ``j`` (``cells[a]`` when ``i == j``).
+    Memoised by :func:`structure_key`: every block of one shape shares them."""
+    key = structure_key(problem)
+    hit = _LAYOUTS.get(key)
+    if hit is not None:
+        _LAYOUTS.move_to_end(key)
+        return hit
+    groups = list(problem.options)
+    where = {g: i for i, g in enumerate(groups)}
+    domains = [list(enumerate(problem.options[g])) for g in groups] + [list(enumerate(problem.boundaries))]
+    b = len(groups)
+    lay = problem.edge_layouts
+    terms = []
+    for ei, e in enumerate(problem.graph.tensors):
+        gu = problem.group_of.get(e.producer)
+        gv = problem.group_of.get(e.consumer)
+        if gu is not None and gv is not None:
+            iu, iv = where[gu], where[gv]
+            if iu == iv:  # both ends in one group: they share its strategy
+                terms.append((ei, iu, iu, [lay(e, r, r, "R") for _, r in domains[iu]]))
+            else:
+                terms.append((ei, iu, iv, [[lay(e, r, q, "R") for _, q in domains[iv]] for _, r in domains[iu]]))
+        elif gv is not None:  # a layer input, arriving in the boundary layout
+            iv = where[gv]
+            terms.append((ei, b, iv, [[lay(e, None, q, L) for _, q in domains[iv]] for L in problem.boundaries]))
+        elif gu is not None:  # a layer output, leaving in the boundary layout
+            iu = where[gu]
+            terms.append((ei, iu, b, [[lay(e, r, None, L) for L in problem.boundaries] for _, r in domains[iu]]))
+        else:
+            terms.append((ei, b, b, [lay(e, None, None, L) for L in problem.boundaries]))
+    out = _LAYOUTS[key] = (groups, domains, terms)
+    while len(_LAYOUTS) > _LAYOUTS_KEPT:
+        _LAYOUTS.popitem(last=False)
+    return out
+
+
 def pairwise_model(problem: ShardingProblem):
     """The sharding problem as unary + pairwise terms over one variable per strategy group and
     one for the boundary layout (the last), with the MILP's objective to the last term.
@@ -329,52 +385,33 @@ def pairwise_model(problem: ShardingProblem):
     flow variables ``y`` are integral; here they are simply the table of those costs, and
     :func:`dfmodel.solvers.pairwise.minimise` finds the exact optimum without a MILP.
     Returns ``(groups, domains, unary, pairs)``; ``domains[i]`` lists ``(index in options,
-    strategy name)`` of the strategies valid for every kernel of group ``i``.
+    strategy name)`` of group ``i`` (the boundary's last). A strategy some kernel of its group
+    cannot run (no time) costs ``inf``, as the MILP leaves its column out.
     """
-    groups = list(problem.options)
-    where = {g: i for i, g in enumerate(groups)}
-    domains: list[list[tuple[int, str]]] = []
+    groups, domains, terms = _layout_terms(problem)
     unary: list[np.ndarray] = []
-    for g in groups:
-        dom, cost = [], []
-        for i, name in enumerate(problem.options[g]):
-            gt = problem.group_time_s(g, name)
-            if gt is not None:
-                dom.append((i, name))
-                cost.append(gt * US + 1e-6 * i)  # the MILP's tie-break (build_milp)
-        domains.append(dom)
-        unary.append(np.array(cost, dtype=float))
-    b = len(groups)
-    domains.append([(i, L) for i, L in enumerate(problem.boundaries)])
-    unary.append(np.zeros(len(problem.boundaries)))
+    for g, dom in zip(groups, domains):
+        times = (problem.group_time_s(g, name) for _, name in dom)
+        unary.append(np.array([np.inf if gt is None else gt * US + 1e-6 * i  # the MILP's tie-break (build_milp)
+                               for (i, _), gt in zip(dom, times)], dtype=float))
+    unary.append(np.zeros(len(domains[-1])))
     pairs: dict[tuple[int, int], np.ndarray] = {}
+    tensors = problem.graph.tensors
+    conv = problem.conversion_s
 
-    def cost_s(e, r, q, boundary):
-        c = problem.edge_cost_s(e, r, q, boundary)
+    def cost_s(held_wanted, full_bytes):
+        c = conv(held_wanted[0], held_wanted[1], full_bytes)
         return np.inf if c is None else c * US
 
-    def add_pair(i, j, table):
+    for ei, i, j, cells in terms:
+        nbytes = tensors[ei].bytes
+        if i == j:
+            unary[i] = unary[i] + np.array([cost_s(c, nbytes) for c in cells])
+            continue
+        table = np.array([[cost_s(c, nbytes) for c in row] for row in cells])
         if i > j:
             i, j, table = j, i, table.T
         pairs[(i, j)] = pairs[(i, j)] + table if (i, j) in pairs else table
-
-    for e in problem.graph.tensors:
-        gu = problem.group_of.get(e.producer)
-        gv = problem.group_of.get(e.consumer)
-        if gu is not None and gv is not None:
-            iu, iv = where[gu], where[gv]
-            if iu == iv:  # both ends in one group: they share its strategy
-                unary[iu] = unary[iu] + np.array([cost_s(e, r, r, "R") for _, r in domains[iu]])
-            else:
-                add_pair(iu, iv, np.array([[cost_s(e, r, q, "R") for _, q in domains[iv]] for _, r in domains[iu]]))
-        elif gv is not None:  # a layer input, arriving in the boundary layout
-            iv = where[gv]
-            add_pair(b, iv, np.array([[cost_s(e, None, q, L) for _, q in domains[iv]] for L in problem.boundaries]))
-        elif gu is not None:  # a layer output, leaving in the boundary layout
-            iu = where[gu]
-            add_pair(iu, b, np.array([[cost_s(e, r, None, L) for L in problem.boundaries] for _, r in domains[iu]]))
-        else:
-            unary[b] = unary[b] + np.array([cost_s(e, None, None, L) for L in problem.boundaries])
     return groups, domains, unary, pairs
 
 

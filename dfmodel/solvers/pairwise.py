@@ -22,6 +22,7 @@ Ties go to the lowest index (``numpy.argmin``), so callers list preferred values
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -31,31 +32,29 @@ from dfmodel.algorithms import TooLarge
 DEFAULT_MAX_TABLE = 1 << 16
 
 
-def _aligned(vars_: tuple[int, ...], table: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
-    """``table`` over ``vars_`` with its axes moved to their places in ``order`` (others size 1)."""
-    pos = sorted(range(len(vars_)), key=lambda a: order.index(vars_[a]))
-    t = np.transpose(table, pos) if pos != list(range(len(vars_))) else table
-    shape = [1] * len(order)
-    for v in vars_:
-        shape[order.index(v)] = table.shape[vars_.index(v)]
-    return t.reshape(shape)
+def _placement(vars_: tuple[int, ...], order: tuple[int, ...], domains: tuple[int, ...]):
+    """How a table over ``vars_`` lines up with ``order``: its axis permutation and the shape
+    (size 1 for the variables it lacks) it broadcasts as."""
+    perm = tuple(sorted(range(len(vars_)), key=lambda a: order.index(vars_[a])))
+    shape = tuple(domains[u] if u in vars_ else 1 for u in order)
+    return (None if perm == tuple(range(len(vars_))) else perm), shape
 
 
-def minimise(domains: list[int], unary: list[np.ndarray], pairs: dict[tuple[int, int], np.ndarray],
-             *, max_table: int = DEFAULT_MAX_TABLE) -> tuple[list[int], float]:
-    """Optimal assignment (index per variable) and its value (``inf``: nothing feasible)."""
-    n = len(domains)
-    factors: list[tuple[tuple[int, ...], np.ndarray]] = [((i,), np.asarray(unary[i], float)) for i in range(n)]
-    for (i, j), t in pairs.items():
-        if i == j:
-            raise ValueError("a pairwise term needs two distinct variables")
-        factors.append(((i, j), np.asarray(t, float)))
-    constant = 0.0
-    alive = set(range(n))
-    trail: list[tuple[int, tuple[int, ...], np.ndarray]] = []
+@lru_cache(maxsize=512)
+def _schedule(domains: tuple[int, ...], scopes: tuple[tuple[int, ...], ...], max_table: int):
+    """The elimination order and the bookkeeping of every step, for tables of these shapes.
+
+    Depends only on the domain sizes and the scopes of the terms, so the many problems of one
+    shape (a layer at every micro-batch and placement) plan it once. Each step: the variable
+    ``x``, the variables ``rest`` of the table it leaves, which current terms it consumes (their
+    positions) with their axis permutations and broadcast shapes, and the joint table shape.
+    """
+    live = list(scopes)
+    alive = set(range(len(domains)))
+    steps = []
     while alive:
         nbrs = {v: set() for v in alive}
-        for vs, _ in factors:
+        for vs in live:
             for v in vs:
                 nbrs[v].update(vs)
         # min-weight greedy order: the variable whose elimination builds the smallest table
@@ -65,22 +64,39 @@ def minimise(domains: list[int], unary: list[np.ndarray], pairs: dict[tuple[int,
         size = math.prod(domains[u] for u in order)
         if size > max_table:
             raise TooLarge(f"elimination table of {size} entries (> {max_table})")
-        joint = np.zeros([domains[u] for u in order])
-        kept = []
-        for vs, t in factors:
-            if x in vs:
-                joint = joint + _aligned(vs, t, order)
-            else:
-                kept.append((vs, t))
+        taken = tuple(i for i, vs in enumerate(live) if x in vs)
+        places = tuple(_placement(live[i], order, domains) for i in taken)
+        live = [vs for vs in live if x not in vs] + ([rest] if rest else [])
+        steps.append((x, rest, taken, places, tuple(domains[u] for u in order)))
+        alive.discard(x)
+    return tuple(steps)
+
+
+def minimise(domains: list[int], unary: list[np.ndarray], pairs: dict[tuple[int, int], np.ndarray],
+             *, max_table: int = DEFAULT_MAX_TABLE) -> tuple[list[int], float]:
+    """Optimal assignment (index per variable) and its value (``inf``: nothing feasible)."""
+    n = len(domains)
+    if any(i == j for i, j in pairs):
+        raise ValueError("a pairwise term needs two distinct variables")
+    scopes = tuple((i,) for i in range(n)) + tuple(pairs)
+    tables = [np.asarray(u, float) for u in unary] + [np.asarray(t, float) for t in pairs.values()]
+    steps = _schedule(tuple(domains), scopes, max_table)
+    constant = 0.0
+    trail = []
+    for x, rest, taken, places, shape in steps:
+        joint = np.zeros(shape)
+        for i, (perm, bshape) in zip(taken, places):
+            t = tables[i] if perm is None else np.transpose(tables[i], perm)
+            joint = joint + t.reshape(bshape)
+        gone = set(taken)
+        tables = [t for i, t in enumerate(tables) if i not in gone]
         arg = np.argmin(joint, axis=-1)
         low = np.take_along_axis(joint, arg[..., None], axis=-1)[..., 0]
         trail.append((x, rest, arg))
         if rest:
-            kept.append((rest, low))
+            tables.append(low)
         else:
             constant += float(low)
-        factors = kept
-        alive.discard(x)
     assignment = [0] * n
     for x, rest, arg in reversed(trail):
         assignment[x] = int(arg[tuple(assignment[u] for u in rest)]) if rest else int(arg)
