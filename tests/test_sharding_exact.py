@@ -180,3 +180,28 @@ def test_minimise_refuses_big_tables():
     pairs = {(i, j): np.zeros((d, d)) for i, j in itertools.combinations(range(n), 2)}
     with pytest.raises(TooLarge):
         minimise([d] * n, [np.zeros(d)] * n, pairs, max_table=1000)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_topological_order_is_networkx_lexicographic(seed):
+    """DataflowGraph's own Kahn order (no networkx on the hot path) == networkx's
+    lexicographical topological sort keyed by insertion index, on random DAGs with parallel edges."""
+    import networkx as nx
+
+    g = random_graph(random.Random(seed))
+    rng = random.Random(seed + 1)
+    kernels = list(g.kernels)
+    rng.shuffle(kernels)  # insertion order differs from any topological order
+    g2 = DataflowGraph(kernels, g.tensors + [t for t in g.tensors if t.producer and t.consumer][:2])
+    index = {k.name: i for i, k in enumerate(g2.kernels)}
+    assert g2.topological_names() == list(nx.lexicographical_topological_sort(g2.nx, key=index.__getitem__))
+
+
+def test_cycle_is_still_reported():
+    from dfmodel.errors import InputError
+
+    a = Kernel("a", KernelKind.elementwise, {"m": 4}, flop=1, output_bytes=4)
+    b = Kernel("b", KernelKind.elementwise, {"m": 4}, flop=1, output_bytes=4)
+    with pytest.raises(InputError, match="acyclic"):
+        DataflowGraph([a, b], [Tensor("x", "a", "b", 4), Tensor("y", "b", "a", 4)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterable
 from functools import cached_property
@@ -44,15 +45,48 @@ class DataflowGraph:
         self.kernels: list[Kernel] = list(kernels)
         self.tensors: list[Tensor] = list(tensors)
         self._check(source)
-        self.nx = nx.MultiDiGraph(name=name)
-        for k in self.kernels:
-            self.nx.add_node(k.name, kernel=k)
-        for i, t in enumerate(self.tensors):
-            if t.producer is not None and t.consumer is not None:
-                self.nx.add_edge(t.producer, t.consumer, key=i, tensor=t)
-        if not nx.is_directed_acyclic_graph(self.nx):
+        self._by_name = {k.name: k for k in self.kernels}
+        # the topological order doubles as the acyclicity check; the networkx view is built on
+        # first use (the solvers build thousands of graphs and never need it)
+        self._topo = self._lexicographic_order()
+        if len(self._topo) < len(self.kernels):
             cycle = " -> ".join(u for u, *_ in nx.find_cycle(self.nx))
             raise InputError(f"graph must be acyclic, found cycle {cycle}", source=source, field="tensors")
+
+    @cached_property
+    def nx(self) -> nx.MultiDiGraph:
+        """The graph as a networkx MultiDiGraph (node attribute ``kernel``, edge ``tensor``)."""
+        g = nx.MultiDiGraph(name=self.name)
+        for k in self.kernels:
+            g.add_node(k.name, kernel=k)
+        for i, t in enumerate(self.tensors):
+            if t.producer is not None and t.consumer is not None:
+                g.add_edge(t.producer, t.consumer, key=i, tensor=t)
+        return g
+
+    def _lexicographic_order(self) -> list[str]:
+        """Kahn's algorithm taking the ready kernel listed first: the order of networkx's
+        ``lexicographical_topological_sort`` keyed by insertion index (deterministic and
+        builder-friendly). Shorter than the kernel list when there is a cycle."""
+        index = {k.name: i for i, k in enumerate(self.kernels)}
+        indegree = [0] * len(self.kernels)
+        children: list[list[int]] = [[] for _ in self.kernels]
+        for t in self.tensors:
+            if t.producer is not None and t.consumer is not None:
+                c = index[t.consumer]
+                children[index[t.producer]].append(c)
+                indegree[c] += 1
+        ready = [i for i, d in enumerate(indegree) if d == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(self.kernels[i].name)
+            for c in children[i]:
+                indegree[c] -= 1
+                if indegree[c] == 0:
+                    heapq.heappush(ready, c)
+        return order
 
     def _check(self, source: str | None) -> None:
         names: set[str] = set()
@@ -107,16 +141,10 @@ class DataflowGraph:
         return kernels, tensors, repr(sorted(self.meta.items()))
 
     def kernel(self, name: str) -> Kernel:
-        return self.nx.nodes[name]["kernel"]
+        return self._by_name[name]
 
     def __len__(self) -> int:
         return len(self.kernels)
-
-    @cached_property
-    def _topo(self) -> list[str]:
-        # lexicographical order keyed by insertion index: deterministic and builder-friendly
-        index = {k.name: i for i, k in enumerate(self.kernels)}
-        return list(nx.lexicographical_topological_sort(self.nx, key=index.__getitem__))
 
     def topological_names(self) -> list[str]:
         return list(self._topo)

@@ -253,6 +253,7 @@ class LLMModel:
         self._blocks: dict[tuple, BlockTimes | None] = {}
         self._memory_floors: dict[tuple, "mem.MemoryBreakdown"] = {}
         self._phases: dict[tuple, PhaseTime] = {}  # intra-chip solves by content (_phase_time)
+        self._shard_memo: dict = {}  # placement-independent sharding results (sharding.shard)
 
     # -- graphs and inner solves (cached) ------------------------------------------------------
     def graphs(self, micro_batch: int, cp: int = 1, ep: int = 1):
@@ -295,7 +296,7 @@ class LLMModel:
                      whole_experts: bool = False) -> BlockTimes:
         sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver,
                         megatron_layouts=True,  # time and memory from the same (Megatron) layouts
-                        whole_experts=whole_experts)
+                        whole_experts=whole_experts, memo=self._shard_memo)
         g = sharded.graph
         by_phase = {
             "fwd": [k.name for k in g.kernels if k.phase == Phase.forward],

@@ -93,8 +93,13 @@ class ShardingProblem:
     """Everything the sharding MILP and its oracle need about one graph on one TP group."""
 
     def __init__(self, graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, tokens_split: bool,
-                 megatron_layouts: bool = False, whole_experts: bool = False):
+                 megatron_layouts: bool = False, whole_experts: bool = False, memo: dict | None = None):
         self.graph, self.system, self.group, self.costs = graph, system, group, cost_table
+        #: results that do not depend on the group's placement, shared by the problems of one
+        #: system (:func:`shard`'s ``memo``): kernel times per strategy, sharded graphs per plan
+        self.memo = memo
+        if memo is not None and memo.setdefault("__system__", system) is not system:
+            raise ValueError("a sharding memo serves one system")
         self.tokens_split = tokens_split and group.size > 1
         self.megatron_layouts = megatron_layouts
         #: expert TP 1 (MoE): grouped expert GEMMs split their experts over the group, whole
@@ -200,18 +205,32 @@ class ShardingProblem:
 
     def evaluate(self, choice: dict[str, str], boundary: str) -> float | None:
         """Objective of a full assignment (group -> strategy); None if infeasible. The oracle."""
-        total = 0.0
-        for g, name in choice.items():
-            gt = self.group_time_s(g, name)
-            if gt is None:
-                return None
-            total += gt
+        total = self._kernels_total_s(choice)
+        if total is None:
+            return None
         for e in self.graph.tensors:
             cost = self.edge_cost_s(e, choice.get(self.group_of.get(e.producer)), choice.get(self.group_of.get(e.consumer)), boundary)
             if cost is None:
                 return None
             total += cost
         return total
+
+    def _kernels_total_s(self, choice: dict[str, str]) -> float | None:
+        """Sum of the groups' kernel times under ``choice`` (in its order), memoised with the
+        problem's memo: it does not depend on the placement."""
+        key = ("total", self.graph.content_key, self.group.size, self.tokens_split, self.whole_experts,
+               tuple(choice.items()))
+        memo = self.memo if self.memo is not None else {}
+        if key not in memo:
+            total = 0.0
+            for g, name in choice.items():
+                gt = self.group_time_s(g, name)
+                if gt is None:
+                    total = None
+                    break
+                total += gt
+            memo[key] = total
+        return memo[key]
 
     def edge_cost_s(self, e: Tensor, r: str | None, q: str | None, boundary: str) -> float | None:
         src, dst = self.edge_layouts(e, r, q, boundary)
@@ -376,6 +395,24 @@ def _layout_terms(problem: ShardingProblem):
     return out
 
 
+def _strategy_times(problem: ShardingProblem, groups, domains) -> tuple[np.ndarray, ...]:
+    """Unary terms: each group's kernel time per strategy (microseconds, with the MILP's
+    tie-break), the boundary's zeros last. They do not depend on the placement: memoised."""
+    key = ("times", problem.graph.content_key, problem.group.size, problem.tokens_split, problem.whole_experts,
+           problem.megatron_layouts)
+    memo = problem.memo if problem.memo is not None else {}
+    hit = memo.get(key)
+    if hit is None:
+        out = []
+        for g, dom in zip(groups, domains[:-1]):
+            times = (problem.group_time_s(g, name) for _, name in dom)
+            out.append(np.array([np.inf if gt is None else gt * US + 1e-6 * i  # the MILP's tie-break (build_milp)
+                                 for (i, _), gt in zip(dom, times)], dtype=float))
+        out.append(np.zeros(len(domains[-1])))
+        hit = memo[key] = tuple(out)
+    return hit
+
+
 def pairwise_model(problem: ShardingProblem):
     """The sharding problem as unary + pairwise terms over one variable per strategy group and
     one for the boundary layout (the last), with the MILP's objective to the last term.
@@ -389,12 +426,7 @@ def pairwise_model(problem: ShardingProblem):
     cannot run (no time) costs ``inf``, as the MILP leaves its column out.
     """
     groups, domains, terms = _layout_terms(problem)
-    unary: list[np.ndarray] = []
-    for g, dom in zip(groups, domains):
-        times = (problem.group_time_s(g, name) for _, name in dom)
-        unary.append(np.array([np.inf if gt is None else gt * US + 1e-6 * i  # the MILP's tie-break (build_milp)
-                               for (i, _), gt in zip(dom, times)], dtype=float))
-    unary.append(np.zeros(len(domains[-1])))
+    unary = list(_strategy_times(problem, groups, domains))
     pairs: dict[tuple[int, int], np.ndarray] = {}
     tensors = problem.graph.tensors
     conv = problem.conversion_s
@@ -533,13 +565,35 @@ def comm_phase(graph: DataflowGraph, e: Tensor, collective: str) -> Phase:
 
 
 def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph:
-    """Per-chip kernels and tensors, with a ``comm`` kernel on every edge that converts layouts."""
+    """Per-chip kernels and tensors, with a ``comm`` kernel on every edge that converts layouts.
+
+    The per-chip graph depends on the plan, not on where the group sits: it is built once per
+    (graph, plan, group size) when the problem has a memo, and only the collectives' times are
+    computed for each placement."""
+    t = problem.group.size
+    g = problem.graph
+    key = ("sharded", g.content_key, g.name, tuple(plan.strategy.items()), plan.boundary_layout, t,
+           problem.tokens_split, problem.whole_experts, problem.megatron_layouts)
+    memo = problem.memo if problem.memo is not None else {}
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _sharded_graph(problem, plan)
+    sharded, comms = hit
+    net: dict[str, float] = {}
+    comm_rows = []
+    for name, collective, message_bytes in comms:
+        net[name] = time_s = problem.comm_time_s(collective, message_bytes)
+        comm_rows.append((name, collective, message_bytes, time_s))
+    return ShardedGraph(sharded, net, plan, comm_rows)
+
+
+def _sharded_graph(problem: ShardingProblem, plan: ShardingPlan) -> tuple[DataflowGraph, list[tuple[str, str, float]]]:
+    """The per-chip graph of :func:`apply_sharding` and its ``(comm kernel, collective, bytes)``."""
     t = problem.group.size
     g = problem.graph
     kernels = [_scaled_kernel(k, problem.strategy(k, plan.strategy[k.name]), t) for k in g.kernels]
     tensors: list[Tensor] = []
-    net: dict[str, float] = {}
-    comm_rows = []
+    comms = []
     done: dict[tuple, str] = {}  # one collective per (tensor, conversion, phase): see comm_phase
     for i, e in enumerate(g.tensors):
         r = plan.strategy.get(e.producer) if e.producer else None
@@ -555,9 +609,7 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
             tensors.append(replace(e, producer=done[key], bytes=e.bytes * local_fraction(dst, t)))
             continue
         name = done[key] = f"comm{i}.{conv.collective}.{e.name}"
-        time_s = problem.comm_time_s(conv.collective, conv.message_bytes)
-        net[name] = time_s
-        comm_rows.append((name, conv.collective, conv.message_bytes, time_s))
+        comms.append((name, conv.collective, conv.message_bytes))
         kernels.append(
             Kernel(
                 name,
@@ -574,20 +626,21 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
         )
         tensors.append(replace(e, consumer=name, bytes=e.bytes * local_fraction(src, t)))
         tensors.append(replace(e, producer=name, bytes=e.bytes * local_fraction(dst, t)))
-    sharded = DataflowGraph(kernels, tensors, name=f"{g.name}/tp{t}", meta={**g.meta, "tp": t})
-    return ShardedGraph(sharded, net, plan, comm_rows)
+    return DataflowGraph(kernels, tensors, name=f"{g.name}/tp{t}", meta={**g.meta, "tp": t}), comms
 
 
 def shard(graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, sequence_parallel: bool = True,
           solver: str = "auto", time_limit_s: float | None = None, megatron_layouts: bool = False,
-          whole_experts: bool = False) -> ShardedGraph:
+          whole_experts: bool = False, memo: dict | None = None) -> ShardedGraph:
     """Optimal sharding of ``graph`` over ``group`` and the per-chip graph it yields.
 
     ``sequence_parallel`` allows the token-split layout ``T`` (Megatron sequence parallelism and
     token-split matmuls); without it layouts are replicated, feature-split or partial.
     ``megatron_layouts`` restricts the choice to Megatron-LM's layouts (:func:`megatron_options`).
     ``whole_experts``: expert TP 1 (the grouped expert GEMMs split their experts, never TP-split).
+    ``memo``: a dict kept across calls on one system (the search's); what does not depend on the
+    group's placement is then computed once (the returned per-chip graphs may be shared: read only).
     """
     problem = ShardingProblem(graph, system, group, cost_table, tokens_split=sequence_parallel,
-                              megatron_layouts=megatron_layouts, whole_experts=whole_experts)
+                              megatron_layouts=megatron_layouts, whole_experts=whole_experts, memo=memo)
     return apply_sharding(problem, solve_sharding(problem, solver=solver, time_limit_s=time_limit_s))
