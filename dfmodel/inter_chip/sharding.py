@@ -484,7 +484,9 @@ def solve_sharding(problem: ShardingProblem, *, solver: str = "auto", time_limit
         )
     from dfmodel.algorithms import TooLarge
     from dfmodel.errors import InfeasibleError
+    from dfmodel.solvers import check_available
 
+    check_available(solver)  # a solver asked for by name must exist even when no MILP is needed
     if method in ("auto", "exact"):
         try:
             found = solve_exact(problem)

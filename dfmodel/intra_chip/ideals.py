@@ -192,11 +192,36 @@ def _structure(lat: Lattice, max_size: int, max_pairs: int):
 def _distinct_sets(words: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of packed sets as boolean rows, and each row's index among them."""
     if words.shape[1] == 1:  # up to 64 kernels: integer keys sort much faster than byte strings
-        uniq, inverse = np.unique(words[:, 0], return_inverse=True)
-        return _unpack(uniq[:, None], n), inverse.ravel()
+        uniq, inverse = _unique_chunked(words[:, 0])
+        return _unpack(uniq[:, None], n), inverse
     keys = np.ascontiguousarray(words).view(np.dtype((np.void, words.dtype.itemsize * words.shape[1]))).ravel()
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     return _unpack(words[first], n), inverse.ravel()
+
+
+def _unique_chunked(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` in chunks, checking the deadline between them
+    (a 33-kernel backward layer has tens of millions of pairs: one sort would run for seconds
+    past a time limit). Unique per chunk, unique of those, then each chunk's index by binary
+    search: the same sorted values and inverse as one ``np.unique``, and no slower (most pairs
+    repeat a set, so the second sort is small)."""
+    if keys.size <= _UNIQUE_CHUNK:
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        return uniq, inverse.ravel()
+    parts = []
+    for a in range(0, keys.size, _UNIQUE_CHUNK):
+        check_deadline()
+        parts.append(np.unique(keys[a : a + _UNIQUE_CHUNK], return_inverse=True))
+    uniq = np.unique(np.concatenate([u for u, _ in parts]))
+    inverse = np.empty(keys.size, dtype=np.intp)
+    for c, (local, local_inverse) in enumerate(parts):
+        a = c * _UNIQUE_CHUNK
+        inverse[a : a + local_inverse.size] = np.searchsorted(uniq, local)[local_inverse.ravel()]
+    return uniq, inverse
+
+
+#: keys sorted per deadline check by :func:`_unique_chunked` (~0.2 s of sorting)
+_UNIQUE_CHUNK = 1 << 21
 
 
 def _pairs_screened(cm: CostModel, lat: Lattice, max_size: int, weights: np.ndarray, max_pairs: int):
