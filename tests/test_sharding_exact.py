@@ -205,3 +205,32 @@ def test_cycle_is_still_reported():
     b = Kernel("b", KernelKind.elementwise, {"m": 4}, flop=1, output_bytes=4)
     with pytest.raises(InputError, match="acyclic"):
         DataflowGraph([a, b], [Tensor("x", "a", "b", 4), Tensor("y", "b", "a", 4)])
+
+
+def test_chunked_unique_equals_numpy_unique(monkeypatch):
+    """The deadline-checked unique of the DP's ideal-pair sets gives np.unique's exact output."""
+    from dfmodel.intra_chip import ideals
+    from dfmodel.solvers.deadline import deadline_scope
+
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, 5000, size=100_000).astype(np.uint64) * np.uint64(2**40 + 7)
+    monkeypatch.setattr(ideals, "_UNIQUE_CHUNK", 4096)
+    want_u, want_i = np.unique(keys, return_inverse=True)
+    with deadline_scope(1e6):
+        got_u, got_i = ideals._unique_chunked(keys)
+    assert np.array_equal(got_u, want_u) and np.array_equal(got_i, want_i.ravel())
+
+
+def test_dp_honours_an_expired_deadline(monkeypatch):
+    """The intra-chip DP stops between chunks once the call's deadline has passed."""
+    from dfmodel.intra_chip import ideals
+    from dfmodel.intra_chip.cost import CostModel
+    from dfmodel.solvers.deadline import DeadlineExpired, deadline_scope
+
+    monkeypatch.setattr(ideals, "_UNIQUE_CHUNK", 64)
+    g = graphs("gpt3_13b", 1).layer
+    bwd = g.subgraph([k.name for k in g.kernels if k.phase != Phase.forward])
+    cm = CostModel(bwd, system("sn30"))
+    ideals._STRUCTURES.clear()
+    with deadline_scope(1e-9), pytest.raises(DeadlineExpired):
+        ideals.solve_dp(cm)
