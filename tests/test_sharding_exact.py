@@ -234,3 +234,4 @@ def test_dp_honours_an_expired_deadline(monkeypatch):
     ideals._STRUCTURES.clear()
     with deadline_scope(1e-9), pytest.raises(DeadlineExpired):
         ideals.solve_dp(cm)
+

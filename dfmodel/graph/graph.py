@@ -46,6 +46,7 @@ class DataflowGraph:
         self.tensors: list[Tensor] = list(tensors)
         self._check(source)
         self._by_name = {k.name: k for k in self.kernels}
+        self._params: float | None = None
         # the topological order doubles as the acyclicity check; the networkx view is built on
         # first use (the solvers build thousands of graphs and never need it)
         self._topo = self._lexicographic_order()
@@ -191,7 +192,11 @@ class DataflowGraph:
         )
 
     def params(self) -> float:
-        return float(sum(k.params for k in self.kernels))
+        # memoised: the search's memory checks ask a block's parameter count ~100k times
+        p = self.__dict__.get("_params")
+        if p is None:
+            p = self._params = float(sum(k.params for k in self.kernels))
+        return p
 
     def weight_bytes(self) -> float:
         """Bytes of parameters owned by the graph (forward kernels' weights)."""
