@@ -39,12 +39,14 @@ class DataflowGraph:
         name: str = "graph",
         meta: dict | None = None,
         source: str | None = None,
+        check: bool = True,
     ):
         self.name = name
         self.meta = dict(meta or {})
         self.kernels: list[Kernel] = list(kernels)
         self.tensors: list[Tensor] = list(tensors)
-        self._check(source)
+        if check:  # False only for graphs derived from a checked one (subgraph): nothing new to check
+            self._check(source)
         self._by_name = {k.name: k for k in self.kernels}
         self._params: float | None = None
         # the topological order doubles as the acyclicity check; the networkx view is built on
@@ -176,11 +178,11 @@ class DataflowGraph:
             c = t.consumer if t.consumer in keep else None
             if p is None and c is None:
                 continue
-            name = t.name
+            tensor_name = t.name  # (not ``name``: that is the subgraph's, below)
             if p is None and t.producer is not None and len(cut_producers.get(t.name, ())) > 1:
-                name = f"{t.name}@{t.producer}"
-            tensors.append(Tensor(name, p, c, t.bytes, t.operand, t.shape))
-        return DataflowGraph(kernels, tensors, name=name or f"{self.name}[sub]", meta=self.meta)
+                tensor_name = f"{t.name}@{t.producer}"
+            tensors.append(Tensor(tensor_name, p, c, t.bytes, t.operand, t.shape))
+        return DataflowGraph(kernels, tensors, name=name or f"{self.name}[sub]", meta=self.meta, check=False)
 
     # -- totals ---------------------------------------------------------------------------------
     def total_flop(self, phase: Phase | None = None) -> float:
