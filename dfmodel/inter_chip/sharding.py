@@ -6,6 +6,13 @@ producer's strategy ``r`` to the consumer's ``q`` with ``sum_q y[e,r,q] = s[u,r]
 ``sum_r y[e,r,q] = s[v,q]`` (DESIGN.md section 5; tight, integral on trees). The layer's input
 and output share one boundary layout (layers repeat). Kernel costs are roofline times per chip;
 conversions are collective times over the TP group from the netmodels cost table.
+
+Every conversion cost depends on at most two decisions, so the same objective is a sum of unary
+and pairwise terms (:func:`pairwise_model`); :func:`solve_sharding` minimises it exactly by
+variable elimination (:mod:`dfmodel.solvers.pairwise`, milliseconds, no MILP) and keeps the MILP
+for problems whose elimination tables would be large, and as the tests' oracle. Results that do
+not depend on where the group sits (layout tables, kernel times, the per-chip graph of a plan)
+are memoised, so a search pays for them once per shape rather than once per placement.
 """
 
 from __future__ import annotations
