@@ -49,8 +49,34 @@ class Lattice:
 
 
 def enumerate_ideals(cm: CostModel, max_ideals: int = DEFAULT_MAX_IDEALS) -> Lattice:
-    """All down-sets of the DAG (kernels closed under producers); TooLarge past ``max_ideals``."""
-    return _lattice(cm, ideal_masks(cm.n, cm.pred_mask, max_ideals))
+    """All down-sets of the DAG (kernels closed under producers); TooLarge past ``max_ideals``.
+
+    Memoised by the DAG's shape (its producer masks): a layer at every micro-batch, TP degree
+    and placement has the same lattice, and a DAG that is too large is refused at once next
+    time instead of being enumerated up to the guard again. The lattice is shared: read only."""
+    key = (cm.n, tuple(cm.pred_mask), max_ideals)
+    hit = _LATTICES.get(key)
+    if hit is None:
+        check_deadline()
+        try:
+            hit = _lattice(cm, ideal_masks(cm.n, cm.pred_mask, max_ideals))
+        except TooLarge as e:
+            hit = e
+        _LATTICES[key] = hit
+        while len(_LATTICES) > 1 and (len(_LATTICES) > _LATTICES_KEPT or sum(
+                v.bits.nbytes for v in _LATTICES.values() if isinstance(v, Lattice)) > _LATTICES_MAX_BYTES):
+            _LATTICES.popitem(last=False)
+    else:
+        _LATTICES.move_to_end(key)
+    if isinstance(hit, TooLarge):
+        raise TooLarge(str(hit))
+    return hit
+
+
+#: lattices (or the TooLarge refusal) of recently seen DAG shapes, oldest first
+_LATTICES: "OrderedDict[tuple, Lattice | TooLarge]" = OrderedDict()
+_LATTICES_KEPT = 64
+_LATTICES_MAX_BYTES = 64 * 2**20  # (50,000 ideals of a 100-kernel DAG: 5 MB)
 
 
 def chain_lattice(cm: CostModel, order: list[int] | None = None) -> Lattice:
