@@ -235,3 +235,31 @@ def test_dp_honours_an_expired_deadline(monkeypatch):
     with deadline_scope(1e-9), pytest.raises(DeadlineExpired):
         ideals.solve_dp(cm)
 
+
+
+def test_memoised_block_solves_equal_fresh_ones():
+    """One model solving a layer on several placements (memoised: per-plan graphs, kernel
+    times, intra-chip phases) gives exactly what a fresh model gives for each alone."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_inter_chip import SMALL_LLM, small_system
+
+    from dfmodel.inter_chip.llm import LLMModel
+
+    s = load_system(small_system(4, 2))
+    nv, ib = s.network[0].name, s.network[1].name
+    cases = [(2, ((nv, 2),), True), (2, ((ib, 2),), True), (4, ((nv, 4),), False), (4, ((nv, 2), (ib, 2)), False),
+             (2, ((nv, 2),), False)]
+    shared = LLMModel(load_workload(SMALL_LLM), s)
+
+    def fingerprint(b):
+        return (b.sharded.plan.strategy, b.sharded.plan.objective_s, b.sharded.network_time_s,
+                [(p.time_s, p.parts_s, p.partitions) for p in (b.fwd, b.bwd, b.attention_core)])
+
+    for mb in (1, 2):
+        for tp, placement, sp in cases:
+            fresh = LLMModel(load_workload(SMALL_LLM), s)
+            assert fingerprint(shared.block("layer", mb, tp, placement, sp)) == \
+                fingerprint(fresh.block("layer", mb, tp, placement, sp))
