@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterable
 from functools import cached_property
@@ -38,21 +39,57 @@ class DataflowGraph:
         name: str = "graph",
         meta: dict | None = None,
         source: str | None = None,
+        check: bool = True,
     ):
         self.name = name
         self.meta = dict(meta or {})
         self.kernels: list[Kernel] = list(kernels)
         self.tensors: list[Tensor] = list(tensors)
-        self._check(source)
-        self.nx = nx.MultiDiGraph(name=name)
-        for k in self.kernels:
-            self.nx.add_node(k.name, kernel=k)
-        for i, t in enumerate(self.tensors):
-            if t.producer is not None and t.consumer is not None:
-                self.nx.add_edge(t.producer, t.consumer, key=i, tensor=t)
-        if not nx.is_directed_acyclic_graph(self.nx):
+        if check:  # False only for graphs derived from a checked one (subgraph): nothing new to check
+            self._check(source)
+        self._by_name = {k.name: k for k in self.kernels}
+        self._params: float | None = None
+        # the topological order doubles as the acyclicity check; the networkx view is built on
+        # first use (the solvers build thousands of graphs and never need it)
+        self._topo = self._lexicographic_order()
+        if len(self._topo) < len(self.kernels):
             cycle = " -> ".join(u for u, *_ in nx.find_cycle(self.nx))
             raise InputError(f"graph must be acyclic, found cycle {cycle}", source=source, field="tensors")
+
+    @cached_property
+    def nx(self) -> nx.MultiDiGraph:
+        """The graph as a networkx MultiDiGraph (node attribute ``kernel``, edge ``tensor``)."""
+        g = nx.MultiDiGraph(name=self.name)
+        for k in self.kernels:
+            g.add_node(k.name, kernel=k)
+        for i, t in enumerate(self.tensors):
+            if t.producer is not None and t.consumer is not None:
+                g.add_edge(t.producer, t.consumer, key=i, tensor=t)
+        return g
+
+    def _lexicographic_order(self) -> list[str]:
+        """Kahn's algorithm taking the ready kernel listed first: the order of networkx's
+        ``lexicographical_topological_sort`` keyed by insertion index (deterministic and
+        builder-friendly). Shorter than the kernel list when there is a cycle."""
+        index = {k.name: i for i, k in enumerate(self.kernels)}
+        indegree = [0] * len(self.kernels)
+        children: list[list[int]] = [[] for _ in self.kernels]
+        for t in self.tensors:
+            if t.producer is not None and t.consumer is not None:
+                c = index[t.consumer]
+                children[index[t.producer]].append(c)
+                indegree[c] += 1
+        ready = [i for i, d in enumerate(indegree) if d == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(self.kernels[i].name)
+            for c in children[i]:
+                indegree[c] -= 1
+                if indegree[c] == 0:
+                    heapq.heappush(ready, c)
+        return order
 
     def _check(self, source: str | None) -> None:
         names: set[str] = set()
@@ -81,17 +118,36 @@ class DataflowGraph:
                 raise InputError(f"self-loop on {t.producer!r}: graph must be acyclic", source=source, field=where)
 
     # -- structure ------------------------------------------------------------------------------
+    @cached_property
+    def _kernel_keys(self) -> list[tuple]:
+        return [tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v for v in vars(k).values())
+                for k in self.kernels]
+
+    @cached_property
+    def _tensor_keys(self) -> list[tuple]:
+        return [tuple(vars(t).values()) for t in self.tensors]
+
+    @cached_property
+    def content_key(self) -> tuple:
+        """Hashable key of the graph's content (kernels, tensors, meta; not its name): graphs with
+        equal keys cost the same in every pass, so solves can be memoised on it. The graph must
+        not be mutated after this is read (nothing in the package mutates a built graph)."""
+        return tuple(self._kernel_keys), tuple(self._tensor_keys), repr(sorted(self.meta.items()))
+
+    def subgraph_key(self, names: Iterable[str]) -> tuple:
+        """What :meth:`subgraph` of ``names`` would contain, as a hashable key, without building
+        it: its kernels and every tensor touching them (the cut tensors' renaming depends on
+        nothing else), and the meta it inherits."""
+        keep = set(names)
+        kernels = tuple(kk for k, kk in zip(self.kernels, self._kernel_keys) if k.name in keep)
+        tensors = tuple(tk for t, tk in zip(self.tensors, self._tensor_keys) if t.producer in keep or t.consumer in keep)
+        return kernels, tensors, repr(sorted(self.meta.items()))
+
     def kernel(self, name: str) -> Kernel:
-        return self.nx.nodes[name]["kernel"]
+        return self._by_name[name]
 
     def __len__(self) -> int:
         return len(self.kernels)
-
-    @cached_property
-    def _topo(self) -> list[str]:
-        # lexicographical order keyed by insertion index: deterministic and builder-friendly
-        index = {k.name: i for i, k in enumerate(self.kernels)}
-        return list(nx.lexicographical_topological_sort(self.nx, key=index.__getitem__))
 
     def topological_names(self) -> list[str]:
         return list(self._topo)
@@ -122,11 +178,11 @@ class DataflowGraph:
             c = t.consumer if t.consumer in keep else None
             if p is None and c is None:
                 continue
-            name = t.name
+            tensor_name = t.name  # (not ``name``: that is the subgraph's, below)
             if p is None and t.producer is not None and len(cut_producers.get(t.name, ())) > 1:
-                name = f"{t.name}@{t.producer}"
-            tensors.append(Tensor(name, p, c, t.bytes, t.operand, t.shape))
-        return DataflowGraph(kernels, tensors, name=name or f"{self.name}[sub]", meta=self.meta)
+                tensor_name = f"{t.name}@{t.producer}"
+            tensors.append(Tensor(tensor_name, p, c, t.bytes, t.operand, t.shape))
+        return DataflowGraph(kernels, tensors, name=name or f"{self.name}[sub]", meta=self.meta, check=False)
 
     # -- totals ---------------------------------------------------------------------------------
     def total_flop(self, phase: Phase | None = None) -> float:
@@ -138,7 +194,11 @@ class DataflowGraph:
         )
 
     def params(self) -> float:
-        return float(sum(k.params for k in self.kernels))
+        # memoised: the search's memory checks ask a block's parameter count ~100k times
+        p = self.__dict__.get("_params")
+        if p is None:
+            p = self._params = float(sum(k.params for k in self.kernels))
+        return p
 
     def weight_bytes(self) -> float:
         """Bytes of parameters owned by the graph (forward kernels' weights)."""

@@ -252,6 +252,8 @@ class LLMModel:
         self._graphs: dict[int, object] = {}
         self._blocks: dict[tuple, BlockTimes | None] = {}
         self._memory_floors: dict[tuple, "mem.MemoryBreakdown"] = {}
+        self._phases: dict[tuple, PhaseTime] = {}  # intra-chip solves by content (_phase_time)
+        self._shard_memo: dict = {}  # placement-independent sharding results (sharding.shard)
 
     # -- graphs and inner solves (cached) ------------------------------------------------------
     def graphs(self, micro_batch: int, cp: int = 1, ep: int = 1):
@@ -294,7 +296,7 @@ class LLMModel:
                      whole_experts: bool = False) -> BlockTimes:
         sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver,
                         megatron_layouts=True,  # time and memory from the same (Megatron) layouts
-                        whole_experts=whole_experts)
+                        whole_experts=whole_experts, memo=self._shard_memo)
         g = sharded.graph
         by_phase = {
             "fwd": [k.name for k in g.kernels if k.phase == Phase.forward],
@@ -307,14 +309,26 @@ class LLMModel:
         def run(names):
             if not names:
                 return PhaseTime.of(None, self.system, {}, self.solver, self.time_limit_s)
-            sub = g.subgraph(names, name=f"{g.name}.{len(names)}")
-            return PhaseTime.of(sub, self.system, {n: net[n] for n in names if n in net}, self.solver, self.time_limit_s)
+            phase_net = {n: net[n] for n in names if n in net}
+            # key on what the subgraph would hold, and build it only on a miss
+            key = (g.subgraph_key(names), tuple(phase_net.items()))
+            return self._phase_time(key, lambda: g.subgraph(names, name=f"{g.name}.{len(names)}"), phase_net)
 
         onchip = None
         if self.system.chip.execution == "dataflow" and by_phase["fwd"] and by_phase["bwd"]:
             onchip = self._solve_onchip(g, by_phase["fwd"], by_phase["bwd"], net)
         return BlockTimes(sharded, run(by_phase["fwd"]), run(by_phase["bwd"]), run(by_phase["core"]),
                           run(by_phase["core_bwd"]) if core_bwd else None, onchip)
+
+    def _phase_time(self, key: tuple, build, network_s: dict[str, float]) -> "PhaseTime":
+        """:meth:`PhaseTime.of` memoised by content: blocks that differ only in knobs the
+        phase does not see (a placement that leaves its collectives' times unchanged, a layer
+        whose attention core is the same at two TP groups) share one intra-chip solve.
+        ``key`` identifies the graph ``build()`` returns; results are read-only."""
+        hit = self._phases.get(key)
+        if hit is None:
+            hit = self._phases[key] = PhaseTime.of(build(), self.system, network_s, self.solver, self.time_limit_s)
+        return hit
 
     def _onchip_saving(self, layer: BlockTimes, m: Mapping, layers: int, stage: int) -> tuple[float, float]:
         """Mean (forward, backward) seconds per layer that stage ``stage`` of ``layers`` layers
@@ -335,8 +349,9 @@ class LLMModel:
         if sum(stash_tensors(g, set(fwd), set(bwd)).values()) > float(self.system.chip.sram_bytes):
             return None
         g_f, g_b, stash = onchip_graphs(g, fwd, bwd)
-        pf = PhaseTime.of(g_f, self.system, {n: net[n] for n in fwd if n in net}, self.solver, self.time_limit_s)
-        pb = PhaseTime.of(g_b, self.system, {n: net[n] for n in bwd if n in net}, self.solver, self.time_limit_s)
+        net_f, net_b = {n: net[n] for n in fwd if n in net}, {n: net[n] for n in bwd if n in net}
+        pf = self._phase_time((g_f.content_key, tuple(net_f.items())), lambda: g_f, net_f)
+        pb = self._phase_time((g_b.content_key, tuple(net_b.items())), lambda: g_b, net_b)
         peak = max((float(r.get("sram_bytes") or 0.0) for r in pf.partitions + pb.partitions), default=0.0)
         return OnChipStash(stash, pf.time_s, pb.time_s, peak)
 

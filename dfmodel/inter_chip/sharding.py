@@ -6,11 +6,18 @@ producer's strategy ``r`` to the consumer's ``q`` with ``sum_q y[e,r,q] = s[u,r]
 ``sum_r y[e,r,q] = s[v,q]`` (DESIGN.md section 5; tight, integral on trees). The layer's input
 and output share one boundary layout (layers repeat). Kernel costs are roofline times per chip;
 conversions are collective times over the TP group from the netmodels cost table.
+
+Every conversion cost depends on at most two decisions, so the same objective is a sum of unary
+and pairwise terms (:func:`pairwise_model`); :func:`solve_sharding` minimises it exactly by
+variable elimination (:mod:`dfmodel.solvers.pairwise`, milliseconds, no MILP) and keeps the MILP
+for problems whose elimination tables would be large, and as the tests' oracle. Results that do
+not depend on where the group sits (layout tables, kernel times, the per-chip graph of a plan)
+are memoised, so a search pays for them once per shape rather than once per placement.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -93,8 +100,13 @@ class ShardingProblem:
     """Everything the sharding MILP and its oracle need about one graph on one TP group."""
 
     def __init__(self, graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, tokens_split: bool,
-                 megatron_layouts: bool = False, whole_experts: bool = False):
+                 megatron_layouts: bool = False, whole_experts: bool = False, memo: dict | None = None):
         self.graph, self.system, self.group, self.costs = graph, system, group, cost_table
+        #: results that do not depend on the group's placement, shared by the problems of one
+        #: system (:func:`shard`'s ``memo``): kernel times per strategy, sharded graphs per plan
+        self.memo = memo
+        if memo is not None and memo.setdefault("__system__", system) is not system:
+            raise ValueError("a sharding memo serves one system")
         self.tokens_split = tokens_split and group.size > 1
         self.megatron_layouts = megatron_layouts
         #: expert TP 1 (MoE): grouped expert GEMMs split their experts over the group, whole
@@ -105,6 +117,16 @@ class ShardingProblem:
             self.groups[k.weight or k.name].append(k)
         self.group_of = {k.name: (k.weight or k.name) for k in graph.kernels}
         self.boundaries = ("R", "T") if self.tokens_split else ("R",)
+        # memo tables: strategy lists per kernel, input tensors per kernel, collective times
+        self._strategies: dict[str, dict[str, Strategy]] = {}
+        self._comm: dict[tuple, float] = {}
+        self._conv: dict[tuple, float | None] = {}
+        self._roles: dict[Tensor, str] = {}
+        self._kernel = {k.name: k for k in graph.kernels}
+        self._inputs: dict[str, list[Tensor]] = defaultdict(list)
+        for e in graph.tensors:
+            if e.consumer is not None:
+                self._inputs[e.consumer].append(e)
 
     @cached_property
     def options(self) -> dict[str, list[str]]:
@@ -126,22 +148,37 @@ class ShardingProblem:
         return out
 
     def strategy(self, kernel: Kernel, name: str) -> Strategy:
-        for s in strategies(kernel, tokens_split=self.tokens_split, whole_experts=self.whole_experts):
-            if s.name == name:
-                return s
-        raise KeyError(name)
+        table = self._strategies.get(kernel.name)
+        if table is None:
+            table = self._strategies[kernel.name] = {
+                s.name: s for s in strategies(kernel, tokens_split=self.tokens_split, whole_experts=self.whole_experts)}
+        return table[name]
 
     def comm_time_s(self, collective: str | None, message_bytes: float) -> float:
         if collective is None or self.group.size == 1:
             return 0.0
-        return self.costs.time_s(collective, message_bytes, self.group.placement)
+        key = (collective, message_bytes)
+        hit = self._comm.get(key)
+        if hit is None:
+            hit = self._comm[key] = self.costs.time_s(collective, message_bytes, self.group.placement)
+        return hit
 
     def conversion_s(self, src: str, dst: str, full_bytes: float) -> float | None:
-        c = conversion(src, dst, full_bytes, self.group.size)
-        return None if c is None else self.comm_time_s(c.collective, c.message_bytes)
+        key = (src, dst, full_bytes)
+        if key not in self._conv:
+            c = conversion(src, dst, full_bytes, self.group.size)
+            self._conv[key] = None if c is None else self.comm_time_s(c.collective, c.message_bytes)
+        return self._conv[key]
+
+    def role(self, t: Tensor) -> str:
+        """:func:`role` of ``t``, memoised (tensors are frozen and hashable)."""
+        r = self._roles.get(t)
+        if r is None:
+            r = self._roles[t] = role(self.graph, t)
+        return r
 
     def in_layout(self, kernel: Kernel, name: str, t: Tensor) -> str:
-        return self.strategy(kernel, name).input_layout(role(self.graph, t))
+        return self.strategy(kernel, name).input_layout(self.role(t))
 
     def kernel_time_s(self, kernel: Kernel, name: str) -> float | None:
         """Roofline time of ``kernel`` per chip under strategy ``name`` (its conversions are
@@ -150,11 +187,7 @@ class ShardingProblem:
         t = self.group.size
         chip = self.system.chip
         compute = compute_time_s(chip, kernel, self.precision) / (t if s.splits_work else 1)
-        in_bytes = sum(
-            e.bytes * local_fraction(self.in_layout(kernel, name, e), t)
-            for e in self.graph.tensors
-            if e.consumer == kernel.name
-        )
+        in_bytes = sum(e.bytes * local_fraction(self.in_layout(kernel, name, e), t) for e in self._inputs[kernel.name])
         out_bytes = kernel.output_bytes * local_fraction(s.output, t)
         weight_bytes = kernel.weight_bytes / (t if s.splits_weight else 1)
         memory = memory_time_s(chip, in_bytes + out_bytes + weight_bytes + kernel.extra_memory_bytes)
@@ -168,7 +201,7 @@ class ShardingProblem:
         """(held, wanted) layouts of a graph output. Activations and gradients leave in the
         boundary layout; a weight gradient stays split like its weight (S), and is all-reduced
         when its kernel split tokens (every member holds a partial sum)."""
-        kernel = self.graph.kernel(e.producer)
+        kernel = self._kernel[e.producer]
         s = self.strategy(kernel, name)
         if not is_weight_gradient(kernel, e):
             return s.output, boundary
@@ -179,18 +212,32 @@ class ShardingProblem:
 
     def evaluate(self, choice: dict[str, str], boundary: str) -> float | None:
         """Objective of a full assignment (group -> strategy); None if infeasible. The oracle."""
-        total = 0.0
-        for g, name in choice.items():
-            gt = self.group_time_s(g, name)
-            if gt is None:
-                return None
-            total += gt
+        total = self._kernels_total_s(choice)
+        if total is None:
+            return None
         for e in self.graph.tensors:
             cost = self.edge_cost_s(e, choice.get(self.group_of.get(e.producer)), choice.get(self.group_of.get(e.consumer)), boundary)
             if cost is None:
                 return None
             total += cost
         return total
+
+    def _kernels_total_s(self, choice: dict[str, str]) -> float | None:
+        """Sum of the groups' kernel times under ``choice`` (in its order), memoised with the
+        problem's memo: it does not depend on the placement."""
+        key = ("total", self.graph.content_key, self.group.size, self.tokens_split, self.whole_experts,
+               tuple(choice.items()))
+        memo = self.memo if self.memo is not None else {}
+        if key not in memo:
+            total = 0.0
+            for g, name in choice.items():
+                gt = self.group_time_s(g, name)
+                if gt is None:
+                    total = None
+                    break
+                total += gt
+            memo[key] = total
+        return memo[key]
 
     def edge_cost_s(self, e: Tensor, r: str | None, q: str | None, boundary: str) -> float | None:
         src, dst = self.edge_layouts(e, r, q, boundary)
@@ -200,8 +247,8 @@ class ShardingProblem:
         """Layout an edge's tensor is produced in and the layout its consumer needs."""
         if e.consumer is None:
             return self.output_layouts(e, r, boundary)
-        src = boundary if e.producer is None else self.strategy(self.graph.kernel(e.producer), r).output
-        return src, self.in_layout(self.graph.kernel(e.consumer), q, e)
+        src = boundary if e.producer is None else self.strategy(self._kernel[e.producer], r).output
+        return src, self.in_layout(self._kernel[e.consumer], q, e)
 
 
 def build_milp(problem: ShardingProblem):
@@ -299,20 +346,172 @@ def build_milp(problem: ShardingProblem):
     return model, decode
 
 
-def solve_sharding(problem: ShardingProblem, *, solver: str = "auto", time_limit_s: float | None = None) -> ShardingPlan:
-    """Optimal strategies for every kernel (group size 1: everything replicated, no solve)."""
+def structure_key(problem: ShardingProblem) -> tuple:
+    """Everything the strategy options and edge layouts of ``problem`` depend on -- kernel
+    kinds, phases, groups, weights, names, tensor endpoints and operands, the layout rules --
+    but not sizes nor the group's placement (those only change costs)."""
+    kernels = tuple((k.name, k.kind, k.phase, k.group, k.weight, k.weight_bytes > 0, bool(getattr(k, "expert", False)),
+                     "b" in k.dims) for k in problem.graph.kernels)
+    tensors = tuple((e.name, e.producer, e.consumer, e.operand) for e in problem.graph.tensors)
+    return (kernels, tensors, problem.tokens_split, problem.whole_experts, problem.megatron_layouts,
+            problem.group.size > 1)
+
+
+#: layout tables of recently seen structures (:func:`_layout_terms`), oldest first
+_LAYOUTS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_LAYOUTS_KEPT = 64
+
+
+def _layout_terms(problem: ShardingProblem):
+    """``(groups, domains, terms)`` of :func:`pairwise_model` with each term's cells as
+    ``(held, wanted)`` layout pairs: one ``(tensor index, i, j, cells)`` per edge, where ``i``
+    and ``j`` are variables (``len(groups)`` is the boundary layout), ``cells[a][b]`` the
+    layouts at values ``a`` of ``i`` and ``b`` of ``j`` (``cells[a]`` when ``i == j``).
+    Memoised by :func:`structure_key`: every block of one shape shares them."""
+    key = structure_key(problem)
+    hit = _LAYOUTS.get(key)
+    if hit is not None:
+        _LAYOUTS.move_to_end(key)
+        return hit
+    groups = list(problem.options)
+    where = {g: i for i, g in enumerate(groups)}
+    domains = [list(enumerate(problem.options[g])) for g in groups] + [list(enumerate(problem.boundaries))]
+    b = len(groups)
+    lay = problem.edge_layouts
+    terms = []
+    for ei, e in enumerate(problem.graph.tensors):
+        gu = problem.group_of.get(e.producer)
+        gv = problem.group_of.get(e.consumer)
+        if gu is not None and gv is not None:
+            iu, iv = where[gu], where[gv]
+            if iu == iv:  # both ends in one group: they share its strategy
+                terms.append((ei, iu, iu, [lay(e, r, r, "R") for _, r in domains[iu]]))
+            else:
+                terms.append((ei, iu, iv, [[lay(e, r, q, "R") for _, q in domains[iv]] for _, r in domains[iu]]))
+        elif gv is not None:  # a layer input, arriving in the boundary layout
+            iv = where[gv]
+            terms.append((ei, b, iv, [[lay(e, None, q, L) for _, q in domains[iv]] for L in problem.boundaries]))
+        elif gu is not None:  # a layer output, leaving in the boundary layout
+            iu = where[gu]
+            terms.append((ei, iu, b, [[lay(e, r, None, L) for L in problem.boundaries] for _, r in domains[iu]]))
+        else:
+            terms.append((ei, b, b, [lay(e, None, None, L) for L in problem.boundaries]))
+    out = _LAYOUTS[key] = (groups, domains, terms)
+    while len(_LAYOUTS) > _LAYOUTS_KEPT:
+        _LAYOUTS.popitem(last=False)
+    return out
+
+
+def _strategy_times(problem: ShardingProblem, groups, domains) -> tuple[np.ndarray, ...]:
+    """Unary terms: each group's kernel time per strategy (microseconds, with the MILP's
+    tie-break), the boundary's zeros last. They do not depend on the placement: memoised."""
+    key = ("times", problem.graph.content_key, problem.group.size, problem.tokens_split, problem.whole_experts,
+           problem.megatron_layouts)
+    memo = problem.memo if problem.memo is not None else {}
+    hit = memo.get(key)
+    if hit is None:
+        out = []
+        for g, dom in zip(groups, domains[:-1]):
+            times = (problem.group_time_s(g, name) for _, name in dom)
+            out.append(np.array([np.inf if gt is None else gt * US + 1e-6 * i  # the MILP's tie-break (build_milp)
+                                 for (i, _), gt in zip(dom, times)], dtype=float))
+        out.append(np.zeros(len(domains[-1])))
+        hit = memo[key] = tuple(out)
+    return hit
+
+
+def pairwise_model(problem: ShardingProblem):
+    """The sharding problem as unary + pairwise terms over one variable per strategy group and
+    one for the boundary layout (the last), with the MILP's objective to the last term.
+
+    Every edge's conversion cost depends on at most two decisions (its producer's and its
+    consumer's strategies, or one of them and the boundary layout), which is why the MILP's
+    flow variables ``y`` are integral; here they are simply the table of those costs, and
+    :func:`dfmodel.solvers.pairwise.minimise` finds the exact optimum without a MILP.
+    Returns ``(groups, domains, unary, pairs)``; ``domains[i]`` lists ``(index in options,
+    strategy name)`` of group ``i`` (the boundary's last). A strategy some kernel of its group
+    cannot run (no time) costs ``inf``, as the MILP leaves its column out.
+    """
+    groups, domains, terms = _layout_terms(problem)
+    unary = list(_strategy_times(problem, groups, domains))
+    pairs: dict[tuple[int, int], np.ndarray] = {}
+    tensors = problem.graph.tensors
+    conv = problem.conversion_s
+
+    def cost_s(held_wanted, full_bytes):
+        c = conv(held_wanted[0], held_wanted[1], full_bytes)
+        return np.inf if c is None else c * US
+
+    for ei, i, j, cells in terms:
+        nbytes = tensors[ei].bytes
+        if i == j:
+            unary[i] = unary[i] + np.array([cost_s(c, nbytes) for c in cells])
+            continue
+        table = np.array([[cost_s(c, nbytes) for c in row] for row in cells])
+        if i > j:
+            i, j, table = j, i, table.T
+        pairs[(i, j)] = pairs[(i, j)] + table if (i, j) in pairs else table
+    return groups, domains, unary, pairs
+
+
+def solve_exact(problem: ShardingProblem) -> tuple[dict[str, str], str] | None:
+    """Optimal (group -> strategy, boundary) by variable elimination over :func:`pairwise_model`;
+    None when nothing is feasible. Raises ``TooLarge`` when the elimination would need a big
+    table (then the MILP solves it)."""
+    from dfmodel.solvers.pairwise import minimise
+
+    groups, domains, unary, pairs = pairwise_model(problem)
+    if any(not d for d in domains):
+        return None
+    x, value = minimise([len(d) for d in domains], unary, pairs)
+    if not np.isfinite(value):
+        return None
+    choice = {g: domains[i][x[i]][1] for i, g in enumerate(groups)}
+    return choice, domains[-1][x[-1]][1]
+
+
+#: ``solve_sharding`` methods: exact elimination when small, else the MILP (``auto``); or either
+SHARDING_METHODS = ("auto", "exact", "milp")
+
+
+def solve_sharding(problem: ShardingProblem, *, solver: str = "auto", time_limit_s: float | None = None,
+                   method: str = "auto") -> ShardingPlan:
+    """Optimal strategies for every kernel (group size 1: everything replicated, no solve).
+
+    ``method``: ``auto`` solves exactly by variable elimination (:func:`solve_exact`, no MILP)
+    unless its tables would be large, then by the MILP on ``solver``; ``exact`` and ``milp``
+    force one (the MILP is the oracle of the tests).
+    """
+    if method not in SHARDING_METHODS:
+        raise ValueError(f"method must be one of {', '.join(SHARDING_METHODS)}, got {method!r}")
     if problem.group.size == 1:
         choice = {g: "rep" for g in problem.groups}
         return ShardingPlan(
             {k.name: "rep" for k in problem.graph.kernels}, "R", problem.evaluate(choice, "R") or 0.0
         )
+    from dfmodel.algorithms import TooLarge
+    from dfmodel.errors import InfeasibleError
+    from dfmodel.solvers import check_available
+
+    check_available(solver)  # a solver asked for by name must exist even when no MILP is needed
+    if method in ("auto", "exact"):
+        try:
+            found = solve_exact(problem)
+        except TooLarge:
+            if method == "exact":
+                raise
+        else:
+            if found is None:
+                raise InfeasibleError(f"sharding of {problem.graph.name} on TP {problem.group.size}: infeasible "
+                                      "(no strategy assignment has a valid layout on every edge)")
+            choice, boundary = found
+            per_kernel = {k.name: choice[problem.group_of[k.name]] for k in problem.graph.kernels}
+            return ShardingPlan(per_kernel, boundary, problem.evaluate(choice, boundary), "optimal", "exact", 0.0)
     from dfmodel.solvers import solve
 
     model, decode = build_milp(problem)
     res = solve(model, solver=solver, time_limit_s=time_limit_s)
     if res.x is None:
-        from dfmodel.errors import InfeasibleError
-
         raise InfeasibleError(f"sharding of {problem.graph.name} on TP {problem.group.size}: {res.status} {res.message}")
     choice, boundary = decode(res.x)
     per_kernel = {k.name: choice[problem.group_of[k.name]] for k in problem.graph.kernels}
@@ -375,13 +574,35 @@ def comm_phase(graph: DataflowGraph, e: Tensor, collective: str) -> Phase:
 
 
 def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph:
-    """Per-chip kernels and tensors, with a ``comm`` kernel on every edge that converts layouts."""
+    """Per-chip kernels and tensors, with a ``comm`` kernel on every edge that converts layouts.
+
+    The per-chip graph depends on the plan, not on where the group sits: it is built once per
+    (graph, plan, group size) when the problem has a memo, and only the collectives' times are
+    computed for each placement."""
+    t = problem.group.size
+    g = problem.graph
+    key = ("sharded", g.content_key, g.name, tuple(plan.strategy.items()), plan.boundary_layout, t,
+           problem.tokens_split, problem.whole_experts, problem.megatron_layouts)
+    memo = problem.memo if problem.memo is not None else {}
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _sharded_graph(problem, plan)
+    sharded, comms = hit
+    net: dict[str, float] = {}
+    comm_rows = []
+    for name, collective, message_bytes in comms:
+        net[name] = time_s = problem.comm_time_s(collective, message_bytes)
+        comm_rows.append((name, collective, message_bytes, time_s))
+    return ShardedGraph(sharded, net, plan, comm_rows)
+
+
+def _sharded_graph(problem: ShardingProblem, plan: ShardingPlan) -> tuple[DataflowGraph, list[tuple[str, str, float]]]:
+    """The per-chip graph of :func:`apply_sharding` and its ``(comm kernel, collective, bytes)``."""
     t = problem.group.size
     g = problem.graph
     kernels = [_scaled_kernel(k, problem.strategy(k, plan.strategy[k.name]), t) for k in g.kernels]
     tensors: list[Tensor] = []
-    net: dict[str, float] = {}
-    comm_rows = []
+    comms = []
     done: dict[tuple, str] = {}  # one collective per (tensor, conversion, phase): see comm_phase
     for i, e in enumerate(g.tensors):
         r = plan.strategy.get(e.producer) if e.producer else None
@@ -397,9 +618,7 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
             tensors.append(replace(e, producer=done[key], bytes=e.bytes * local_fraction(dst, t)))
             continue
         name = done[key] = f"comm{i}.{conv.collective}.{e.name}"
-        time_s = problem.comm_time_s(conv.collective, conv.message_bytes)
-        net[name] = time_s
-        comm_rows.append((name, conv.collective, conv.message_bytes, time_s))
+        comms.append((name, conv.collective, conv.message_bytes))
         kernels.append(
             Kernel(
                 name,
@@ -416,20 +635,21 @@ def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph
         )
         tensors.append(replace(e, consumer=name, bytes=e.bytes * local_fraction(src, t)))
         tensors.append(replace(e, producer=name, bytes=e.bytes * local_fraction(dst, t)))
-    sharded = DataflowGraph(kernels, tensors, name=f"{g.name}/tp{t}", meta={**g.meta, "tp": t})
-    return ShardedGraph(sharded, net, plan, comm_rows)
+    return DataflowGraph(kernels, tensors, name=f"{g.name}/tp{t}", meta={**g.meta, "tp": t}), comms
 
 
 def shard(graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, sequence_parallel: bool = True,
           solver: str = "auto", time_limit_s: float | None = None, megatron_layouts: bool = False,
-          whole_experts: bool = False) -> ShardedGraph:
+          whole_experts: bool = False, memo: dict | None = None) -> ShardedGraph:
     """Optimal sharding of ``graph`` over ``group`` and the per-chip graph it yields.
 
     ``sequence_parallel`` allows the token-split layout ``T`` (Megatron sequence parallelism and
     token-split matmuls); without it layouts are replicated, feature-split or partial.
     ``megatron_layouts`` restricts the choice to Megatron-LM's layouts (:func:`megatron_options`).
     ``whole_experts``: expert TP 1 (the grouped expert GEMMs split their experts, never TP-split).
+    ``memo``: a dict kept across calls on one system (the search's); what does not depend on the
+    group's placement is then computed once (the returned per-chip graphs may be shared: read only).
     """
     problem = ShardingProblem(graph, system, group, cost_table, tokens_split=sequence_parallel,
-                              megatron_layouts=megatron_layouts, whole_experts=whole_experts)
+                              megatron_layouts=megatron_layouts, whole_experts=whole_experts, memo=memo)
     return apply_sharding(problem, solve_sharding(problem, solver=solver, time_limit_s=time_limit_s))

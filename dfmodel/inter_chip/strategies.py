@@ -19,6 +19,7 @@ because the weight is sharded once. Converting between layouts on an edge costs 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dfmodel.graph.kernel import Kernel, KernelKind, Phase
 
@@ -43,8 +44,13 @@ class Strategy:
     split_dim: str | None = None  # which of Kernel.dims shrinks by the group size
 
     def input_layout(self, role: str) -> str:
-        table = dict(self.inputs)
-        return table.get(role, table.get("*", "R"))
+        return _input_layout(self.inputs, role)
+
+
+@lru_cache(maxsize=None)
+def _input_layout(inputs: tuple[tuple[str, str], ...], role: str) -> str:
+    table = dict(inputs)
+    return table.get(role, table.get("*", "R"))
 
 
 def _s(name, inputs, output, work=True, weight=False, dim=None) -> Strategy:
@@ -127,17 +133,26 @@ def strategies(kernel: Kernel, *, tokens_split: bool, whole_experts: bool = Fals
     >>> [s.name for s in strategies(k, tokens_split=True)]
     ['tok', 'rep']
     """
-    if kernel.kind == KernelKind.matmul:
-        table = WEIGHTED[kernel.phase] if kernel.weight_bytes > 0 else ACTIVATION_MATMUL
-        if whole_experts and getattr(kernel, "expert", False) and "b" in kernel.dims:
-            table = (EXPERT_SPLIT[kernel.phase], *table)
-    elif kernel.kind == KernelKind.elementwise:
+    expert_split = bool(whole_experts and getattr(kernel, "expert", False) and "b" in kernel.dims)
+    return _strategies(kernel.kind, kernel.phase, kernel.weight_bytes > 0, kernel.group, bool(tokens_split), expert_split)
+
+
+@lru_cache(maxsize=4096)
+def _strategies(kind: KernelKind, phase: Phase, weighted: bool, group: str, tokens_split: bool,
+                expert_split: bool) -> tuple[Strategy, ...]:
+    """:func:`strategies` keyed by the only kernel attributes they depend on (memoised: the
+    sharding pass asks for them hundreds of thousands of times per search)."""
+    if kind == KernelKind.matmul:
+        table = WEIGHTED[phase] if weighted else ACTIVATION_MATMUL
+        if expert_split:
+            table = (EXPERT_SPLIT[phase], *table)
+    elif kind == KernelKind.elementwise:
         table = ELEMENTWISE
-    elif kernel.kind == KernelKind.reduction:
-        feat_ok = any(g in kernel.group for g in FEATURE_SPLITTABLE_GROUPS)
+    elif kind == KernelKind.reduction:
+        feat_ok = any(g in group for g in FEATURE_SPLITTABLE_GROUPS)
         table = ELEMENTWISE if feat_ok else ROW_REDUCTION
-    elif kernel.kind == KernelKind.embedding:
-        table = VOCAB_PARALLEL if kernel.group == "vocab_embedding" else EMBEDDING
+    elif kind == KernelKind.embedding:
+        table = VOCAB_PARALLEL if group == "vocab_embedding" else EMBEDDING
     else:
         table = PASS_THROUGH
     return tuple(s for s in table if tokens_split or "T" not in (s.output, *dict(s.inputs).values()))

@@ -270,6 +270,7 @@ class CostModel:
         inter = sum(t.bytes for t in self.tensors if t.producer >= 0 and t.consumers)
         self.dram_check = inter + self.all_weight_bytes > self.dram_bytes
         self._singleton_s = None
+        self._terms_memo: dict[tuple, dict[str, np.ndarray]] = {}
 
     # -- per-kernel closed form -----------------------------------------------------------------
     def singleton_time_s(self) -> np.ndarray:
@@ -282,8 +283,21 @@ class CostModel:
 
     # -- vectorised partition terms ---------------------------------------------------------------
     def _terms(self, S: np.ndarray) -> dict[str, np.ndarray]:
-        """Raw per-set quantities (no feasibility): compute/memory/network, SRAM parts."""
+        """Raw per-set quantities (no feasibility): compute/memory/network, SRAM parts.
+
+        Small matrices (plans, the singletons) are memoised: costing one plan asks for the same
+        sets up to three times (its time, the per-kernel closed form, its report). The arrays
+        returned are shared, never modified in place; the dict is a fresh copy."""
         S = np.asfortranarray(S, dtype=bool)  # column access below is then contiguous
+        if S.shape[0] > 4 * self.n + 8:
+            return self._terms_of(S)
+        key = (S.shape, np.packbits(S, axis=None).tobytes())
+        hit = self._terms_memo.get(key)
+        if hit is None:
+            hit = self._terms_memo[key] = self._terms_of(S)
+        return dict(hit)
+
+    def _terms_of(self, S: np.ndarray) -> dict[str, np.ndarray]:
         m = S.shape[0]
         Sf = S.astype(float)
 

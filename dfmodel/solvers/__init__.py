@@ -22,7 +22,7 @@ from dfmodel.solvers import highs as _highs
 from dfmodel.solvers.deadline import clamp
 from dfmodel.solvers.model import STATUSES, MILPModel, SolveResult, eliminate_fixed, relative_gap
 
-__all__ = ["MILPModel", "SolveResult", "STATUSES", "solve", "choose_backend", "gurobi_licence", "relative_gap"]
+__all__ = ["MILPModel", "SolveResult", "STATUSES", "solve", "choose_backend", "check_available", "gurobi_licence", "relative_gap"]
 
 #: Default relative MIP gap: "proven optimal" means within this fraction of the bound.
 DEFAULT_MIP_GAP = 1e-6
@@ -31,6 +31,19 @@ DEFAULT_MIP_GAP = 1e-6
 def gurobi_licence() -> tuple[str, str]:
     """``("full"|"limited"|"none", reason)``, probed once per process."""
     return _gurobi.licence()
+
+
+def check_available(solver: str) -> None:
+    """Raise the SolverError :func:`choose_backend` would for ``solver`` regardless of the model
+    (unknown name, Gurobi asked but not installed or unlicensed). For passes that may answer
+    without a MILP (exact sharding): asking for Gurobi still needs Gurobi."""
+    if solver in ("auto", "highs"):
+        return
+    if solver != "gurobi":
+        raise SolverError(f"unknown solver {solver!r}: use auto, highs or gurobi")
+    kind, reason = gurobi_licence()
+    if kind == "none":
+        raise SolverError(f"solver 'gurobi' unavailable: {reason}")
 
 
 def choose_backend(model: MILPModel, solver: str = "auto") -> str:
