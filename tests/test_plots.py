@@ -92,16 +92,14 @@ def long_pipeline(pp=8, m=96, v=6):
             "num_micro_batches": m, "interleave": v}
 
 
-def test_long_steady_state_is_elided_and_fast():
-    """96 micro-batches x v6 x 8 stages (9,216 operations): warm-up, cycles, cool-down in < 2 s."""
-    import time
-
+def test_long_steady_state_is_elided():
+    """96 micro-batches x v6 x 8 stages (9,216 operations): warm-up, cycles and cool-down are
+    drawn, the steady state between them is cut (what keeps the drawing fast is the number of
+    boxes, asserted here; wall time is the benchmarks' job, not a unit test's)."""
     pipe = long_pipeline()
     events = simulate_1f1b(pipe["stage_forward_s"], pipe["stage_backward_s"], 96, 6)
-    t0 = time.perf_counter()
     fig = plots.plot_pipeline(fake_result(pipeline=pipe))
     fig.canvas.draw()
-    elapsed = time.perf_counter() - t0
     boxes = plots.timeline_boxes(fig.axes[0])
     assert len(boxes) < len(events) / 3  # most of the steady state is left out...
     assert any("elided" in t.get_text() for t in fig.axes[0].texts)  # ...and the figure says so
@@ -110,7 +108,6 @@ def test_long_steady_state_is_elided_and_fast():
     assert len(boxes) >= len(kept)  # every operation outside the cut is drawn (cut ones clipped)
     # the drawn span is the true span less the cut, plus the band marking it
     assert max(x1 for _, x1, _ in boxes) < makespan_s(events) - (t2 - t1) * 0.9
-    assert elapsed < 2.0 * 3, elapsed  # 2 s on an idle core; slack for a shared CI machine
     plt.close(fig)
 
 
