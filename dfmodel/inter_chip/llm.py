@@ -13,6 +13,7 @@ the knobs they depend on, so the search pays for each distinct layer solve once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
@@ -872,6 +873,16 @@ class LLMModel:
         return plan.layer_transfer_s(act_bytes=act, weight_bytes=weights)
 
     @cached_property
+    def _param_gather_bytes(self) -> float:
+        """Bytes per parameter the distributed optimizer all-gathers after its step: the 16-bit
+        parameters, or 1 byte with FP8 weights (Megatron ``--fp8-param-gather`` / NeMo
+        ``fp8_params``: the updated master weights are cast to FP8 before the all-gather)."""
+        t = self.training
+        if t.precision.value == "fp8" and t.fp8.fp8_weights:
+            return 1.0
+        return t.activation_bytes
+
+    @cached_property
     def _kv_head_dim(self) -> float:
         """Mean of the key and value head dims (K + V bytes = 2 x this per head): h / a, or
         MLA's ``(qk_nope + qk_rope + v_head) / 2`` (it exchanges every head's full K and V)."""
@@ -978,15 +989,19 @@ class LLMModel:
             return 0.0
         parts = self._grad_groups(m, params, expert_params_per_chip, group)
         reduce_s = gather_s = 0.0
+        bucket = pipe.megatron_bucket_elements(m.dp_cp)
         for n, g in parts:
             if n <= 0:
                 continue
-            grad_bytes = n * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
+            # one collective per bucket (Megatron-LM DDP / distributed optimizer buckets), each
+            # paying its own latency steps (a ring over the dp x cp ranks: n - 1 of them)
+            k = max(1, math.ceil(n / bucket))
+            grad_bytes = n * self.training.grad_bytes / k  # fp32 for bf16/fp8 (Megatron)
             if m.zero_stage == 0:
-                reduce_s += self.costs.time_s("all_reduce", grad_bytes, g)
+                reduce_s += k * self.costs.time_s("all_reduce", grad_bytes, g)
             else:  # gradients reduce-scattered, 16-bit parameters all-gathered
-                reduce_s += self.costs.time_s("reduce_scatter", grad_bytes, g)
-                gather_s += self.costs.time_s("all_gather", n * self.training.activation_bytes, g)
+                reduce_s += k * self.costs.time_s("reduce_scatter", grad_bytes, g)
+                gather_s += k * self.costs.time_s("all_gather", n * self._param_gather_bytes / k, g)
         hidden = (reduce_s if m.overlap_grad_reduce else 0.0) + (gather_s if m.overlap_param_gather else 0.0)
         exposed = (reduce_s if not m.overlap_grad_reduce else 0.0) + (gather_s if not m.overlap_param_gather else 0.0)
         if hidden:
