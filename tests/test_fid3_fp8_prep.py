@@ -88,3 +88,21 @@ def test_more_bandwidth_never_slower_and_adds_to_the_step():
         base_f, base_b = _layer_times_s(layer, m)
         t_f, t_b = model._layer_phases_s(m, layer, {})
         assert t_f - base_f == pytest.approx(f_slow) and t_b - base_b == pytest.approx(b_slow + redo)
+
+
+def test_fp8_layernorm_outputs_are_gathered_in_fp8_by_default():
+    """TE's LayerNormLinear writes the layer norm's output in FP8 and all-gathers that (TE v1.11);
+    a framework that gathers 16 bit and casts after sets ``fp8_allgather: false``."""
+    from dfmodel.graph.build import build_graphs
+
+    def ln1_bytes(**fp8):
+        w = copy.deepcopy(SMALL_LLM)
+        w["training"]["precision"] = "fp8"
+        if fp8:
+            w["training"]["fp8"] = fp8
+        g = build_graphs(load_workload(w), batch=1).layer
+        return next(t for t in g.tensors if t.name == "ln1_out").bytes
+
+    tok = 512 * 1024
+    assert ln1_bytes() == tok * 1
+    assert ln1_bytes(fp8_allgather=False) == tok * 2
