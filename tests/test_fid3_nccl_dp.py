@@ -82,3 +82,21 @@ def test_dp_sync_is_one_collective_per_bucket():
     whole = (model.costs.time_s("reduce_scatter", params * t.grad_bytes, group)
              + model.costs.time_s("all_gather", params * t.activation_bytes, group))
     assert got >= whole
+
+
+def test_case_overlap_grad_reduce_is_passed_and_never_faster_off():
+    """A case's ``overlap_grad_reduce: false`` (Megatron-LM before Megatron-Core) reaches the
+    optimizer, and reducing after the backward is never faster than under it."""
+    from pathlib import Path
+
+    from dfmodel.validate import evaluate_case, knobs_of, load_cases
+
+    root = Path(__file__).resolve().parents[1]
+    case = next(c for c in load_cases(root / "calibration" / "megatron_a100.yaml") if c.id == "meg21-gpt-1.7B")
+    assert knobs_of(case)["overlap_grad_reduce"] is False and knobs_of(case)["distributed_optimizer"] is False
+    on = case.model_copy(deep=True)
+    on.parallelism.overlap_grad_reduce = True
+    assert "overlap_grad_reduce" in knobs_of(on)
+    off_row, on_row = evaluate_case(case, workload_overrides={"attention": "unfused"}), evaluate_case(
+        on, workload_overrides={"attention": "unfused"})
+    assert off_row.predicted_s > on_row.predicted_s
