@@ -44,7 +44,8 @@ GRIDS = {
     "dgx_a100": {"matmul.bf16": [0.6, 0.65, 0.7], "memory": [0.7, 0.85]},
     # attention stays at the preset's FlashAttention figure (FA-3 paper); with tp_comm_overlap wired
     # the runs' TP communication is hidden, so the GEMM factors are searched lower than before
-    "dgx_h100": {"matmul.bf16": [0.6, 0.625, 0.65], "matmul.fp8": [0.5, 0.525, 0.55, 0.575],
+    # fp8 searched higher since TE's cast/transpose kernels are their own (memory-bound) term
+    "dgx_h100": {"matmul.bf16": [0.6, 0.625, 0.65], "matmul.fp8": [0.5, 0.525, 0.55, 0.575, 0.6, 0.625],
                  # fused attention is a global factor of its own (issue 11): FA-2 ~35 %, FA-3 / cuDNN
                  # ~50-65 % of the bf16 peak forward, less backward (Shah et al. 2024, sec. 4)
                  "attention": [0.3, 0.35, 0.4],

@@ -81,6 +81,11 @@ class CaseParallelism(Strict):
     distributed_optimizer: bool | None = None
     #: Megatron's tp_comm_overlap (TE userbuffers) as the run set it; None: the optimizer picks
     tp_comm_overlap: bool | None = None
+    #: whether the DP gradient reduction ran under the backward (Megatron-Core DDP
+    #: ``--overlap-grad-reduce``, NeMo ``overlap_grad_sync``); false for Megatron-LM before
+    #: Megatron-Core (2021-2022), which reduced the gradients after the last backward
+    #: (``optimizer.reduce_model_grads`` in megatron/training.py ``train_step``); None: the default (on)
+    overlap_grad_reduce: bool | None = None
     #: expert parallelism (MoE), carved out of the dp x cp ranks
     ep: int = Field(default=1, gt=0)
     #: Megatron-Core expert_tensor_parallel_size as the run set it (None: = tp, Megatron's
@@ -291,6 +296,8 @@ def knobs_of(case: Case) -> dict[str, Any]:
         knobs["cp"] = p.cp
     if p.tp_comm_overlap is not None:
         knobs["tp_comm_overlap"] = p.tp_comm_overlap
+    if p.overlap_grad_reduce is not None:
+        knobs["overlap_grad_reduce"] = p.overlap_grad_reduce
     if p.ep != 1:  # MoE knobs; unknown ones (None) are picked and shown as picked
         knobs["ep"] = p.ep
         knobs["overlap_moe_expert_parallel_comm"] = p.overlap_moe_expert_parallel_comm

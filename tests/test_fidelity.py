@@ -155,10 +155,14 @@ def test_fp8_gemm_at_its_own_efficiency_and_step_between_bf16_and_half():
         1979 * 0.5 / (989 * 0.75))
     sysm = gpu(matmul={"bf16": 0.75, "fp8": 0.6}, attention=0.6)
     t = {}
-    for prec in ("bf16", "fp8"):
-        w = llm(h=2048, a=16, s=2048, layers=4, vocab=8192, batch=16, precision=prec)
-        t[prec] = solve_llm(w, sysm, Knobs(tp=8, pp=1, dp=2, micro_batch=1)).iteration_time_s
-    assert 0.5 < t["fp8"] / t["bf16"] < 1.0  # only part of the work speeds up
+    for h, a in ((8192, 64), (2048, 16)):
+        for prec in ("bf16", "fp8"):
+            w = llm(h=h, a=a, s=2048, layers=4, vocab=8192, batch=16, precision=prec)
+            t[h, prec] = solve_llm(w, sysm, Knobs(tp=8, pp=1, dp=2, micro_batch=1)).iteration_time_s
+    assert 0.5 < t[8192, "fp8"] / t[8192, "bf16"] < 1.0  # only part of the work speeds up
+    # at h 2048 over TP 8 the per-rank GEMMs are so small that TE's FP8 cast / transpose kernels
+    # (their own memory-bound kernels) cost more than FP8 saves: FP8 gains less, or loses
+    assert t[2048, "fp8"] / t[2048, "bf16"] > t[8192, "fp8"] / t[8192, "bf16"]
 
 
 def test_matmul_efficiency_per_precision_and_scalar():
@@ -269,8 +273,13 @@ def test_nvls_wins_large_messages_only_and_protocols_never_slow_down():
     plain.network[0].nccl_protocols = False
     with_all, without = CostTable(base), CostTable(plain)
     group = (("nvlink", 8),)
+    from dfmodel.netmodels.topologies import NCCL_MISSING, dim_candidates
     for size in (1e3, 1e5, 1e7, 1e9, 1e10):
-        assert with_all.time_s("all_reduce", size, group) <= without.time_s("all_reduce", size, group) * (1 + 1e-12)
+        # against the same (NCCL) algorithms with Simple only: LL / LL128 and NVLS never slow down
+        # (the plain dimension also has halving-doubling, which NCCL does not implement)
+        simple = min(t for name, t in dim_candidates(plain.network[0], "all_reduce", 8, size)
+                     if not name.startswith(NCCL_MISSING))
+        assert with_all.time_s("all_reduce", size, group) <= simple * (1 + 1e-12)
     big = 1e10
     assert with_all.time_s("all_reduce", big, group) < 0.8 * without.time_s("all_reduce", big, group)
     from dfmodel.netmodels.nccl import NVLS_LATENCY_S, nvls_all_reduce_s

@@ -131,8 +131,13 @@ class FP8Recipe(Strict):
     first cast (with an amax reduction) by a kernel that reads 16 bit and writes 8 bit.
 
     - ``attention``: attention in FP8 too (TE ``fp8_dpa``; default off);
-    - ``fp8_allgather``: TP/SP all-gathers move the FP8-cast activations (1 byte) instead of
-      16-bit ones (TE userbuffers with FP8 communication; default off);
+    - ``fp8_allgather``: the sequence-parallel all-gathers of the layer-norm outputs (QKV and
+      FC1 inputs) move FP8 (1 byte) instead of 16 bit. Default on, as TE runs them: its
+      ``LayerNormLinear`` / ``LayerNormMLP`` write the layer norm's output in FP8 and gather that,
+      with and without userbuffers (TE v1.11 layernorm_linear.py ``ln_out_dtype = uint8 if fp8
+      and not return_layernorm_output``; Megatron-Core's ``TELayerNormColumnParallelLinear``
+      keeps ``return_layernorm_output=False``; ``initialize_ub``: "AllGather buffers use fp8 when
+      using fp8 recipe"); off for a framework that casts after a 16-bit gather;
     - ``fp8_weights``: the model keeps its parameters only in FP8 (TE ``fp8_model_init`` /
       Megatron ``--fp8-param-gather``): 1 byte/param instead of a 16-bit weight plus a cached
       FP8 copy and its transpose (2 + 2 bytes/param); default off;
@@ -140,7 +145,7 @@ class FP8Recipe(Strict):
     """
 
     attention: bool = False
-    fp8_allgather: bool = False
+    fp8_allgather: bool = True
     fp8_weights: bool = False
     amax_history_len: PositiveInt = 1024
 

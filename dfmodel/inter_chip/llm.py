@@ -13,6 +13,7 @@ the knobs they depend on, so the search pays for each distinct layer solve once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache, partial
 
@@ -34,7 +35,8 @@ from dfmodel.inter_chip.onchip_stash import layer_times as stash_layer_times
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
 from dfmodel.netmodels import CostTable, merge_groups, nccl
-from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, memory_time_s
+from dfmodel.graph.builders.llm import FP8_CAST_EXTRA_BYTES
+from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, fp8_operand_prep_s, memory_time_s
 from dfmodel.system.schema import Precision, System
 
 #: Adam step DRAM traffic per parameter: read fp32 master, m, v and the gradient, write master,
@@ -228,6 +230,45 @@ def _layer_times_s(layer: BlockTimes, m: Mapping, sms: int = nccl.H100_SMS) -> t
         redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
         return fwd_ub, bwd_ub + redo
     return layer.fwd.time_s, layer.backward_s(m.recompute)
+
+
+#: FP8 GEMMs whose input operand its producer already writes in FP8 (Transformer Engine's
+#: LayerNormLinear / LayerNormMLP: the layer norm before QKV and FC1 and the MLP activation before
+#: FC2 emit FP8), so TE only transposes it; every other FP8 operand is cast as well.
+FP8_FUSED_CAST = ("fwd.qkv", "fwd.fc1", "fwd.fc2")
+
+
+def _fp8_prep_s(layer: BlockTimes, chip) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch of Transformer Engine's FP8 operand cast and
+    transpose kernels in one layer (:func:`dfmodel.system.processor.fp8_operand_prep_s`), 0 for a
+    layer without FP8 GEMMs or on a chip that does not run kernel by kernel.
+
+    Every forward and data-gradient FP8 GEMM's A operand (the activation, or the incoming
+    gradient: ``m x k`` as the rank's GEMM reads it) is transposed for the weight-gradient GEMM
+    and, unless its producer writes FP8 (:data:`FP8_FUSED_CAST`; MoE experts' FC1 reads the
+    16-bit permuted tokens), cast on the rank's shard (the elements the builder charges its cast
+    bytes for, ``extra_memory_bytes / FP8_CAST_EXTRA_BYTES``). These kernels ran inside the GEMM's
+    roofline before (hidden under its arithmetic); TE runs them on their own, before the GEMM.
+    """
+    cached = layer.__dict__.get("_fp8_prep_s")
+    if cached is not None:
+        return cached
+    fwd = bwd = 0.0
+    if chip.execution == "kernel_by_kernel":
+        for k in layer.sharded.graph.kernels:
+            if k.precision != "fp8" or not k.kind.is_matrix or k.phase == Phase.weight_grad:
+                continue
+            d = k.dims
+            gathered = d.get("b", 1) * d.get("m", 0) * d.get("k", 0)
+            shard = k.extra_memory_bytes / FP8_CAST_EXTRA_BYTES
+            fused = k.name.split("/")[-1] in FP8_FUSED_CAST and not (k.expert and k.name.endswith("fc1"))
+            t = fp8_operand_prep_s(chip, gathered, shard, cast=not fused)
+            if k.phase == Phase.forward:
+                fwd += t
+            else:
+                bwd += t
+    layer.__dict__["_fp8_prep_s"] = (fwd, bwd)
+    return fwd, bwd
 
 
 @lru_cache(maxsize=65536)
@@ -784,7 +825,10 @@ class LLMModel:
         """(forward, backward) time of one layer and micro-batch with its exposed communication
         ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles)
-        return t_f + sum(f for f, _ in extra.values()), t_b + sum(b for _, b in extra.values())
+        c_f, c_b = _fp8_prep_s(layer, self.system.chip)  # TE's FP8 cast/transpose kernels (serial)
+        redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts
+        return (t_f + c_f + sum(f for f, _ in extra.values()),
+                t_b + c_b + redo_f + sum(b for _, b in extra.values()))
 
     def _layer_parts(self, m: Mapping, layer: BlockTimes) -> dict[str, float]:
         """One layer's time by component, as :meth:`_layer_phases_s` times it (with
@@ -793,8 +837,12 @@ class LLMModel:
             sms = self.system.chip.compute_tiles
             f, b = _userbuffers_parts(layer.fwd, m.tp, sms), _userbuffers_parts(layer.bwd, m.tp, sms)
             redo = {"none": None, "selective": layer.attention_core.parts_s, "full": f}[m.recompute]
-            return {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
-        return layer.parts(m.recompute)
+            parts = {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
+        else:
+            parts = layer.parts(m.recompute)
+        c_f, c_b = _fp8_prep_s(layer, self.system.chip)  # memory-bound kernels of their own
+        parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
+        return parts
 
     def _with_offload(self, m: Mapping, layer: BlockTimes, extra: dict[str, tuple[float, float]],
                       t_f: float, t_b: float) -> tuple[float, float]:
@@ -838,6 +886,16 @@ class LLMModel:
             cp=m.cp, micro_batch=m.micro_batch, sequence_parallel=m.sequence_parallel, recompute=m.recompute)
         weights = layer_params * self.training.activation_bytes / (m.dp_cp if m.zero_stage == 3 else 1)
         return plan.layer_transfer_s(act_bytes=act, weight_bytes=weights)
+
+    @cached_property
+    def _param_gather_bytes(self) -> float:
+        """Bytes per parameter the distributed optimizer all-gathers after its step: the 16-bit
+        parameters, or 1 byte with FP8 weights (Megatron ``--fp8-param-gather`` / NeMo
+        ``fp8_params``: the updated master weights are cast to FP8 before the all-gather)."""
+        t = self.training
+        if t.precision.value == "fp8" and t.fp8.fp8_weights:
+            return 1.0
+        return t.activation_bytes
 
     @cached_property
     def _kv_head_dim(self) -> float:
@@ -951,15 +1009,19 @@ class LLMModel:
             return 0.0
         parts = self._grad_groups(m, params, expert_params_per_chip, group)
         reduce_s = gather_s = 0.0
+        bucket = pipe.megatron_bucket_elements(m.dp_cp)
         for n, g in parts:
             if n <= 0:
                 continue
-            grad_bytes = n * self.training.grad_bytes  # fp32 for bf16/fp8 (Megatron)
+            # one collective per bucket (Megatron-LM DDP / distributed optimizer buckets), each
+            # paying its own latency steps (a ring over the dp x cp ranks: n - 1 of them)
+            k = max(1, math.ceil(n / bucket))
+            grad_bytes = n * self.training.grad_bytes / k  # fp32 for bf16/fp8 (Megatron)
             if m.zero_stage == 0:
-                reduce_s += self.costs.time_s("all_reduce", grad_bytes, g)
+                reduce_s += k * self.costs.time_s("all_reduce", grad_bytes, g)
             else:  # gradients reduce-scattered, 16-bit parameters all-gathered
-                reduce_s += self.costs.time_s("reduce_scatter", grad_bytes, g)
-                gather_s += self.costs.time_s("all_gather", n * self.training.activation_bytes, g)
+                reduce_s += k * self.costs.time_s("reduce_scatter", grad_bytes, g)
+                gather_s += k * self.costs.time_s("all_gather", n * self._param_gather_bytes / k, g)
         hidden = (reduce_s if m.overlap_grad_reduce else 0.0) + (gather_s if m.overlap_param_gather else 0.0)
         exposed = (reduce_s if not m.overlap_grad_reduce else 0.0) + (gather_s if not m.overlap_param_gather else 0.0)
         if hidden:

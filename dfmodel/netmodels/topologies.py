@@ -124,6 +124,10 @@ def candidates(
     return out
 
 
+#: Switch algorithms of :func:`candidates` that NCCL does not implement (see :func:`dim_candidates`).
+NCCL_MISSING = ("recursive halving", "recursive doubling", "halving-doubling")
+
+
 def dim_candidates(dim, collective: str, members: int, message_bytes: float) -> list[tuple[str, float]]:
     """:func:`candidates` on one network dimension, plus what its spec enables: NCCL's protocols
     as choices (``nccl_protocols``: every algorithm also with LL and LL128, see
@@ -134,7 +138,15 @@ def dim_candidates(dim, collective: str, members: int, message_bytes: float) -> 
     B, a = dim.effective_bandwidth_Bps, dim.latency_s
 
     def base(bw: float, lat: float) -> list[tuple[str, float]]:
-        return candidates(dim.topology, collective, members, message_bytes, bw, lat, dim.bidirectional)
+        out = candidates(dim.topology, collective, members, message_bytes, bw, lat, dim.bidirectional)
+        if dim.nccl_protocols and dim.topology == "switch":
+            # NCCL (2.18-2.21, NeMo 24.x / Megatron-Core containers) has no recursive halving /
+            # doubling or halving-doubling: all-reduce runs ring or tree, reduce-scatter and
+            # all-gather ring only (NCCL src/include/device.h NCCL_ALGO_RING / TREE, tuning.cc
+            # ncclTopoTuneModel: RS/AG are enabled for RING (and NVLS / CollNet / PAT, not modelled
+            # here) only), so at n ranks they pay n - 1 latency steps, not log2 n
+            out = [(name, t) for name, t in out if name not in NCCL_MISSING]
+        return out
 
     if dim.nccl_protocols and members > 1 and collective != "p2p":
         out = [(f"{name} {pr.name}", t) for pr in nccl.PROTOCOLS

@@ -115,3 +115,36 @@ def fused_compute_time_s(times_s: Sequence[float], tiles: int) -> float | None:
     if alloc is None:
         return None
     return max(t * tiles / a for t, a in zip(work, alloc))
+
+
+#: DRAM bytes per element of Transformer Engine's FP8 operand preparation for one FP8 GEMM
+#: operand, run as kernels of their own before the GEMM (so nothing hides them under its math):
+#:
+#: - ``FP8_TRANSPOSE_BYTES`` (read 1 + write 1): Hopper's FP8 tensor-core GEMMs take only the
+#:   "TN" layout (cuBLASLt FP8 requirement; TE keeps a transposed FP8 copy of every GEMM input for
+#:   the weight-gradient GEMM: ``fp8_transpose`` / ``fp8_cast_transpose_fused`` in
+#:   transformer_engine/pytorch/module/{linear,layernorm_linear,layernorm_mlp}.py, TE v1.11), over
+#:   the operand as the GEMM reads it (the gathered tensor under sequence parallelism);
+#: - ``FP8_CAST_BYTES`` (read 2 + write 1): the 16-bit -> FP8 cast with its amax, on the rank's
+#:   un-gathered shard (TE casts before the FP8 userbuffers all-gather). Layer norm and the MLP
+#:   activation write their output in FP8 themselves (TE ``layernorm_fwd_fp8``, fused FP8 GELU /
+#:   SwiGLU), so the operands they produce are only transposed.
+FP8_TRANSPOSE_BYTES = 2.0
+FP8_CAST_BYTES = 3.0
+
+
+def fp8_operand_prep_s(chip: Chip, gathered_elements: float, shard_elements: float, *, cast: bool) -> float:
+    """Time of Transformer Engine's cast / transpose kernels for one FP8 GEMM operand of
+    ``gathered_elements`` (as the GEMM reads it) whose rank holds ``shard_elements`` before any
+    all-gather: ``FP8_TRANSPOSE_BYTES x gathered (+ FP8_CAST_BYTES x shard when the producer does
+    not write FP8 itself)`` at the achieved DRAM bandwidth, plus one kernel launch. Memory-bound
+    kernels run alone (kernel-by-kernel), so this adds to the step; bf16 GEMMs need none of it.
+
+    >>> from dfmodel.system.schema import Chip
+    >>> chip = Chip.model_validate({"name": "c", "peak_flops": "1 TFLOPS", "sram_bytes": "1 MB", "memory": {"kind": "HBM",
+    ...     "capacity_bytes": "1 GB", "bandwidth_Bps": "1 TB/s"}, "efficiency": {"memory": 1.0, "kernel_overhead_s": 0}})
+    >>> fp8_operand_prep_s(chip, 1e9, 0.25e9, cast=False), fp8_operand_prep_s(chip, 1e9, 0.25e9, cast=True)
+    (0.002, 0.00275)
+    """
+    num_bytes = FP8_TRANSPOSE_BYTES * gathered_elements + (FP8_CAST_BYTES * shard_elements if cast else 0.0)
+    return memory_time_s(chip, num_bytes) + chip.efficiency.kernel_overhead_s

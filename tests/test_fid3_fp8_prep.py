@@ -1,0 +1,108 @@
+"""Issue 11 round 4: Transformer Engine's FP8 operand cast / transpose kernels run on their own
+before each FP8 GEMM (memory-bound, nothing hides them), so they add to the layer's time; a
+bf16 layer has none. Closed form on one GEMM and monotonicity in DRAM bandwidth."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from dfmodel.graph.workload import load_workload
+from dfmodel.inter_chip.llm import LLMModel, _fp8_prep_s
+from dfmodel.system.loader import load_system
+from dfmodel.system.processor import FP8_CAST_BYTES, FP8_TRANSPOSE_BYTES, fp8_operand_prep_s
+
+from test_inter_chip import SMALL_LLM, small_system
+
+
+def _system(bw="2 TB/s", execution=None):
+    s = small_system(4, 1)
+    s["chip"]["peak_flops"] = {"bf16": "312 TFLOPS", "fp8": "624 TFLOPS"}
+    s["chip"]["memory"]["bandwidth_Bps"] = bw
+    if execution:
+        s["chip"]["execution"] = execution
+    return load_system(s)
+
+
+def _layer(precision, system, tp=2):
+    w = copy.deepcopy(SMALL_LLM)
+    w["training"]["precision"] = precision
+    model = LLMModel(load_workload(w), system)
+    return model.block("layer", 1, tp, (("nvlink", tp),), True)
+
+
+def test_closed_form_one_operand():
+    chip = _system().chip
+    rate = chip.memory.bandwidth_Bps * chip.efficiency.memory
+    t = fp8_operand_prep_s(chip, 4e6, 1e6, cast=True)
+    assert t == pytest.approx((FP8_TRANSPOSE_BYTES * 4e6 + FP8_CAST_BYTES * 1e6) / rate + chip.efficiency.kernel_overhead_s)
+    assert fp8_operand_prep_s(chip, 4e6, 1e6, cast=False) < t  # a producer that writes FP8 saves the cast
+
+
+def test_layer_sum_matches_its_fp8_gemms():
+    """Forward: qkv, fc1 (after layer norm) and fc2 (after the activation) are only transposed;
+    out_proj is cast and transposed. Backward: every data-gradient GEMM's incoming gradient is
+    cast and transposed; weight-gradient GEMMs need nothing more."""
+    system = _system()
+    layer = _layer("fp8", system)
+    chip = system.chip
+    fwd = bwd = 0.0
+    for k in layer.sharded.graph.kernels:
+        if k.precision != "fp8" or k.phase.value == "weight_grad":
+            continue
+        gathered = k.dims["m"] * k.dims["k"]
+        shard = k.extra_memory_bytes / 2
+        cast = k.name not in ("fwd.qkv", "fwd.fc1", "fwd.fc2")
+        t = fp8_operand_prep_s(chip, gathered, shard, cast=cast)
+        if k.phase.value == "forward":
+            fwd += t
+        else:
+            bwd += t
+    assert _fp8_prep_s(layer, chip) == pytest.approx((fwd, bwd))
+    assert fwd > 0 and bwd > fwd  # four forward operands, four gradients (two of them cast from wider tensors)
+
+
+def test_bf16_and_dataflow_have_none():
+    assert _fp8_prep_s(_layer("bf16", _system()), _system().chip) == (0.0, 0.0)
+    df = _system(execution="dataflow")
+    assert _fp8_prep_s(_layer("fp8", df), df.chip) == (0.0, 0.0)
+
+
+def test_more_bandwidth_never_slower_and_adds_to_the_step():
+    slow, fast = _system("1 TB/s"), _system("4 TB/s")
+    f_slow, b_slow = _fp8_prep_s(_layer("fp8", slow), slow.chip)
+    f_fast, b_fast = _fp8_prep_s(_layer("fp8", fast), fast.chip)
+    assert f_fast < f_slow and b_fast < b_slow
+    # the layer's phase times carry the prep kernels on top of the partitioned kernels
+    from dfmodel.inter_chip.config import Mapping
+    from dfmodel.inter_chip.llm import _layer_times_s
+
+    w = copy.deepcopy(SMALL_LLM)
+    w["training"]["precision"] = "fp8"
+    model = LLMModel(load_workload(w), slow)
+    layer = model.block("layer", 1, 2, (("nvlink", 2),), True)
+    for recompute, redo in (("none", 0.0), ("full", f_slow)):
+        m = Mapping(tp=2, pp=1, dp=2, micro_batch=1, num_micro_batches=8, recompute=recompute,
+                    sequence_parallel=True, tp_comm_overlap=False)
+        base_f, base_b = _layer_times_s(layer, m)
+        t_f, t_b = model._layer_phases_s(m, layer, {})
+        assert t_f - base_f == pytest.approx(f_slow) and t_b - base_b == pytest.approx(b_slow + redo)
+
+
+def test_fp8_layernorm_outputs_are_gathered_in_fp8_by_default():
+    """TE's LayerNormLinear writes the layer norm's output in FP8 and all-gathers that (TE v1.11);
+    a framework that gathers 16 bit and casts after sets ``fp8_allgather: false``."""
+    from dfmodel.graph.build import build_graphs
+
+    def ln1_bytes(**fp8):
+        w = copy.deepcopy(SMALL_LLM)
+        w["training"]["precision"] = "fp8"
+        if fp8:
+            w["training"]["fp8"] = fp8
+        g = build_graphs(load_workload(w), batch=1).layer
+        return next(t for t in g.tensors if t.name == "ln1_out").bytes
+
+    tok = 512 * 1024
+    assert ln1_bytes() == tok * 1
+    assert ln1_bytes(fp8_allgather=False) == tok * 2

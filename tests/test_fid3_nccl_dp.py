@@ -1,0 +1,102 @@
+"""Issue 11 round 4: NCCL's algorithm set on a switch (no recursive halving / doubling or
+halving-doubling: reduce-scatter and all-gather run as rings, n - 1 latency steps), the DP
+gradient sync as one collective per bucket, and FP8 parameters all-gathered in 1 byte."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from dfmodel.graph.workload import load_workload
+from dfmodel.inter_chip.llm import LLMModel
+from dfmodel.netmodels import formulas as f
+from dfmodel.netmodels.topologies import NCCL_MISSING, dim_candidates
+from dfmodel.system.loader import load_system
+
+from test_inter_chip import SMALL_LLM, small_system
+
+
+def _ib(nccl: bool):
+    s = small_system(4, 64)
+    s["network"][1]["nccl_protocols"] = nccl
+    return load_system(s).network[1]
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather", "all_reduce"])
+def test_nccl_switch_has_only_nccl_algorithms(collective):
+    with_nccl = dim_candidates(_ib(True), collective, 64, 1e6)
+    plain = dim_candidates(_ib(False), collective, 64, 1e6)
+    assert not any(name.startswith(NCCL_MISSING) for name, _ in with_nccl)
+    assert any(name.startswith(NCCL_MISSING) for name, _ in plain)
+    # fewer choices are never faster
+    assert min(t for _, t in with_nccl) >= min(t for _, t in plain) * (1 - 1e-12)
+
+
+def test_nccl_ring_latency_grows_with_ranks():
+    """A small reduce-scatter (latency-bound) over n ranks: the NCCL ring pays n - 1 steps,
+    the closed form of the ring with Simple's full latency or LL's share of it."""
+    ib = _ib(True)
+    small = 1e3
+    times = [min(t for _, t in dim_candidates(ib, "reduce_scatter", n, small)) for n in (2, 8, 32, 64)]
+    assert times == sorted(times)
+    simple = f.ring_reduce_scatter_s(64, small, ib.effective_bandwidth_Bps, ib.latency_s)
+    assert times[-1] <= simple + 1e-15
+    assert times[-1] > 63 * ib.latency_s * 0.1  # still n - 1 steps of (LL's) latency, not log2 n
+
+
+def _model(precision="bf16", fp8_weights=False):
+    w = copy.deepcopy(SMALL_LLM)
+    w["training"]["precision"] = precision
+    if fp8_weights:
+        w["training"]["fp8"] = {"fp8_weights": True}
+    s = small_system(4, 64)
+    s["chip"]["peak_flops"] = {"bf16": "312 TFLOPS", "fp8": "624 TFLOPS"}
+    return LLMModel(load_workload(w), load_system(s))
+
+
+def test_fp8_parameters_gather_in_one_byte():
+    assert _model()._param_gather_bytes == 2
+    assert _model("fp8")._param_gather_bytes == 2  # a 16-bit master copy cast per step: gathered 16-bit
+    assert _model("fp8", fp8_weights=True)._param_gather_bytes == 1
+
+
+def test_dp_sync_is_one_collective_per_bucket():
+    """Without overlap the exposed sync is k buckets x one bucket's reduce-scatter + all-gather;
+    splitting the same bytes into more buckets only adds latency (never faster)."""
+    from dfmodel.inter_chip import pipeline as pipe
+    from dfmodel.inter_chip.config import Mapping
+
+    model = _model()
+    dp = 64
+    group = (("ib", dp),)
+    m = Mapping(tp=1, pp=1, dp=dp, micro_batch=1, num_micro_batches=1, zero_stage=1,
+                overlap_grad_reduce=False, overlap_param_gather=False)
+    bucket = pipe.megatron_bucket_elements(dp)
+    params = 3.5 * bucket  # 4 buckets
+    got = model._dp_sync_s(m, params, 0.0, 1.0, group)
+    t = model.training
+    one = (model.costs.time_s("reduce_scatter", params / 4 * t.grad_bytes, group)
+           + model.costs.time_s("all_gather", params / 4 * t.activation_bytes, group))
+    assert got == pytest.approx(4 * one)
+    whole = (model.costs.time_s("reduce_scatter", params * t.grad_bytes, group)
+             + model.costs.time_s("all_gather", params * t.activation_bytes, group))
+    assert got >= whole
+
+
+def test_case_overlap_grad_reduce_is_passed_and_never_faster_off():
+    """A case's ``overlap_grad_reduce: false`` (Megatron-LM before Megatron-Core) reaches the
+    optimizer, and reducing after the backward is never faster than under it."""
+    from pathlib import Path
+
+    from dfmodel.validate import evaluate_case, knobs_of, load_cases
+
+    root = Path(__file__).resolve().parents[1]
+    case = next(c for c in load_cases(root / "calibration" / "megatron_a100.yaml") if c.id == "meg21-gpt-1.7B")
+    assert knobs_of(case)["overlap_grad_reduce"] is False and knobs_of(case)["distributed_optimizer"] is False
+    on = case.model_copy(deep=True)
+    on.parallelism.overlap_grad_reduce = True
+    assert "overlap_grad_reduce" in knobs_of(on)
+    off_row, on_row = evaluate_case(case, workload_overrides={"attention": "unfused"}), evaluate_case(
+        on, workload_overrides={"attention": "unfused"})
+    assert off_row.predicted_s > on_row.predicted_s
