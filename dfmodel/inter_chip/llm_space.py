@@ -301,15 +301,16 @@ class LLMSpace:
 
     @staticmethod
     def _key(o: dict) -> tuple:
-        """The options the model's bound and memory floor read: (ZeRO stage, expert TP, offload)."""
+        """The options the model's bound and memory floor read: (ZeRO stage, expert TP, offload,
+        tp_comm_overlap: the TP-collective floor holds without it only)."""
         return (o["zero_stage"], o.get("etp", 0), o.get("offload_optimizer", "none"),
-                o.get("offload_activations", False), o.get("offload_weights", False))
+                o.get("offload_activations", False), o.get("offload_weights", False), o.get("tp_comm_overlap", False))
 
     def _probe(self, deg, mb, m, v, rc, key, sp: bool = False) -> Mapping:
         """A mapping with the knobs the bound and floor read (placement and the rest neutral)."""
-        zero, etp, oo, oa, ow = key
+        zero, etp, oo, oa, ow, ub = key
         return Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, sp, zero_stage=zero, cp=deg["cp"], ep=deg["ep"],
-                       etp=etp, offload_optimizer=oo, offload_activations=oa, offload_weights=ow)
+                       etp=etp, offload_optimizer=oo, offload_activations=oa, offload_weights=ow, tp_comm_overlap=ub)
 
     @staticmethod
     def _pairs(tp: int, sps, opts, places_by) -> list[tuple]:
@@ -388,7 +389,8 @@ class LLMSpace:
         avg_s = f1 / (tp * cp * pp)
         probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], k, sp) for k in keys for sp in sps]
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
-        pipe_s = min((m + (pp - 1) / max(vs)) * (mb * avg_s + self._ep_layers_s(deg, mb, m, rcs, places_by, opts))
+        pipe_s = min((m + (pp - 1) / max(vs)) * (max(mb * avg_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys))
+                                                  + self._ep_layers_s(deg, mb, m, rcs, places_by, opts))
                      for mb, m, vs in mbs)
         # floor: the activations in flight, mb min(pp - i, M) = min((pp - i) mb, batch / dp),
         # never shrink with mb (memory.memory_lower_bound_bytes), so the smallest mb's
@@ -399,6 +401,24 @@ class LLMSpace:
                          partial(self._expand_degrees, deg, mbs, rcs, sps, places_by, opts, relief),
                          relief=partial(self._relief, self._root, deg, opts, deg, mbs, rcs, sps, places_by)
                          if relief else None)
+
+    def _pass_floor_min(self, deg, mb, m, rcs, sps, keys) -> float:
+        """Least ``LLMModel.pass_floor_s / pp`` (per-kernel traffic and forced TP collectives) over
+        a group's recompute, sequence parallelism, expert TP and tp_comm_overlap choices: a
+        stage's mean time of every mapping in the group is at least this. The floor grows with
+        recompute (it only adds kernels) and drops the layer's TP collectives under
+        tp_comm_overlap, so the least recompute and overlap on (when offered) stand for all."""
+        rcs_min = ["none"] if "none" in rcs else list(rcs)
+        ub = any(k[5] for k in keys) and deg["tp"] > 1
+        best = None
+        for rc in rcs_min:
+            for sp in sps:
+                for etp in dict.fromkeys(k[1] for k in keys):
+                    pf = self.model.pass_floor_s(self._probe(deg, mb, m, 1, rc, (0, etp, "none", False, False, ub), bool(sp)))
+                    if pf is None:
+                        return 0.0
+                    best = pf if best is None else min(best, pf)
+        return 0.0 if best is None else best / deg["pp"]
 
     def _expand_degrees(self, deg, mbs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
         """One group per micro-batch size (bound and floor as the root's, for that size)."""
@@ -418,7 +438,7 @@ class LLMSpace:
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
         keys = list(dict.fromkeys(self._key(o) for o in opts))
         probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
-        avg_stage_s = mb * f1 / (tp * cp * pp)
+        avg_stage_s = max(mb * f1 / (tp * cp * pp), self._pass_floor_min(deg, mb, m, rcs, sps, keys))
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
         bound = ((m + (pp - 1) / max(vs)) * (avg_stage_s + ep_s) + opt_s) * (1 - 1e-12)
