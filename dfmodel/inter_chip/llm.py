@@ -407,17 +407,18 @@ class LLMModel:
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
-    def pass_floor_s(self, m: Mapping, tp_groups=None) -> float | None:
+    def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True) -> float | None:
         """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
         block on one chip (layers, embedding, head), before any exposed communication of other
         dimensions: each block's :func:`~dfmodel.inter_chip.block_floor.block_floor` (per-kernel
         FLOP and DRAM traffic, launch overheads) plus its forced TP reductions on the cheapest
         of ``tp_groups`` (default: every TP group a placement of these degrees can take, so
-        the bound reads no placement). None on dataflow chips (kernels fuse there)."""
+        the bound reads no placement; ``comm=False``: without them, a cheaper, weaker floor).
+        None on dataflow chips (kernels fuse there)."""
         if self.system.chip.execution == "dataflow":
             return None
         ub = m.tp_comm_overlap and m.tp > 1
-        key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub)
+        key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
         memo = self.__dict__.setdefault("_pass_floor_memo", {})
         if tp_groups is None and key in memo:
             return memo[key]
@@ -427,18 +428,18 @@ class LLMModel:
                   ("embedding", 1, "none", 1, False, False), ("head", 1, "none", 1, False, False)]
         if self.num_dense_layers:
             blocks.append(("dense_layer", self.num_dense_layers, rc, 1, False, ub))
-        kernels_s, comm = 0.0, []
+        kernels_s, forced = 0.0, []
         for which, count, brc, ep, whole, userbuffers in blocks:
             fl = self._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep, whole)
             if fl is None or not count:
                 continue
             kernels_s += count * fl.kernels_s(k, brc)
             if not userbuffers:  # (tp_comm_overlap hides TP collectives under the layer's GEMMs)
-                comm.append((count, fl, brc))
+                forced.append((count, fl, brc))
         out = kernels_s
-        if comm and m.tp > 1 and groups:
+        if comm and forced and m.tp > 1 and groups:
             cmemo = self.__dict__.setdefault("_collective_memo", {})
-            out += min(sum(count * bf.forced_comm_s(fl, k, self.costs, tuple(g), brc, cmemo) for count, fl, brc in comm)
+            out += min(sum(count * bf.forced_comm_s(fl, k, self.costs, tuple(g), brc, cmemo) for count, fl, brc in forced)
                        for g in groups)
         if tp_groups is None:
             memo[key] = out

@@ -389,8 +389,10 @@ class LLMSpace:
         avg_s = f1 / (tp * cp * pp)
         probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], k, sp) for k in keys for sp in sps]
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
-        pipe_s = min((m + (pp - 1) / max(vs)) * (max(mb * avg_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys))
-                                                  + self._ep_layers_s(deg, mb, m, rcs, places_by, opts))
+        # (compute only: the per-kernel floors of every root's blocks and micro-batches cost more
+        # up front than they prune -- a 1 s limit needs the roots in ~0.1 s; the micro-batch
+        # groups add them, _pass_floor_min)
+        pipe_s = min((m + (pp - 1) / max(vs)) * (mb * avg_s + self._ep_layers_s(deg, mb, m, rcs, places_by, opts))
                      for mb, m, vs in mbs)
         # floor: the activations in flight, mb min(pp - i, M) = min((pp - i) mb, batch / dp),
         # never shrink with mb (memory.memory_lower_bound_bytes), so the smallest mb's
@@ -402,7 +404,7 @@ class LLMSpace:
                          relief=partial(self._relief, self._root, deg, opts, deg, mbs, rcs, sps, places_by)
                          if relief else None)
 
-    def _pass_floor_min(self, deg, mb, m, rcs, sps, keys) -> float:
+    def _pass_floor_min(self, deg, mb, m, rcs, sps, keys, comm: bool = True) -> float:
         """Least ``LLMModel.pass_floor_s / pp`` (per-kernel traffic and forced TP collectives) over
         a group's recompute, sequence parallelism, expert TP and tp_comm_overlap choices: a
         stage's mean time of every mapping in the group is at least this. The floor grows with
@@ -414,7 +416,8 @@ class LLMSpace:
         for rc in rcs_min:
             for sp in sps:
                 for etp in dict.fromkeys(k[1] for k in keys):
-                    pf = self.model.pass_floor_s(self._probe(deg, mb, m, 1, rc, (0, etp, "none", False, False, ub), bool(sp)))
+                    pf = self.model.pass_floor_s(self._probe(deg, mb, m, 1, rc, (0, etp, "none", False, False, ub), bool(sp)),
+                                                 comm=comm)
                     if pf is None:
                         return 0.0
                     best = pf if best is None else min(best, pf)
