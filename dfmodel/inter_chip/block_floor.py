@@ -63,6 +63,7 @@ class BlockFloor:
     overhead_s: float
     s_per_byte: float
     overlap: bool
+    linear: np.ndarray | None = None  # the GEMMs tp_comm_overlap pairs with TP collectives
 
     def kernel_floors_s(self, k: int) -> np.ndarray:
         """Each kernel's floor at micro-batch ``k``: least over its options, plus its launch."""
@@ -77,6 +78,26 @@ class BlockFloor:
         t = self.kernel_floors_s(k)
         extra = {"none": 0.0, "selective": float(t[self.core].sum()), "full": float(t[self.fwd].sum())}[recompute]
         return float(t.sum()) + extra
+
+
+    def kernels_overlapped_s(self, k: int, recompute: str, comm_s: float) -> float:
+        """The layer's floor under Megatron's tp_comm_overlap (``llm._userbuffers_s``): per
+        phase, the rest of the phase plus its GEMMs paired with its collectives, which take at
+        least the longer of the two (``nccl.tp_comm_overlap_s``: ``g + (n - 1) max(g, c) >=
+        max(n g, (n - 1) c)``); summed over the phases, ``max(Gf, Cf) + max(Gb, Cb) >= max(Gf +
+        Gb, Cf + Cb)``. ``comm_s`` is a floor on the whole block's TP collective seconds
+        (network only, full recompute's repeated forward included: :func:`forced_comm_s`)."""
+        t = self.kernel_floors_s(k)
+        lin = self.linear if self.linear is not None else np.zeros(len(t), dtype=bool)
+        gemm_t = np.where(lin, t - self.overhead_s, 0.0)
+        rest_t = t - gemm_t  # every other kernel, and each GEMM's launch
+        again = {"none": None, "selective": None, "full": self.fwd}[recompute]
+        rest = float(rest_t.sum()) + (float(t[self.core].sum()) if recompute == "selective" else 0.0)
+        gemm = float(gemm_t.sum())
+        if again is not None:
+            rest += float(rest_t[again].sum())
+            gemm += float(gemm_t[again].sum())
+        return rest + max(gemm, comm_s)
 
 
 def _tensors(graph: DataflowGraph):
@@ -100,7 +121,7 @@ def _tensors(graph: DataflowGraph):
 
 
 def block_floor(graph: DataflowGraph, system: System, tp: int, sequence_parallel: bool, *,
-                whole_experts: bool = False, is_core=None) -> BlockFloor:
+                whole_experts: bool = False, is_core=None, is_linear=None) -> BlockFloor:
     """:class:`BlockFloor` of ``graph`` (one micro-batch) on a TP group of ``tp`` chips (Megatron
     layouts, as ``LLMModel`` shards it). ``is_core(kernel)`` picks the selective-recompute kernels."""
     chip = system.chip
@@ -114,28 +135,34 @@ def block_floor(graph: DataflowGraph, system: System, tp: int, sequence_parallel
     C = np.full((len(kernels), width), np.inf)
     A = np.zeros((len(kernels), width))
     W = np.zeros((len(kernels), width))
-    fixed_out = {k.name: k.phase == Phase.weight_grad for k in kernels}  # weight gradients: weight-sized
+    by_name = {k.name: k for k in kernels}
+
+    def fixed(t) -> bool:  # weight gradients are weight-sized: they do not grow with the micro-batch
+        k = by_name.get(t.producer)
+        return k is not None and (k.phase == Phase.weight_grad or is_weight_gradient(k, t))
+
     for i, k in enumerate(kernels):
         rate = achieved_rate_Fps(chip, k, precision) if k.flop else 1.0
         for j, name in enumerate(options[problem.group_of[k.name]]):
             s = problem.strategy(k, name)
             work = tp if s.splits_work else 1
-            act = fixed = 0.0
+            act = const = 0.0
             # the consumer reads each input in its strategy's layout; the output leaves in s.output
             for b, t in ins.get(k.name, {}).values():
                 part = b * local_fraction(problem.in_layout(k, name, t), tp)
-                if t.producer is not None and fixed_out.get(t.producer, False):
-                    fixed += part
+                if fixed(t):
+                    const += part
                 else:
                     act += part
-            out_b = sum(b for b, _ in outs.get(k.name, {}).values()) * local_fraction(s.output, tp)
-            if fixed_out[k.name]:
-                fixed += out_b
-            else:
-                act += out_b
+            for b, t in outs.get(k.name, {}).values():
+                part = b * local_fraction(s.output, tp)
+                if fixed(t):
+                    const += part
+                else:
+                    act += part
             C[i, j] = k.flop / rate / work
             A[i, j] = act + k.extra_memory_bytes / work
-            W[i, j] = fixed + k.weight_bytes / (tp if s.splits_weight else 1)
+            W[i, j] = const + k.weight_bytes / (tp if s.splits_weight else 1)
     fwd = np.array([k.phase == Phase.forward for k in kernels], dtype=bool)
     core = np.array([k.phase == Phase.forward and is_core is not None and is_core(k) for k in kernels], dtype=bool)
     forced = []
@@ -151,20 +178,23 @@ def block_floor(graph: DataflowGraph, system: System, tp: int, sequence_parallel
                     for b, t in outs.get(k.name, {}).values():
                         if t.consumer is None and is_weight_gradient(k, t) and s.splits_weight:
                             continue  # a weight-gradient shard stays local (ShardingProblem.output_layouts)
-                        items.append((b, k.phase == Phase.forward, not fixed_out[k.name]))
+                        items.append((b, k.phase == Phase.forward, not fixed(t)))
                 per_option.append(tuple(items))
             if per_option and all(per_option):  # every option leaves a partial sum to reduce
                 forced.append(tuple(per_option))
+    linear = np.array([is_linear is not None and is_linear(k) for k in kernels], dtype=bool)
     return BlockFloor(C, A, W, fwd, core, tuple(forced), float(chip.efficiency.kernel_overhead_s),
-                      memory_time_s(chip, 1.0), bool(chip.overlap))
+                      memory_time_s(chip, 1.0), bool(chip.overlap), linear)
 
 
-def forced_comm_s(floor: BlockFloor, k: int, costs, group, recompute: str, memo: dict | None = None) -> float:
+def forced_comm_s(floor: BlockFloor, k: int, costs, group, recompute: str, memo: dict | None = None,
+                  launches: bool = True) -> float:
     """Least TP-collective time of the block at micro-batch ``k`` on ``group`` (a placement
     tuple) whatever the sharding: per weight group, its cheapest option's partial-sum
     reductions (an all-reduce or reduce-scatter of the logical bytes, whichever is cheaper,
     each its own communication kernel with its launch overhead); full recompute repeats the
-    forward ones. ``memo`` caches collective times across calls."""
+    forward ones. ``memo`` caches collective times across calls; ``launches=False``: the
+    network seconds alone."""
     if not floor.forced:
         return 0.0
     memo = {} if memo is None else memo
@@ -173,7 +203,7 @@ def forced_comm_s(floor: BlockFloor, k: int, costs, group, recompute: str, memo:
         key = (b, group)
         if key not in memo:
             memo[key] = min(costs.time_s("all_reduce", b, group), costs.time_s("reduce_scatter", b, group))
-        return memo[key] + floor.overhead_s
+        return memo[key] + (floor.overhead_s if launches else 0.0)
 
     again = 2.0 if recompute == "full" else 1.0
     total = 0.0

@@ -168,6 +168,12 @@ def _is_attention_core(kernel) -> bool:
 UB_LINEAR = ("qkv", "out_proj", "fc1", "fc2")
 
 
+def _is_ub_linear(kernel) -> bool:
+    """A GEMM tp_comm_overlap pairs with a TP collective (as ``_userbuffers_split`` finds them)."""
+    p = kernel.name.split(".")
+    return len(p) > 1 and p[1] in UB_LINEAR
+
+
 def _userbuffers_s(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> float:
     """A layer phase's time with the TP collectives chunked under their GEMMs
     (:func:`dfmodel.netmodels.nccl.tp_overlapped_phase_s`). Each GEMM is slowed by the SMs its
@@ -433,9 +439,16 @@ class LLMModel:
             fl = self._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep, whole)
             if fl is None or not count:
                 continue
+            if userbuffers:  # tp_comm_overlap: the collectives run under the layer's GEMMs
+                if comm and groups:
+                    cmemo = self.__dict__.setdefault("_collective_memo", {})
+                    kernels_s += count * min(fl.kernels_overlapped_s(k, brc, bf.forced_comm_s(
+                        fl, k, self.costs, tuple(g), brc, cmemo, launches=False)) for g in groups)
+                else:
+                    kernels_s += count * fl.kernels_overlapped_s(k, brc, 0.0)
+                continue
             kernels_s += count * fl.kernels_s(k, brc)
-            if not userbuffers:  # (tp_comm_overlap hides TP collectives under the layer's GEMMs)
-                forced.append((count, fl, brc))
+            forced.append((count, fl, brc))
         out = kernels_s
         if comm and forced and m.tp > 1 and groups:
             cmemo = self.__dict__.setdefault("_collective_memo", {})
@@ -454,7 +467,7 @@ class LLMModel:
             graph = getattr(self.graphs(1, cp, ep), which)
             memo[key] = None if graph is None else bf.block_floor(graph, self.system, tp, sp and tp > 1,
                                                                   whole_experts=whole and tp > 1,
-                                                                  is_core=_is_attention_core)
+                                                                  is_core=_is_attention_core, is_linear=_is_ub_linear)
         return memo[key]
 
     def _tp_groups(self, m: Mapping) -> tuple:

@@ -271,6 +271,7 @@ class LLMSpace:
         # can beat the chip's; otherwise a group pruned for memory is relieved by its offloaded twin
         self.upfront = offload.host_step_can_win(self.system)
         self.relief_on = self.system.host is not None and not self.upfront
+        self._bounds_off = False  # leanest(): groups built to pick a mapping, not to be searched
 
     def __iter__(self):
         """Every mapping of the space (what ``search(..., exhaustive=True)`` enumerates), relief
@@ -410,6 +411,8 @@ class LLMSpace:
         stage's mean time of every mapping in the group is at least this. The floor grows with
         recompute (it only adds kernels) and drops the layer's TP collectives under
         tp_comm_overlap, so the least recompute and overlap on (when offered) stand for all."""
+        if self._bounds_off:
+            return 0.0
         rcs_min = ["none"] if "none" in rcs else list(rcs)
         ub = any(k[5] for k in keys) and deg["tp"] > 1
         best = None
@@ -476,7 +479,7 @@ class LLMSpace:
             return None
         model = self.model
         probe = self._probe(deg, mb, m, v, rc, key, bool(spar))  # (offloaded activations: SP shrinks them)
-        bound, floor = model.lower_bound_s(probe), model.memory_floor_bytes(probe)
+        bound, floor = 0.0 if self._bounds_off else model.lower_bound_s(probe), model.memory_floor_bytes(probe)
         bound += self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
         fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
                  ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
@@ -553,8 +556,12 @@ class LLMSpace:
         if not fits:
             return None
         root = min(fits, key=lambda r: r.floor_bytes)  # its floor is its smallest micro-batch's
-        group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
-        leaves = [leaf for sub in group.expand() for leaf in sub.expand()]
+        self._bounds_off = True  # (the groups built here only pick a mapping: no time bounds needed)
+        try:
+            group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
+            leaves = [leaf for sub in group.expand() for leaf in sub.expand()]
+        finally:
+            self._bounds_off = False
         rank = {"full": 0, "selective": 1, "none": 2}
         return min(leaves, key=lambda x: (rank.get(x.recompute, 3), -x.zero_stage, not x.sequence_parallel))
 
