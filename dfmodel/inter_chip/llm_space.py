@@ -457,20 +457,66 @@ class LLMSpace:
                                         places_by) if relief else None)
 
     def _expand_micro_batch(self, deg, mb, m, vs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
-        """One leaf group per (interleave, recompute, ZeRO stage / expert TP / offload, sequence
+        """Leaf groups per (interleave, recompute, ZeRO stage / expert TP / offload, sequence
         parallelism): the model's bound and floor read exactly these knobs (and the degrees and
         micro-batching); the pre-solve memory screen (``LLMModel.memory_before_blocks``) is the
-        group's ``screen``, computed only if the group is reached."""
+        group's ``screen``, computed only if the group is reached.
+        Between the micro-batch group and its leaves sits one group per (recompute, sequence
+        parallelism, tp_comm_overlap): the knobs the per-kernel and TP floors read
+        (:meth:`_sub_node`), so most leaves are pruned without being built."""
+        out = []
+        for rc in rcs:
+            for spar in sps:
+                for ub in dict.fromkeys(o.get("tp_comm_overlap", False) for o in opts):
+                    node = self._sub_node(deg, mb, m, vs, rc, spar, ub, places_by, opts, relief)
+                    if node is not None:
+                        out.append(node)
+        return out
+
+    def _sub_node(self, deg, mb, m, vs, rc, spar, ub, places_by, opts, relief) -> SpaceNode | None:
+        """The leaves of one (recompute, SP, tp_comm_overlap): bound with the largest interleave,
+        the cheapest optimizer step and the least exposed all-to-alls over its options (each
+        leaf's bound reads the same floors with its own v and options, never less)."""
+        model = self.model
+        tp, cp, pp = deg["tp"], deg["cp"], deg["pp"]
+        mine = [o for o in opts if o.get("tp_comm_overlap", False) == ub]
+        count = len(vs) * sum(len(pl) for _, _, pl in self._pairs(tp, [spar], mine, places_by))
+        if not count:
+            return None
+        keys = list(dict.fromkeys(self._key(o) for o in mine))
+        probes = [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys]
+        stage_s = max(model.compute_floor_s(mb, rc) / (tp * cp * pp),
+                      self._pass_floor_min(deg, mb, m, [rc], [spar], keys))
+        opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+        ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
+        bound = ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+        floor = min(model.memory_floor_bytes(p) for p in probes)
+        fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
+                 ("recompute", rc), ("sequence_parallel", bool(spar)), ("tp_comm_overlap", ub), ("cp", cp),
+                 ("ep", deg["ep"]))
+        return SpaceNode(bound, floor, count, fixed,
+                         partial(self._expand_sub, deg, mb, m, vs, rc, spar, places_by, mine, relief),
+                         relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, places_by, mine) if relief else None)
+
+    def _expand_sub(self, deg, mb, m, vs, rc, spar, places_by, mine, relief) -> list[SpaceNode]:
+        """One leaf group per (interleave, ZeRO stage / expert TP / offload)."""
         out = []
         for v in vs:
-            for rc in rcs:
-                for key in dict.fromkeys(self._key(o) for o in opts):
-                    mine = [o for o in opts if self._key(o) == key]
-                    for spar in sps:
-                        node = self._leaf(deg, mb, m, v, rc, key, spar, places_by, mine, relief)
-                        if node is not None:
-                            out.append(node)
+            for key in dict.fromkeys(self._key(o) for o in mine):
+                node = self._leaf(deg, mb, m, v, rc, key, spar, places_by, [o for o in mine if self._key(o) == key],
+                                  relief)
+                if node is not None:
+                    out.append(node)
         return out
+
+    def _relief_sub(self, deg, mb, m, vs, rc, spar, places_by, mine) -> SpaceNode | None:
+        """The offloaded twins of every leaf of a group pruned for memory (:meth:`_relief_leaf`)."""
+        twins = [leaf.relief() for leaf in self._expand_sub(deg, mb, m, vs, rc, spar, places_by, mine, True)]
+        twins = [x for x in twins if x is not None]
+        if not twins:
+            return None
+        return SpaceNode(min(x.bound_s for x in twins), min(x.floor_bytes for x in twins),
+                         sum(x.count for x in twins), twins[0].knobs[:8], lambda: twins)
 
     def _leaf(self, deg, mb, m, v, rc, key, spar, places_by, mine, relief) -> SpaceNode | None:
         pairs = self._pairs(deg["tp"], [spar], mine, places_by)
@@ -559,7 +605,14 @@ class LLMSpace:
         self._bounds_off = True  # (the groups built here only pick a mapping: no time bounds needed)
         try:
             group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
-            leaves = [leaf for sub in group.expand() for leaf in sub.expand()]
+            leaves, todo = [], [group]
+            while todo:  # every mapping under the group, in the tree's order
+                node = todo.pop(0)
+                kids = node.expand()
+                if node.leaf:
+                    leaves.extend(kids)
+                else:
+                    todo[:0] = kids
         finally:
             self._bounds_off = False
         rank = {"full": 0, "selective": 1, "none": 2}
