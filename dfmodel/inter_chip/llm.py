@@ -28,6 +28,7 @@ from dfmodel.inter_chip import pipeline as pipe
 from dfmodel.inter_chip.checkpoint import checkpoint_state
 from dfmodel.inter_chip.config import DIM_NAMES, Knobs, Mapping
 from dfmodel.inter_chip import experts as moe_terms
+from dfmodel.inter_chip import block_floor as bf
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs, stash_tensors
@@ -167,6 +168,12 @@ def _is_attention_core(kernel) -> bool:
 
 #: The linear layers whose GEMMs Megatron's tp_comm_overlap pairs with the TP collectives.
 UB_LINEAR = ("qkv", "out_proj", "fc1", "fc2")
+
+
+def _is_ub_linear(kernel) -> bool:
+    """A GEMM tp_comm_overlap pairs with a TP collective (as ``_userbuffers_split`` finds them)."""
+    p = kernel.name.split(".")
+    return len(p) > 1 and p[1] in UB_LINEAR
 
 
 def _userbuffers_s(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> float:
@@ -453,11 +460,84 @@ class LLMModel:
         ``T* >= avg``, so it is at least ``(m + (pp - 1)/v) avg``. The optimizer step is added
         with the fewest parameters a chip can hold."""
         avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.cp * m.pp)
+        kernels_s = self.pass_floor_s(m)  # per-kernel traffic and forced TP collectives (GPUs)
+        if kernels_s is not None:
+            avg_stage_s = max(avg_stage_s, kernels_s / m.pp)
         if off.uses_offload(m):  # a layer's pass is never shorter than its host transfers
             layer_params = self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)
             avg_stage_s = max(avg_stage_s, self.num_layers / m.pp * sum(self._offload_layer_s(m, layer_params / m.tp)))
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+
+    def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True) -> float | None:
+        """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
+        block on one chip (layers, embedding, head), before any exposed communication of other
+        dimensions: each block's :func:`~dfmodel.inter_chip.block_floor.block_floor` (per-kernel
+        FLOP and DRAM traffic, launch overheads) plus its forced TP reductions on the cheapest
+        of ``tp_groups`` (default: every TP group a placement of these degrees can take, so
+        the bound reads no placement; ``comm=False``: without them, a cheaper, weaker floor).
+        None on dataflow chips (kernels fuse there)."""
+        if self.system.chip.execution == "dataflow":
+            return None
+        ub = m.tp_comm_overlap and m.tp > 1
+        key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
+        memo = self.__dict__.setdefault("_pass_floor_memo", {})
+        if tp_groups is None and key in memo:
+            return memo[key]
+        groups = self._tp_groups(m) if tp_groups is None else tp_groups
+        k, rc = m.micro_batch, m.recompute
+        blocks = [("layer", self.num_moe_layers, rc, m.ep_outside_tp, m.whole_experts, ub),
+                  ("embedding", 1, "none", 1, False, False), ("head", 1, "none", 1, False, False)]
+        if self.num_dense_layers:
+            blocks.append(("dense_layer", self.num_dense_layers, rc, 1, False, ub))
+        kernels_s, forced = 0.0, []
+        for which, count, brc, ep, whole, userbuffers in blocks:
+            fl = self._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep, whole)
+            if fl is None or not count:
+                continue
+            if userbuffers:  # tp_comm_overlap: the collectives run under the layer's GEMMs
+                if comm and groups:
+                    cmemo = self.__dict__.setdefault("_collective_memo", {})
+                    kernels_s += count * min(fl.kernels_overlapped_s(k, brc, bf.forced_comm_s(
+                        fl, k, self.costs, tuple(g), brc, cmemo, launches=False)) for g in groups)
+                else:
+                    kernels_s += count * fl.kernels_overlapped_s(k, brc, 0.0)
+                continue
+            kernels_s += count * fl.kernels_s(k, brc)
+            forced.append((count, fl, brc))
+        out = kernels_s
+        if comm and forced and m.tp > 1 and groups:
+            cmemo = self.__dict__.setdefault("_collective_memo", {})
+            out += min(sum(count * bf.forced_comm_s(fl, k, self.costs, tuple(g), brc, cmemo) for count, fl, brc in forced)
+                       for g in groups)
+        if tp_groups is None:
+            memo[key] = out
+        return out
+
+    def _block_floor(self, which: str, tp: int, cp: int, sp: bool, ep: int, whole: bool) -> "bf.BlockFloor | None":
+        """Memoised :func:`~dfmodel.inter_chip.block_floor.block_floor` of one block, built on
+        one micro-batch's graph (None when the model has no such block)."""
+        key = (which, tp, cp, sp and tp > 1, ep, whole and tp > 1)
+        memo = self.__dict__.setdefault("_block_floors", {})
+        if key not in memo:
+            graph = getattr(self.graphs(1, cp, ep), which)
+            memo[key] = None if graph is None else bf.block_floor(graph, self.system, tp, sp and tp > 1,
+                                                                  whole_experts=whole and tp > 1,
+                                                                  is_core=_is_attention_core, is_linear=_is_ub_linear)
+        return memo[key]
+
+    def _tp_groups(self, m: Mapping) -> tuple:
+        """Every TP group a placement of ``m``'s degrees gives (what a placement-free bound
+        takes the cheapest of)."""
+        key = (m.tp, m.cp, m.pp, m.dp, m.ep, m.etp)
+        memo = self.__dict__.setdefault("_tp_group_memo", {})
+        if key not in memo:
+            from dfmodel.inter_chip.llm_space import placements  # (llm_space reads no LLMModel)
+
+            deg = {"tp": m.tp, "cp": m.cp, "pp": m.pp, "dp": m.dp, "ep": m.ep}
+            groups = {tuple(dict(p)["tp"]) for p in placements(self.system, deg, m.etp)}
+            memo[key] = tuple(sorted(groups))
+        return memo[key]
 
     def refined_bound_s(self, m: Mapping) -> float | None:
         """A tighter valid bound once the candidate's blocks are solved (None before): the same

@@ -272,6 +272,7 @@ class LLMSpace:
         # can beat the chip's; otherwise a group pruned for memory is relieved by its offloaded twin
         self.upfront = offload.host_step_can_win(self.system)
         self.relief_on = self.system.host is not None and not self.upfront
+        self._bounds_off = False  # leanest(): groups built to pick a mapping, not to be searched
 
     def __iter__(self):
         """Every mapping of the space (what ``search(..., exhaustive=True)`` enumerates), relief
@@ -302,15 +303,16 @@ class LLMSpace:
 
     @staticmethod
     def _key(o: dict) -> tuple:
-        """The options the model's bound and memory floor read: (ZeRO stage, expert TP, offload)."""
+        """The options the model's bound and memory floor read: (ZeRO stage, expert TP, offload,
+        tp_comm_overlap: the TP-collective floor holds without it only)."""
         return (o["zero_stage"], o.get("etp", 0), o.get("offload_optimizer", "none"),
-                o.get("offload_activations", False), o.get("offload_weights", False))
+                o.get("offload_activations", False), o.get("offload_weights", False), o.get("tp_comm_overlap", False))
 
     def _probe(self, deg, mb, m, v, rc, key, sp: bool = False) -> Mapping:
         """A mapping with the knobs the bound and floor read (placement and the rest neutral)."""
-        zero, etp, oo, oa, ow = key
+        zero, etp, oo, oa, ow, ub = key
         return Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, sp, zero_stage=zero, cp=deg["cp"], ep=deg["ep"],
-                       etp=etp, offload_optimizer=oo, offload_activations=oa, offload_weights=ow)
+                       etp=etp, offload_optimizer=oo, offload_activations=oa, offload_weights=ow, tp_comm_overlap=ub)
 
     @staticmethod
     def _pairs(tp: int, sps, opts, places_by) -> list[tuple]:
@@ -389,6 +391,9 @@ class LLMSpace:
         avg_s = f1 / (tp * cp * pp)
         probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], k, sp) for k in keys for sp in sps]
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+        # (compute only: the per-kernel floors of every root's blocks and micro-batches cost more
+        # up front than they prune -- a 1 s limit needs the roots in ~0.1 s; the micro-batch
+        # groups add them, _pass_floor_min)
         pipe_s = min((m + (pp - 1) / max(vs)) * (mb * avg_s + self._ep_layers_s(deg, mb, m, rcs, places_by, opts))
                      for mb, m, vs in mbs)
         # floor: the activations in flight, mb min(pp - i, M) = min((pp - i) mb, batch / dp),
@@ -400,6 +405,27 @@ class LLMSpace:
                          partial(self._expand_degrees, deg, mbs, rcs, sps, places_by, opts, relief),
                          relief=partial(self._relief, self._root, deg, opts, deg, mbs, rcs, sps, places_by)
                          if relief else None)
+
+    def _pass_floor_min(self, deg, mb, m, rcs, sps, keys, comm: bool = True) -> float:
+        """Least ``LLMModel.pass_floor_s / pp`` (per-kernel traffic and forced TP collectives) over
+        a group's recompute, sequence parallelism, expert TP and tp_comm_overlap choices: a
+        stage's mean time of every mapping in the group is at least this. The floor grows with
+        recompute (it only adds kernels) and drops the layer's TP collectives under
+        tp_comm_overlap, so the least recompute and overlap on (when offered) stand for all."""
+        if self._bounds_off:
+            return 0.0
+        rcs_min = ["none"] if "none" in rcs else list(rcs)
+        ub = any(k[5] for k in keys) and deg["tp"] > 1
+        best = None
+        for rc in rcs_min:
+            for sp in sps:
+                for etp in dict.fromkeys(k[1] for k in keys):
+                    pf = self.model.pass_floor_s(self._probe(deg, mb, m, 1, rc, (0, etp, "none", False, False, ub), bool(sp)),
+                                                 comm=comm)
+                    if pf is None:
+                        return 0.0
+                    best = pf if best is None else min(best, pf)
+        return 0.0 if best is None else best / deg["pp"]
 
     def _expand_degrees(self, deg, mbs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
         """One group per micro-batch size (bound and floor as the root's, for that size)."""
@@ -419,7 +445,7 @@ class LLMSpace:
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
         keys = list(dict.fromkeys(self._key(o) for o in opts))
         probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
-        avg_stage_s = mb * f1 / (tp * cp * pp)
+        avg_stage_s = max(mb * f1 / (tp * cp * pp), self._pass_floor_min(deg, mb, m, rcs, sps, keys))
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
         bound = ((m + (pp - 1) / max(vs)) * (avg_stage_s + ep_s) + opt_s) * (1 - 1e-12)
@@ -432,20 +458,66 @@ class LLMSpace:
                                         places_by) if relief else None)
 
     def _expand_micro_batch(self, deg, mb, m, vs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
-        """One leaf group per (interleave, recompute, ZeRO stage / expert TP / offload, sequence
+        """Leaf groups per (interleave, recompute, ZeRO stage / expert TP / offload, sequence
         parallelism): the model's bound and floor read exactly these knobs (and the degrees and
         micro-batching); the pre-solve memory screen (``LLMModel.memory_before_blocks``) is the
-        group's ``screen``, computed only if the group is reached."""
+        group's ``screen``, computed only if the group is reached.
+        Between the micro-batch group and its leaves sits one group per (recompute, sequence
+        parallelism, tp_comm_overlap): the knobs the per-kernel and TP floors read
+        (:meth:`_sub_node`), so most leaves are pruned without being built."""
+        out = []
+        for rc in rcs:
+            for spar in sps:
+                for ub in dict.fromkeys(o.get("tp_comm_overlap", False) for o in opts):
+                    node = self._sub_node(deg, mb, m, vs, rc, spar, ub, places_by, opts, relief)
+                    if node is not None:
+                        out.append(node)
+        return out
+
+    def _sub_node(self, deg, mb, m, vs, rc, spar, ub, places_by, opts, relief) -> SpaceNode | None:
+        """The leaves of one (recompute, SP, tp_comm_overlap): bound with the largest interleave,
+        the cheapest optimizer step and the least exposed all-to-alls over its options (each
+        leaf's bound reads the same floors with its own v and options, never less)."""
+        model = self.model
+        tp, cp, pp = deg["tp"], deg["cp"], deg["pp"]
+        mine = [o for o in opts if o.get("tp_comm_overlap", False) == ub]
+        count = len(vs) * sum(len(pl) for _, _, pl in self._pairs(tp, [spar], mine, places_by))
+        if not count:
+            return None
+        keys = list(dict.fromkeys(self._key(o) for o in mine))
+        probes = [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys]
+        stage_s = max(model.compute_floor_s(mb, rc) / (tp * cp * pp),
+                      self._pass_floor_min(deg, mb, m, [rc], [spar], keys))
+        opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+        ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
+        bound = ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+        floor = min(model.memory_floor_bytes(p) for p in probes)
+        fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
+                 ("recompute", rc), ("sequence_parallel", bool(spar)), ("tp_comm_overlap", ub), ("cp", cp),
+                 ("ep", deg["ep"]))
+        return SpaceNode(bound, floor, count, fixed,
+                         partial(self._expand_sub, deg, mb, m, vs, rc, spar, places_by, mine, relief),
+                         relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, places_by, mine) if relief else None)
+
+    def _expand_sub(self, deg, mb, m, vs, rc, spar, places_by, mine, relief) -> list[SpaceNode]:
+        """One leaf group per (interleave, ZeRO stage / expert TP / offload)."""
         out = []
         for v in vs:
-            for rc in rcs:
-                for key in dict.fromkeys(self._key(o) for o in opts):
-                    mine = [o for o in opts if self._key(o) == key]
-                    for spar in sps:
-                        node = self._leaf(deg, mb, m, v, rc, key, spar, places_by, mine, relief)
-                        if node is not None:
-                            out.append(node)
+            for key in dict.fromkeys(self._key(o) for o in mine):
+                node = self._leaf(deg, mb, m, v, rc, key, spar, places_by, [o for o in mine if self._key(o) == key],
+                                  relief)
+                if node is not None:
+                    out.append(node)
         return out
+
+    def _relief_sub(self, deg, mb, m, vs, rc, spar, places_by, mine) -> SpaceNode | None:
+        """The offloaded twins of every leaf of a group pruned for memory (:meth:`_relief_leaf`)."""
+        twins = [leaf.relief() for leaf in self._expand_sub(deg, mb, m, vs, rc, spar, places_by, mine, True)]
+        twins = [x for x in twins if x is not None]
+        if not twins:
+            return None
+        return SpaceNode(min(x.bound_s for x in twins), min(x.floor_bytes for x in twins),
+                         sum(x.count for x in twins), twins[0].knobs[:8], lambda: twins)
 
     def _leaf(self, deg, mb, m, v, rc, key, spar, places_by, mine, relief) -> SpaceNode | None:
         pairs = self._pairs(deg["tp"], [spar], mine, places_by)
@@ -454,7 +526,7 @@ class LLMSpace:
             return None
         model = self.model
         probe = self._probe(deg, mb, m, v, rc, key, bool(spar))  # (offloaded activations: SP shrinks them)
-        bound, floor = model.lower_bound_s(probe), model.memory_floor_bytes(probe)
+        bound, floor = 0.0 if self._bounds_off else model.lower_bound_s(probe), model.memory_floor_bytes(probe)
         bound += self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
         fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
                  ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
@@ -604,8 +676,19 @@ class LLMSpace:
         if not fits:
             return None
         root = min(fits, key=lambda r: r.floor_bytes)  # its floor is its smallest micro-batch's
-        group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
-        leaves = [leaf for sub in group.expand() for leaf in sub.expand()]
+        self._bounds_off = True  # (the groups built here only pick a mapping: no time bounds needed)
+        try:
+            group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
+            leaves, todo = [], [group]
+            while todo:  # every mapping under the group, in the tree's order
+                node = todo.pop(0)
+                kids = node.expand()
+                if node.leaf:
+                    leaves.extend(kids)
+                else:
+                    todo[:0] = kids
+        finally:
+            self._bounds_off = False
         rank = {"full": 0, "selective": 1, "none": 2}
         return min(leaves, key=lambda x: (rank.get(x.recompute, 3), -x.zero_stage, not x.sequence_parallel))
 
