@@ -619,7 +619,7 @@ class LLMSpace:
         def leaves(root):
             if id(root) not in leaves_of:
                 group = min(root.expand(), key=lambda g: dict(g.knobs)["micro_batch"])
-                kx = [(dict(x.knobs), x) for x in group.expand()]
+                kx = [(dict(x.knobs), x) for x in leaf_nodes(group)]
                 leaves_of[id(root)] = sorted(((k, x) for k, x in kx if k["interleave"] == 1 and k["zero_stage"] in (0, 1)),
                                              key=lambda p: (p[0]["zero_stage"] != 1, not p[0]["sequence_parallel"]))
             return leaves_of[id(root)]
@@ -679,18 +679,24 @@ class LLMSpace:
         self._bounds_off = True  # (the groups built here only pick a mapping: no time bounds needed)
         try:
             group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
-            leaves, todo = [], [group]
-            while todo:  # every mapping under the group, in the tree's order
-                node = todo.pop(0)
-                kids = node.expand()
-                if node.leaf:
-                    leaves.extend(kids)
-                else:
-                    todo[:0] = kids
+            leaves = [c for node in leaf_nodes(group) for c in node.expand()]  # in the tree's order
         finally:
             self._bounds_off = False
         rank = {"full": 0, "selective": 1, "none": 2}
         return min(leaves, key=lambda x: (rank.get(x.recompute, 3), -x.zero_stage, not x.sequence_parallel))
+
+
+def leaf_nodes(group: SpaceNode) -> list[SpaceNode]:
+    """The leaf groups (those whose children are mappings) under ``group``, in the tree's order,
+    however many group levels lie between."""
+    found, todo = [], [group]
+    while todo:
+        node = todo.pop(0)
+        if node.leaf:
+            found.append(node)
+        else:
+            todo[:0] = node.expand()
+    return found
 
 
 def validate_knobs(knobs: Knobs, num_chips: int) -> None:
