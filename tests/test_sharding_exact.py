@@ -23,6 +23,7 @@ from dfmodel.netmodels import CostTable
 from dfmodel.solvers import gurobi_licence
 from dfmodel.solvers.pairwise import minimise
 from dfmodel.system.loader import load_system
+from test_sharding import brute_force  # the exhaustive oracle (pytest puts tests/ on sys.path)
 
 LLMS = ["gpt3_13b", "gpt3_175b", "gpt3_1t", "llama3_70b", "llama3_405b", "llama3_405b_128k", "mixtral_8x7b",
         "deepseek_v3"]
@@ -121,17 +122,6 @@ def random_graph(rng: random.Random) -> DataflowGraph:
             name = f"dW{i}" if kernels[i].phase == Phase.weight_grad else f"out{i}"
             tensors.append(Tensor(name, f"k{i}", None, kernels[i].output_bytes))
     return DataflowGraph(kernels, tensors, name="random", meta={"precision": "bf16"})
-
-
-def brute_force(p: ShardingProblem) -> float | None:
-    groups = list(p.options)
-    best = None
-    for combo in itertools.product(*(p.options[g] for g in groups)):
-        for boundary in p.boundaries:
-            v = p.evaluate(dict(zip(groups, combo)), boundary)
-            if v is not None and (best is None or v < best):
-                best = v
-    return best
 
 
 @settings(max_examples=60, deadline=None)

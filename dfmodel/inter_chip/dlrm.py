@@ -394,22 +394,10 @@ class DLRMModel(FamilyModel):
         items = []  # (table, columns) shards placed whole
         for i, scheme in enumerate(plan.schemes):
             R, L = self.rows[i], self.lookups[i]
-            if scheme == "dp":
+            if scheme in ("dp", "fh"):  # replicated (dp: every row; fh: the frequent ones)
+                K, phi = (R, 1.0) if scheme == "dp" else plan.frequent[i]
                 st = embedding_state_bytes_per_row(opt, d)
-                gs += L * d
-                grs += L
-                ps += d
-                ids_s += L
-                ots += 2 * L * st
-                dp_w += R * d * p
-                dp_st += R * st
-                touched = min(R, B * L)
-                dp_sync += touched * d * p
-                dp_upd += touched * (3 * d * p + 2 * st)
-            elif scheme == "fh":
-                K, phi = plan.frequent[i]
-                st = embedding_state_bytes_per_row(opt, d)
-                if K:  # frequent rows: replicated, looked up locally, gradients all-reduced
+                if K:  # replicated rows: looked up locally, gradients all-reduced
                     gs += L * phi * d
                     grs += L * phi
                     ps += phi * d
@@ -417,7 +405,7 @@ class DLRMModel(FamilyModel):
                     ots += 2 * L * phi * st
                     dp_w += K * d * p
                     dp_st += K * st
-                    touched = min(K, B * L * phi)  # = K: a frequent row is looked up >= t >= 1 times
+                    touched = min(K, B * L * phi)  # fh: = K (a frequent row is looked up >= t >= 1 times)
                     dp_sync += touched * d * p
                     dp_upd += touched * (3 * d * p + 2 * st)
                 if K < R:  # infrequent rows: by row over the group, each look-up sent as one row
