@@ -233,15 +233,20 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
     recent_eval_s: list[float] = []  # durations of the last evaluations (to respect the deadline)
     # recipe incumbents (MoE: LLMSpace.seeds) before any group is expanded: the cutoff prunes
     # from the start and a search cut by its deadline still returns a sensible mapping
+    def accept(ev, m, bound: float) -> None:  # a fitting evaluation of mapping m (bound: its search bound)
+        nonlocal unproven_bound
+        if not ev.proven_optimal:
+            stats.proven_optimal = False
+            # an inner solve stopped at gap g: the mapping's true time is >= (1 - g) x its time
+            unproven_bound = min(unproven_bound, max(bound, ev.iteration_time_s * (1.0 - _inner_gap(ev))))
+        ledger.evaluated(m, ev.iteration_time_s)
+        _insert(top, ev, keep)
+
     seeded: set = set()
     for ev in (space.seeds(capacity, partial(_try_evaluate, model)) if hasattr(space, "seeds") else ()):
         stats.evaluated += 1
         seeded.add(ev.mapping)
-        if not ev.proven_optimal:
-            stats.proven_optimal = False
-            unproven_bound = min(unproven_bound, ev.iteration_time_s * (1.0 - _inner_gap(ev)))
-        ledger.evaluated(ev.mapping, ev.iteration_time_s)
-        _insert(top, ev, keep)
+        accept(ev, ev.mapping, 0.0)
 
     def admit_mappings(ms) -> None:  # candidates joining during the search (memory relief)
         for extra in ms:
@@ -332,12 +337,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             if relief is not None:
                 admit_mappings(relief(m))
             continue
-        if not ev.proven_optimal:
-            stats.proven_optimal = False
-            # an inner solve stopped at gap g: the mapping's true time is >= (1 - g) x its time
-            unproven_bound = min(unproven_bound, max(bound, ev.iteration_time_s * (1.0 - _inner_gap(ev))))
-        ledger.evaluated(m, ev.iteration_time_s)
-        _insert(top, ev, keep)
+        accept(ev, m, bound)
         reporter.maybe(stats, len(queue), top[0].iteration_time_s, queue[0][0] if queue else None)
     for ev in dived.values():  # incumbents taken early that the cut search never reached
         if isinstance(ev, InfeasibleError) or ev is None:
