@@ -259,6 +259,12 @@ class MoEConfig(Strict):
     #: before the down-projections are quantised to FP8 with 1x128 tile scales before their
     #: all-to-all; the combine and its backward stay BF16); False: all at the activation precision
     dispatch_fp8: bool = False
+    #: multi-token prediction modules trained beside the model (DeepSeek-V3, arXiv:2412.19437
+    #: sec. 2.2: module k = RMSNorms, a projection of the concatenated [h; emb] (2d -> d), one
+    #: Transformer block, and the shared output head with its own cross-entropy; sec. 4.2: depth
+    #: D = 1). Megatron-Core runs them on the last pipeline stage (MultiTokenPredictionBlock,
+    #: post_process), NeMo's DeepSeek-V3 pretrain recipe sets mtp_num_layers = 1. 0: none
+    mtp_layers: Annotated[int, Field(ge=0)] = 0
 
     _k_le_experts = field_validator("top_k")(
         not_above("num_experts", "must be at most model.moe.num_experts ({bound}), got {value}"))

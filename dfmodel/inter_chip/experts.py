@@ -185,6 +185,41 @@ def dispatch_bytes_per_element(moe, activation_bytes: float) -> float:
     return FP8_DISPATCH_BYTES if getattr(moe, "dispatch_fp8", False) else activation_bytes
 
 
+def mtp_projection_s(chip, *, tokens: float, hidden: int, tp: int, precision) -> tuple[float, float]:
+    """(forward, backward) time of one multi-token-prediction module's projection M_k
+    (DeepSeek-V3, arXiv:2412.19437 sec. 2.2 eq. 21: ``M_k [RMSNorm(h); RMSNorm(Emb(t))]``, a
+    ``2d x d`` matrix) on ``tokens`` tokens of one micro-batch, split ``tp`` ways (Megatron-Core's
+    ``eh_proj`` is a column-parallel linear): ``2 x tokens x 2d x d / tp`` FLOP forward and twice
+    that backward (data and weight gradients), at the chip's matmul rate for ``precision``.
+
+    >>> from types import SimpleNamespace as N
+    >>> chip = N(peak=lambda p: 1e15, efficiency=N(matmul_at=lambda p: 0.5))
+    >>> mtp_projection_s(chip, tokens=4096, hidden=1024, tp=2, precision="bf16")
+    (1.7179869184e-05, 3.4359738368e-05)
+    """
+    fwd = 2.0 * tokens * 2 * hidden * hidden / tp / (chip.peak(precision) * chip.efficiency.matmul_at(precision))
+    return fwd, 2.0 * fwd
+
+
+def mtp_stage_s(moe, *, layer_s: tuple[float, float], head_s: tuple[float, float],
+                projection_s: tuple[float, float]) -> tuple[float, float]:
+    """(forward, backward) time the multi-token-prediction modules add to the last pipeline
+    stage per micro-batch: each of ``moe.mtp_layers`` modules runs one more Transformer block of
+    the model's (an MoE layer with its all-to-alls, as DeepSeek-V3's MTP block: HF config
+    ``num_nextn_predict_layers = 1`` is layer 61, an MoE layer), its projection, and the shared
+    output head again with its own cross-entropy (sec. 2.2 eq. 22-24). Their RMSNorms are two
+    element-wise passes over the micro-batch, left out beside the layer's.
+
+    >>> from types import SimpleNamespace as N
+    >>> mtp_stage_s(N(mtp_layers=1), layer_s=(1.0, 2.0), head_s=(0.5, 1.0), projection_s=(0.1, 0.2))
+    (1.6, 3.2)
+    >>> mtp_stage_s(N(mtp_layers=0), layer_s=(1.0, 2.0), head_s=(0.5, 1.0), projection_s=(0.1, 0.2))
+    (0.0, 0.0)
+    """
+    n = getattr(moe, "mtp_layers", 0) if moe is not None else 0
+    return (n * (layer_s[0] + head_s[0] + projection_s[0]), n * (layer_s[1] + head_s[1] + projection_s[1]))
+
+
 def recipe_order(deg: dict[str, int], fast_size: int) -> tuple:
     """Order in which the search tries MoE recipe incumbents (:meth:`LLMSpace.seeds`), as the
     published MoE runs are laid out: TP inside the fast (NVLink) domain, no context parallelism
@@ -220,5 +255,5 @@ def members_off(group, fast_dim: str) -> int:
     return out
 
 
-__all__ = ["with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
+__all__ = ["mtp_projection_s", "mtp_stage_s", "with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
            "dense_layers_per_stage", "complement_group"]

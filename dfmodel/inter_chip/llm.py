@@ -786,9 +786,13 @@ class LLMModel:
             emb_f, emb_b = self._fsdp_exposed(emb, emb_f, emb_b, m, dp_group)
             head_f, head_b = self._fsdp_exposed(head, head_f, head_b, m, dp_group)
 
+        # multi-token prediction (DeepSeek-V3): its modules run on the last stage, which the
+        # layer split sees as part of that stage's fixed work (NeMo's recipe: 2 layers there)
+        mtp_f, mtp_b = self._mtp_s(m, (t_f, t_b), (head_f, head_b))
         per_layer_s = (t_f + t_b if not dense else
                        (td_f + td_b,) * self.num_dense_layers + (t_f + t_b,) * self.num_moe_layers)
-        layers = _balance(self.num_layers, m.pp, m.interleave, per_layer_s, emb_f + emb_b, head_f + head_b)
+        layers = _balance(self.num_layers, m.pp, m.interleave, per_layer_s, emb_f + emb_b,
+                          head_f + head_b + mtp_f + mtp_b)
         stages = self._stage_layers(layers, m)
         dense_st = moe_terms.dense_layers_per_stage(layers, m.pp, self.num_dense_layers)
         moe_st = [n - d for n, d in zip(stages, dense_st)]
@@ -801,8 +805,8 @@ class LLMModel:
                 stage_bwd[i] -= n * (save_b + (save_f if m.recompute == "full" else 0.0))  # full: recomputed fwd too
         stage_fwd[0] += emb_f
         stage_bwd[0] += emb_b
-        stage_fwd[-1] += head_f
-        stage_bwd[-1] += head_b
+        stage_fwd[-1] += head_f + mtp_f
+        stage_bwd[-1] += head_b + mtp_b
 
         p2p_s = 0.0
         if m.pp > 1:
@@ -821,6 +825,7 @@ class LLMModel:
                         for n, d in zip(moe_st, dense_st)]
         params_stage[0] += emb.params_per_chip if emb else 0.0
         params_stage[-1] += head.params_per_chip if head else 0.0
+        params_stage[-1] += self._mtp_params_per_chip(m, layer.params_per_chip)
         params_stage[-1] += mem.tied_embedding_copy_params(
             vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp, pp=m.pp,
             tie_embeddings=self.model.tie_embeddings)
@@ -848,7 +853,8 @@ class LLMModel:
         b = max(range(m.pp), key=lambda i: stage_fwd[i] + stage_bwd[i])
         busy = m.num_micro_batches * (stage_fwd[b] + stage_bwd[b])
         # the bottleneck stage's busy time: exposed per-layer communication, the rest by component
-        comm = {k: m.num_micro_batches * moe_st[b] * (f + bw) for k, (f, bw) in extra.items()}
+        n_moe_b = moe_st[b] + (self.num_mtp_layers if b == m.pp - 1 else 0)  # MTP blocks: MoE layers too
+        comm = {k: m.num_micro_batches * n_moe_b * (f + bw) for k, (f, bw) in extra.items()}
         for k, (f, bw) in extra_d.items():
             comm[k] = comm.get(k, 0.0) + m.num_micro_batches * dense_st[b] * (f + bw)
         if m.zero_stage == 3:
@@ -856,7 +862,7 @@ class LLMModel:
                 if blk and here:
                     exposed = (f0 - blk.fwd.time_s) + (b0 - blk.backward_s("none"))
                     comm["dp_comm"] = comm.get("dp_comm", 0.0) + m.num_micro_batches * exposed
-        shares = self._stage_shares(moe_st[b], m, layer, emb if b == 0 else None, head if b == m.pp - 1 else None,
+        shares = self._stage_shares(n_moe_b, m, layer, emb if b == 0 else None, head if b == m.pp - 1 else None,
                                     dense=(dense_st[b], dense) if dense else None)
         rest = busy - sum(comm.values())
         breakdown = {k: rest * shares[k] for k in COMPONENTS}
@@ -873,7 +879,8 @@ class LLMModel:
             breakdown[k] = breakdown.get(k, 0.0) + comm.pop(k, 0.0)
         if self.system.host is not None:  # (a system without one keeps today's keys exactly)
             breakdown["offload"] = comm.pop("offload", 0.0) + offload_s  # host transfers and CPU step exposed
-        memory = self.memory_check(m, params_stage, moe_st, layer.params_per_chip, layer.sharded.graph,
+        moe_mem = moe_st[:-1] + [moe_st[-1] + self.num_mtp_layers]  # the MTP blocks' weights and stash
+        memory = self.memory_check(m, params_stage, moe_mem, layer.params_per_chip, layer.sharded.graph,
                                    dense_per_stage=dense_st if dense else None,
                                    dense_layer_params=dense.params_per_chip if dense else 0.0)
         proven = layer.fwd.proven_optimal and layer.bwd.proven_optimal
@@ -891,6 +898,34 @@ class LLMModel:
             input_bound=input_s > 0,
             io=io,
         )
+
+    @property
+    def num_mtp_layers(self) -> int:
+        """Multi-token prediction modules (``moe.mtp_layers``; 0 for a dense model)."""
+        moe = getattr(self.model, "moe", None)
+        return moe.mtp_layers if moe is not None else 0
+
+    def _mtp_s(self, m: Mapping, layer_s: tuple[float, float], head_s: tuple[float, float]) -> tuple[float, float]:
+        """(forward, backward) the MTP modules add to the last stage per micro-batch
+        (:func:`experts.mtp_stage_s`; 0 without them)."""
+        if not self.num_mtp_layers:
+            return 0.0, 0.0
+        proj = moe_terms.mtp_projection_s(self.system.chip, tokens=m.micro_batch * self.model.seq_len / m.cp,
+                                          hidden=self.model.hidden, tp=m.tp, precision=self.precision)
+        return moe_terms.mtp_stage_s(self.model.moe, layer_s=layer_s, head_s=head_s, projection_s=proj)
+
+    def _mtp_params_per_chip(self, m: Mapping, layer_params: float) -> float:
+        """Parameters the MTP modules put on a last-stage chip: per module one (MoE) layer's
+        and its ``2d x d / tp`` projection; and, with more than one stage, a copy of the
+        vocabulary-parallel word embeddings (Megatron-Core's GPTModel builds the embedding on the
+        stage that runs MTP, as the tied-embedding copy of :func:`memory.tied_embedding_copy_params`)."""
+        n = self.num_mtp_layers
+        if not n:
+            return 0.0
+        h = self.model.hidden
+        copy = mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=h, tp=m.tp, pp=m.pp,
+                                              tie_embeddings=not self.model.tie_embeddings)
+        return n * (layer_params + 2 * h * h / m.tp) + copy
 
     def checkpoint_state(self, m: Mapping):
         """What a checkpoint of this mapping saves and who writes it (None: no checkpointing)."""

@@ -1,0 +1,108 @@
+"""MoE fidelity terms of issue 11 (session 4): DeepSeek-V3's multi-token prediction (MTP)
+module on the last pipeline stage. Closed forms on tiny cases, bounds below evaluations, search ==
+exhaustive, and MoE models without the new fields unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from dfmodel import load_system, load_workload
+from dfmodel.inter_chip import experts as X
+from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.llm import LLMModel
+from dfmodel.inter_chip.llm_family import solve_llm
+from dfmodel.inter_chip.llm_space import llm_candidates
+
+from test_inter_chip import small_system
+from test_moe_physics import moe_workload
+
+
+def _first(model, **knobs):
+    return next(iter(llm_candidates(model, Knobs(**knobs))))
+
+
+def _pair(mtp: int = 1, **moe):
+    s = load_system(small_system(4, 2))
+    return LLMModel(load_workload(moe_workload(**moe)), s), LLMModel(load_workload(moe_workload(mtp_layers=mtp, **moe)), s)
+
+
+def test_mtp_adds_a_layer_a_head_and_the_projection_on_one_stage():
+    """pp = 1: the single stage's forward grows by exactly one layer's forward (with its
+    all-to-alls), one head's forward and the 2d x d projection: 2 x tokens x 2h x h / tp FLOP at
+    the matmul rate; the backward by twice the projection and the layer's and head's backward."""
+    base, mtp = _pair()
+    m = _first(base, tp=1, pp=1, ep=4, micro_batch=1, recompute="none", overlap_moe_expert_parallel_comm=False)
+    a, b = base.evaluate(m), mtp.evaluate(m)
+    key = (m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel)
+    layer, head = mtp.block("layer", *key, m.cp, m.ep_outside_tp), mtp.block("head", *key, m.cp)
+    t_f, t_b = mtp._layer_phases_s(m, layer, mtp._layer_comm(m, layer, ()))
+    w, chip = mtp.model, mtp.system.chip
+    proj_f = 2 * m.micro_batch * w.seq_len * 2 * w.hidden * w.hidden / m.tp / (chip.peak("bf16") * chip.efficiency.matmul_at("bf16"))
+    assert b.stage_fwd_s[0] - a.stage_fwd_s[0] == pytest.approx(t_f + head.fwd.time_s + proj_f, rel=1e-9)
+    assert b.stage_bwd_s[0] - a.stage_bwd_s[0] == pytest.approx(t_b + head.backward_s("none") + 2 * proj_f, rel=1e-9)
+    assert b.iteration_time_s > a.iteration_time_s
+    assert sum(b.breakdown_s.values()) == pytest.approx(b.iteration_time_s, rel=1e-9)
+
+
+def test_mtp_parameters_on_the_last_stage():
+    """pp = 2: the last stage holds the MTP block, its 2h x h / tp projection and, with untied
+    embeddings, a copy of the vocabulary-parallel embedding (vocab x h / tp; tied: the head's
+    copy is already there)."""
+    base, mtp = _pair()
+    assert mtp.model.tie_embeddings  # the small model is GPT-like
+    untied = LLMModel(mtp.workload.model_copy(update={"model": mtp.model.model_copy(update={"tie_embeddings": False})}),
+                      mtp.system)
+    m = _first(base, tp=2, pp=2, ep=2, micro_batch=1, recompute="none")
+    w = mtp.model
+    key = (m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel)
+    layer = mtp.block("layer", *key, m.cp, m.ep_outside_tp)
+    extra = layer.params_per_chip + 2 * w.hidden ** 2 / m.tp
+    assert mtp._mtp_params_per_chip(m, layer.params_per_chip) == pytest.approx(extra)
+    copy = w.vocab_size * w.hidden / m.tp
+    assert untied._mtp_params_per_chip(m, layer.params_per_chip) == pytest.approx(extra + copy)
+    assert base._mtp_params_per_chip(m, layer.params_per_chip) == 0.0
+    a, b = base.evaluate(m), mtp.evaluate(m)
+    assert b.memory.total_bytes > a.memory.total_bytes
+
+
+def test_mtp_moves_layers_off_the_last_stage():
+    """The layer split sees the MTP work as the last stage's fixed work: that stage never gets
+    more layers than without it, and the slowest stage is never faster."""
+    base, mtp = _pair()
+    for pp in (2, 4):
+        m = _first(base, tp=1, pp=pp, ep=2, micro_batch=1, recompute="none")
+        a, b = base.evaluate(m), mtp.evaluate(m)
+        assert b.layers_per_stage[-1] <= a.layers_per_stage[-1]
+        assert sum(b.layers_per_stage) == sum(a.layers_per_stage)
+        assert max(f + g for f, g in zip(b.stage_fwd_s, b.stage_bwd_s)) >= max(f + g for f, g in zip(a.stage_fwd_s, a.stage_bwd_s))
+
+
+def test_bounds_below_evaluation_with_mtp():
+    _, model = _pair(first_dense_layers=2)
+    cands = list(llm_candidates(model, Knobs(micro_batch=1)))
+    for m in cands[::4]:
+        ev = model.evaluate(m)
+        assert model.lower_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
+        assert model.refined_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
+        assert model.memory_floor_bytes(m) <= ev.memory.total_bytes * (1 + 1e-12)
+        assert model.memory_before_blocks(m).total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
+
+
+def test_search_equals_exhaustive_with_mtp():
+    w, s = load_workload(moe_workload(mtp_layers=1)), load_system(small_system(4, 2))
+    knobs = Knobs(micro_batch=1)
+    fast, full = solve_llm(w, s, knobs), solve_llm(w, s, knobs, exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+
+
+def test_mtp_zero_is_bit_identical():
+    base, zero = _pair(mtp=0)
+    for m in list(llm_candidates(base, Knobs(micro_batch=1)))[::7]:
+        a, b = base.evaluate(m), zero.evaluate(m)
+        assert a.iteration_time_s == b.iteration_time_s and a.breakdown_s == b.breakdown_s
+
+
+def test_mtp_stage_closed_form():
+    from types import SimpleNamespace as N
+    assert X.mtp_stage_s(N(mtp_layers=2), layer_s=(1.0, 2.0), head_s=(3.0, 4.0), projection_s=(0.5, 1.0)) == (9.0, 14.0)
+    assert X.mtp_stage_s(None, layer_s=(1.0, 2.0), head_s=(3.0, 4.0), projection_s=(0.5, 1.0)) == (0.0, 0.0)
