@@ -106,3 +106,52 @@ def test_mtp_stage_closed_form():
     from types import SimpleNamespace as N
     assert X.mtp_stage_s(N(mtp_layers=2), layer_s=(1.0, 2.0), head_s=(3.0, 4.0), projection_s=(0.5, 1.0)) == (9.0, 14.0)
     assert X.mtp_stage_s(None, layer_s=(1.0, 2.0), head_s=(3.0, 4.0), projection_s=(0.5, 1.0)) == (0.0, 0.0)
+
+
+# -- MLA up-projection recompute (Megatron-Core recompute_modules [mla_up_proj]) ----------------
+MLA = {"q_lora_rank": 64, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32}
+
+
+def _mla_pair():
+    s = load_system(small_system(4, 2))
+    off, on = moe_workload(first_dense_layers=1), moe_workload(first_dense_layers=1)
+    off["model"]["mla"], on["model"]["mla"] = dict(MLA), {**MLA, "recompute_up_proj": True}
+    return LLMModel(load_workload(off), s), LLMModel(load_workload(on), s)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_mla_up_recompute_time_and_memory_closed_form(recompute):
+    """Each (MoE and dense) layer's backward grows by the up-projection GEMMs' forward,
+    2 T (q_lora a (nope + rope) + kv_lora a (nope + v)) / tp FLOP at the matmul rate, and its
+    saved activations shrink by Q, K, V: s b a e (2 (nope + rope) + v) / tp; full recompute:
+    neither changes (it re-runs them anyway)."""
+    off, on = _mla_pair()
+    m = _first(off, tp=2, pp=1, ep=2, micro_batch=1, recompute=recompute)
+    a, b = off.evaluate(m), on.evaluate(m)
+    w, chip = on.model, on.system.chip
+    T = m.micro_batch * w.seq_len
+    up = 2 * T * (64 * 16 * 48 + 32 * 16 * 64) / m.tp / (chip.peak("bf16") * chip.efficiency.matmul_at("bf16"))
+    layers = sum(a.layers_per_stage)  # one stage: every layer, MoE and dense
+    expected = 0.0 if recompute == "full" else layers * up
+    assert b.stage_bwd_s[0] - a.stage_bwd_s[0] == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert b.stage_fwd_s[0] == a.stage_fwd_s[0]
+    from dfmodel.inter_chip import memory as mem
+    kw = dict(seq_len=w.seq_len, micro_batch=1, tp=2, sequence_parallel=True, bytes_per_element=2, recompute=recompute)
+    saved = mem.moe_mla_activation_delta_bytes(off.model, **kw) - mem.moe_mla_activation_delta_bytes(w, **kw)
+    assert saved == (0.0 if recompute == "full" else w.seq_len * 16 * 2 * (2 * 48 + 32) / 2)
+    assert b.memory.total_bytes <= a.memory.total_bytes
+
+
+def test_bounds_below_evaluation_with_mla_up_recompute_and_mtp():
+    s = load_system(small_system(4, 2))
+    w = moe_workload(first_dense_layers=1, mtp_layers=1)
+    w["model"]["mla"] = {**MLA, "recompute_up_proj": True}
+    model = LLMModel(load_workload(w), s)
+    for m in list(llm_candidates(model, Knobs(micro_batch=1)))[::4]:
+        ev = model.evaluate(m)
+        assert model.lower_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
+        assert model.refined_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
+        assert model.memory_floor_bytes(m) <= ev.memory.total_bytes * (1 + 1e-12)
+        assert model.memory_before_blocks(m).total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
+    fast, full = solve_llm(load_workload(w), s, Knobs(micro_batch=1)), solve_llm(load_workload(w), s, Knobs(micro_batch=1), exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)

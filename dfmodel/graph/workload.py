@@ -287,6 +287,13 @@ class MLAConfig(Strict):
     qk_rope_head_dim: PositiveInt = 64
     qk_nope_head_dim: PositiveInt = 128
     v_head_dim: PositiveInt = 128
+    #: recompute the up projections (and RoPE) in the backward instead of keeping Q, K and V:
+    #: Megatron-Core ``recompute_modules: [mla_up_proj]`` (multi_latent_attention.py,
+    #: ``recompute_up_proj``: CheckpointWithoutOutput around qkv_up_proj_and_rope_apply, outputs
+    #: discarded after the core attention); DeepSeek-V3 sec. 3.2.3 "Recomputation of RMSNorm and
+    #: MLA Up-Projection". Costs the up-projection GEMMs once more per backward; no effect with
+    #: full recompute (which re-runs them anyway). False: Q, K, V are saved
+    recompute_up_proj: bool = False
 
     @property
     def qk_head_dim(self) -> int:

@@ -185,6 +185,29 @@ def dispatch_bytes_per_element(moe, activation_bytes: float) -> float:
     return FP8_DISPATCH_BYTES if getattr(moe, "dispatch_fp8", False) else activation_bytes
 
 
+def mla_up_recompute_s(chip, mla, *, tokens: float, heads: int, tp: int, precision) -> float:
+    """Backward-time cost of recomputing MLA's up projections (``mla.recompute_up_proj``):
+    their forward GEMMs again, ``2 x tokens x (q_lora x a (nope + rope) + kv_lora x a (nope +
+    v))`` FLOP (:func:`dfmodel.graph.builders.mla.mla_up_flop`), heads split ``tp`` ways, at
+    the chip's matmul rate for ``precision``; 0 when the field is off. RoPE's element-wise pass
+    over Q and K is left out (one read and write of tensors the GEMM just wrote).
+
+    >>> from types import SimpleNamespace as N
+    >>> from dfmodel.graph.workload import MLAConfig
+    >>> chip = N(peak=lambda p: 1e15, efficiency=N(matmul_at=lambda p: 0.5))
+    >>> on = MLAConfig(recompute_up_proj=True)
+    >>> mla_up_recompute_s(chip, on, tokens=4096, heads=128, tp=2, precision="bf16") * 5e14 * 2 == 2 * 4096 * (1536 * 128 * 192 + 512 * 128 * 256)
+    True
+    >>> mla_up_recompute_s(chip, MLAConfig(), tokens=4096, heads=128, tp=2, precision="bf16")
+    0.0
+    """
+    from dfmodel.graph.builders.mla import mla_up_flop
+
+    if mla is None or not getattr(mla, "recompute_up_proj", False):
+        return 0.0
+    return mla_up_flop(mla, tokens, heads) / tp / (chip.peak(precision) * chip.efficiency.matmul_at(precision))
+
+
 def mtp_projection_s(chip, *, tokens: float, hidden: int, tp: int, precision) -> tuple[float, float]:
     """(forward, backward) time of one multi-token-prediction module's projection M_k
     (DeepSeek-V3, arXiv:2412.19437 sec. 2.2 eq. 21: ``M_k [RMSNorm(h); RMSNorm(Emb(t))]``, a
@@ -255,5 +278,5 @@ def members_off(group, fast_dim: str) -> int:
     return out
 
 
-__all__ = ["mtp_projection_s", "mtp_stage_s", "with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
+__all__ = ["mla_up_recompute_s", "mtp_projection_s", "mtp_stage_s", "with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
            "dense_layers_per_stage", "complement_group"]

@@ -942,8 +942,18 @@ class LLMModel:
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles)
         c_f, c_b = _fp8_prep_s(layer, self.system.chip)  # TE's FP8 cast/transpose kernels (serial)
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts
+        redo_f += self._mla_up_redo_s(m)
         return (t_f + c_f + sum(f for f, _ in extra.values()),
                 t_b + c_b + redo_f + sum(b for _, b in extra.values()))
+
+    def _mla_up_redo_s(self, m: Mapping) -> float:
+        """Backward time of recomputing MLA's up projections per layer and micro-batch
+        (:func:`experts.mla_up_recompute_s`); 0 with full recompute, which re-runs them anyway."""
+        mla = getattr(self.model, "mla", None)
+        if mla is None or m.recompute == "full" or not mla.recompute_up_proj:
+            return 0.0
+        return moe_terms.mla_up_recompute_s(self.system.chip, mla, tokens=m.micro_batch * self.model.seq_len / m.cp,
+                                            heads=self.model.num_heads, tp=m.tp, precision=self.precision)
 
     def _layer_parts(self, m: Mapping, layer: BlockTimes) -> dict[str, float]:
         """One layer's time by component, as :meth:`_layer_phases_s` times it (with
@@ -957,6 +967,7 @@ class LLMModel:
             parts = layer.parts(m.recompute)
         c_f, c_b = _fp8_prep_s(layer, self.system.chip)  # memory-bound kernels of their own
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
+        parts["compute"] += self._mla_up_redo_s(m)
         return parts
 
     def _with_offload(self, m: Mapping, layer: BlockTimes, extra: dict[str, tuple[float, float]],

@@ -191,6 +191,8 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
         # Q, K, V at the activation precision, the output (projection input) as a linear input
         latent = s * b * a * (e * (2 * mla.qk_head_dim + mla.v_head_dim) + g * mla.v_head_dim) / t
         delta += latent - dense + g * s * b * mla.latent_out / sp
+        if getattr(mla, "recompute_up_proj", False):  # Q, K, V discarded, recomputed from the latents
+            delta -= s * b * a * e * (2 * mla.qk_head_dim + mla.v_head_dim) / t
     return delta
 
 
