@@ -450,7 +450,9 @@ class LLMModel:
             return floor(graph) + extra
 
         dense = with_recompute(gs.dense_layer) * self.num_dense_layers if self.num_dense_layers else 0.0
-        return with_recompute(gs.layer) * self.num_moe_layers + dense + floor(gs.embedding) + floor(gs.head)
+        mtp = self.num_mtp_layers  # each MTP module: one more (MoE) layer and the head again
+        return (with_recompute(gs.layer) * (self.num_moe_layers + mtp) + dense + floor(gs.embedding)
+                + floor(gs.head) * (1 + mtp))
 
     def lower_bound_s(self, m: Mapping) -> float:
         """Valid lower bound on ``evaluate(m).iteration_time_s``.
@@ -562,6 +564,9 @@ class LLMModel:
             total += self.num_dense_layers * max(sum(self._layer_phases_s(m, blocks[3], {})),
                                                  sum(self._offload_layer_s(m, blocks[3].params_per_chip)))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
+        if self.num_mtp_layers:  # the MTP modules' layer and head (their projection left out: >= 0)
+            total += self.num_mtp_layers * (sum(self._layer_phases_s(m, layer, {}))
+                                            + (head.fwd.time_s + head.backward_s("none") if head else 0.0))
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
