@@ -148,6 +148,29 @@ def stats(errors: list[float]) -> str:
     return f"mean |err| {sum(a) / len(a):.1%}  max {max(a):.1%}  bias {sum(errors) / len(errors):+.1%}  (n={len(a)})"
 
 
+#: A factor whose grid values move no training case's prediction by more than this (relative to
+#: the measured time) is not identified by those cases: the fit's choice of it is arbitrary.
+IDENTIFIED_REL = 0.005
+
+
+def unidentified(points, fitted: dict, ids) -> list[str]:
+    """Factors of ``fitted`` that no case of ``ids`` is sensitive to: over the factor's grid values
+    (the other factors as fitted) every case's prediction stays within :data:`IDENTIFIED_REL`.
+    E.g. the FP8 GEMM efficiency when every FP8 training run is host-bound (chip
+    ``efficiency.host_linear_s``): its held-out predictions then rest on an arbitrary grid value."""
+    blind = []
+    for factor in fitted:
+        rows = [p[1] for p in points if all(p[0][k] == v for k, v in fitted.items() if k != factor)]
+        spread = 0.0
+        for i in ids:
+            preds = [r[i].predicted_s for r in rows if r[i].error is not None]
+            if preds:
+                spread = max(spread, (max(preds) - min(preds)) / rows[0][i].measured_s)
+        if spread <= IDENTIFIED_REL:
+            blind.append(factor)
+    return blind
+
+
 def report(preset: str, cases, points) -> None:
     evaluable = [c.id for c in cases if points[0][1][c.id].error is not None]
     skipped = [(c.id, points[0][1][c.id].message) for c in cases if points[0][1][c.id].error is None]
@@ -174,6 +197,9 @@ def report(preset: str, cases, points) -> None:
             errs = [rows_f[i].error for i in ids]
             held += errs
             print(f"  LOFO {fam:28s} fitted {f_fit} -> {stats(errs)}")
+            blind = unidentified(points, f_fit, train)
+            if blind:
+                print(f"       {'':28s} unidentified by the training families (a grid value, not a fit): {', '.join(blind)}")
         print(f"  leave-one-family-out: {stats(held)}")
     else:
         print("  leave-one-family-out: needs two or more evaluable families")

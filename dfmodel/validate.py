@@ -59,6 +59,8 @@ class CaseTraining(Strict):
     fp8_weights: bool | None = None
     #: NeMo 1.x distributed_fused_adam with bf16 weights keeps fp32 masters as 16-bit remainders
     param_remainders: bool | None = None
+    #: the run replayed its layers as CUDA graphs (no host floor: chip ``efficiency.host_linear_s``)
+    cuda_graphs: bool | None = None
 
 
 class CaseSystem(Strict):
@@ -263,6 +265,8 @@ def workload_of(case: Case) -> dict[str, Any]:
         training["grad_reduce"] = case.training.grad_reduce
     if case.training.param_remainders is not None:
         training["param_remainders"] = case.training.param_remainders
+    if case.training.cuda_graphs is not None:
+        training["cuda_graphs"] = case.training.cuda_graphs
     if case.training.fp8_weights is not None and precision == "fp8":
         training["fp8"] = {"fp8_weights": case.training.fp8_weights}
     return {"kind": "llm", "name": case.id, "model": model, "training": training}

@@ -38,3 +38,20 @@ def test_preset_factor_is_relevant_to_its_cases_only():
     assert cal.relevant("dgx_b200/matmul.fp8", b200)
     assert not cal.relevant("dgx_b200/matmul.fp8", h100_fp8)
     assert cal.relevant("matmul.fp8", h100_fp8) and not cal.relevant("matmul.fp8", cases["dgxc-llama31-405b-bf16-576"])
+
+
+def test_unidentified_factor_is_one_no_training_case_moves_with():
+    """A fold's factor is unidentified when, with the others as fitted, no training case's
+    prediction moves by more than IDENTIFIED_REL over the factor's grid (e.g. the FP8 GEMM
+    efficiency when every FP8 training run sits on the host floor)."""
+    from types import SimpleNamespace as Row
+
+    cal = _calibrate()
+
+    def point(a, b):  # case "x" sees factor a only; case "y" sees nothing
+        return ({"a": a, "b": b}, {"x": Row(error=0.0, predicted_s=10.0 * a, measured_s=10.0),
+                                   "y": Row(error=0.0, predicted_s=5.0, measured_s=5.0)})
+
+    points = [point(a, b) for a in (0.5, 0.6) for b in (1, 2)]
+    assert cal.unidentified(points, {"a": 0.5, "b": 1}, ["x", "y"]) == ["b"]
+    assert cal.unidentified(points, {"a": 0.5, "b": 1}, ["y"]) == ["a", "b"]

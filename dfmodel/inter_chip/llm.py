@@ -278,6 +278,34 @@ def _fp8_prep_s(layer: BlockTimes, chip) -> tuple[float, float]:
     return fwd, bwd
 
 
+def _host_floor_s(layer: BlockTimes, chip, precision: str) -> float:
+    """Least time of one layer's forward + backward on one micro-batch that the host allows: the
+    CPU of an eager framework queues the layer's kernels no faster than its per-module work, so
+    the GPU waits on it when the layer's kernels are short (0 on a chip without a
+    ``host_linear_s`` table, or one that does not run kernel by kernel).
+
+    The sum over the layer's linear modules (forward matmuls that carry weights: QKV, projection,
+    FC1, FC2; an MoE layer's router and expert GEMMs) of the chip's ``efficiency.host_linear_s`` at
+    the module's GEMM precision. Transformer Engine's ``te.Linear`` measured on H100 by its
+    maintainers (NVIDIA/TransformerEngine issue #445, ptrendx 2023-10-16, a 1024 x 1024 x 1024
+    linear whose GPU work is microseconds, so the time is the host's): 0.57 ms per forward +
+    backward in 16 bit and 2.07 ms in FP8 (the cast / amax / scale bookkeeping; issue #761: "scheduling
+    a te.Linear layer in FP8 takes more than 2x more time compared to BF16", the GPU idle in the FP8
+    forward; PR #1016: "FP8 training is frequently bottlenecked by CPU overheads"). The other
+    kernels of a layer (norms, attention, element-wise) are not counted: a lower estimate.
+    """
+    cached = layer.__dict__.get("_host_floor_s")
+    if cached is not None:
+        return cached
+    floor = 0.0
+    if chip.execution == "kernel_by_kernel" and chip.efficiency.host_linear_s:
+        for k in layer.sharded.graph.kernels:
+            if k.phase == Phase.forward and k.kind.is_matrix and k.weight_bytes > 0:
+                floor += chip.efficiency.host_linear_at(k.precision or precision)
+    layer.__dict__["_host_floor_s"] = floor
+    return floor
+
+
 @lru_cache(maxsize=65536)
 def _balance(num_layers: int, pp: int, interleave: int, layer_s: float, first_s: float, last_s: float) -> tuple[int, ...]:
     """Memoised :func:`pipeline.balance_layers`: candidates differing only in placement of
@@ -870,7 +898,7 @@ class LLMModel:
         shares = self._stage_shares(n_moe_b, m, layer, emb if b == 0 else None, head if b == m.pp - 1 else None,
                                     dense=(dense_st[b], dense) if dense else None)
         rest = busy - sum(comm.values())
-        breakdown = {k: rest * shares[k] for k in COMPONENTS}
+        breakdown = {k: rest * shares[k] for k in (*COMPONENTS, "host") if k in shares}
         pp_comm = min(max(pt.total_s - busy, 0.0), pt.p2p_exposed_s)
         breakdown.update(
             pp_comm=pp_comm,
@@ -948,8 +976,17 @@ class LLMModel:
         c_f, c_b = _fp8_prep_s(layer, self.system.chip)  # TE's FP8 cast/transpose kernels (serial)
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts
         redo_f += self._mla_up_redo_s(m)
-        return (t_f + c_f + sum(f for f, _ in extra.values()),
-                t_b + c_b + redo_f + sum(b for _, b in extra.values()))
+        f = t_f + c_f + sum(f for f, _ in extra.values())
+        b = t_b + c_b + redo_f + sum(b for _, b in extra.values())
+        # an eager framework's host queues the layer no faster than _host_floor_s: the GPU's wait
+        # shows in the backward (the CPU runs ahead once the forward's kernels are queued)
+        return f, max(b, self._host_floor_s(layer) - f)
+
+    def _host_floor_s(self, layer: BlockTimes) -> float:
+        """:func:`_host_floor_s` of this run (0 when its layers run as CUDA graphs)."""
+        if getattr(self.training, "cuda_graphs", False):
+            return 0.0
+        return _host_floor_s(layer, self.system.chip, self.precision.value)
 
     def _mla_up_redo_s(self, m: Mapping) -> float:
         """Backward time of recomputing MLA's up projections per layer and micro-batch
@@ -973,6 +1010,11 @@ class LLMModel:
         c_f, c_b = _fp8_prep_s(layer, self.system.chip)  # memory-bound kernels of their own
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
         parts["compute"] += self._mla_up_redo_s(m)
+        # the GPU waiting on the host (_layer_phases_s's floor; the layer's exposed communication
+        # is not in these parts, so the wait's share can only be overstated, never missed)
+        host_s = self._host_floor_s(layer) - sum(parts.values())
+        if host_s > 0:
+            parts["host"] = host_s
         return parts
 
     def _with_offload(self, m: Mapping, layer: BlockTimes, extra: dict[str, tuple[float, float]],
@@ -1176,7 +1218,7 @@ class LLMModel:
         parts = {k: n_layers * v for k, v in self._layer_parts(m, layer).items()}
         if dense is not None:
             for k, v in self._layer_parts(m, dense[1]).items():
-                parts[k] += dense[0] * v
+                parts[k] = parts.get(k, 0.0) + dense[0] * v
         for blk in (emb, head):
             if blk:
                 for k, v in blk.parts("none").items():

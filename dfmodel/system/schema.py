@@ -120,6 +120,14 @@ class Efficiency(Strict):
       iteration in a CUDA graph (HugeCTR's ``use_holistic_cuda_graph``, MLPerf): the CPU launch
       goes and only the GPU's gap between graph nodes remains. Read only by workloads that say
       they run as a graph (DLRM ``training.cuda_graphs``); default: ``kernel_overhead_s``.
+    - ``host_linear_s``: host (CPU) time an eager framework spends on one linear module per
+      micro-batch, forward + backward, per precision of its GEMM (Transformer Engine ``te.Linear``:
+      Python module logic, the cast / amax / scale bookkeeping of FP8 and the kernel launches).
+      The CPU queues a layer's kernels no faster than this, so one layer's forward + backward never
+      takes less than the sum over its linear modules (a host-bound floor that FP8, whose GEMMs
+      halve while its host work triples, reaches first). Read by LLM training unless the workload
+      runs as CUDA graphs (``training.cuda_graphs``); a precision not listed has no floor; default
+      none (no floor).
     """
 
     matmul: Fraction | dict[Precision, Fraction] = 1.0
@@ -129,6 +137,7 @@ class Efficiency(Strict):
     matmul_tile: tuple[PositiveInt, PositiveInt, PositiveInt] = (1, 1, 1)
     kernel_overhead_s: Seconds = 0.0
     graph_kernel_overhead_s: Seconds | None = None
+    host_linear_s: dict[Precision, Seconds] | None = None
 
     @field_validator("graph_kernel_overhead_s")
     @classmethod
@@ -152,6 +161,12 @@ class Efficiency(Strict):
             allowed = ", ".join(k.value for k in self.matmul)
             raise ValueError(f"efficiency.matmul has no entry for {p.value} (has {allowed})")
         return float(self.matmul[p])
+
+    def host_linear_at(self, precision: "Precision | str") -> float:
+        """Host time of one linear module per micro-batch at ``precision`` (0: no floor)."""
+        if not self.host_linear_s:
+            return 0.0
+        return float(self.host_linear_s.get(Precision(precision), 0.0))
 
     def attention_at(self, precision: "Precision | str") -> float:
         """Fused-attention efficiency (FlashAttention runs in 16 bit; see the class doc)."""
