@@ -476,9 +476,12 @@ class LLMModel:
         FLOP and DRAM traffic, launch overheads) plus its forced TP reductions on the cheapest
         of ``tp_groups`` (default: every TP group a placement of these degrees can take, so
         the bound reads no placement; ``comm=False``: without them, a cheaper, weaker floor).
-        None on dataflow chips (kernels fuse there)."""
+        On dataflow chips (kernels fuse there): :func:`.dataflow_floor.pass_floor_s` (compute and
+        the DRAM traffic no partition plan avoids: weights, block inputs and outputs)."""
         if self.system.chip.execution == "dataflow":
-            return None
+            from dfmodel.inter_chip import dataflow_floor  # (it reads this module)
+
+            return dataflow_floor.pass_floor_s(self, m)
         ub = m.tp_comm_overlap and m.tp > 1
         key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
         memo = self.__dict__.setdefault("_pass_floor_memo", {})
