@@ -17,6 +17,13 @@ terms this module bounds, never re-derives):
 - **overheads**: a non-empty phase has at least one partition: ``kernel_overhead_s`` plus one
   row tile's ``tile_overhead_s / f`` with ``f <= 1``.
 
+- **the stash** (tensors a forward kernel makes for a backward one): a layer keeps it in SRAM
+  only while it fits -- a stage keeps at most ``floor(SRAM / (S in_flight))`` layers' stashes
+  on chip (``OnChipStash.layers_on_chip``, ``in_flight >= 1``; with full recompute all or none);
+  every other layer's forward writes it and its backward reads it back (they are outputs and
+  inputs of the two solved subgraphs). At a long sequence the attention scores make ``S`` tens
+  of GB per micro-batch: on WSE-2 (40 GB SRAM, 150 GB/s MemoryX) this term is most of the time.
+
 A plan's time is ``sum_p max(c_p, m_p, n_p) + overheads >= max(sum c_p, sum m_p) + ko + tau``
 (overlapping chips; the sum of the parts otherwise), and ``sum m_p`` is at least the compulsory
 traffic. The phases are solved separately (``LLMModel._solve_block``: forward, backward, the
@@ -76,6 +83,11 @@ class DataflowBlockFloor:
     s_per_byte: float
     overhead_s: float
     overlap: bool
+    # the same phases when the stash goes through DRAM (the forward writes it, the backward
+    # reads it: outputs / inputs of the two solved subgraphs), and the stash bytes per chip
+    fwd_dram: PhaseFloor | None = None
+    bwd_dram: PhaseFloor | None = None
+    stash_bytes: float = 0.0
 
     def phase_s(self, phase: PhaseFloor, k: int) -> float:
         return phase.time_s(k, self.s_per_byte, self.overhead_s, self.overlap)
@@ -86,6 +98,27 @@ class DataflowBlockFloor:
         f = self.phase_s(self.fwd, k)
         extra = {"none": 0.0, "selective": self.phase_s(self.core, k), "full": f}[recompute]
         return f + self.phase_s(self.bwd, k) + extra
+
+    def dram_kernels_s(self, k: int, recompute: str) -> float:
+        """:meth:`kernels_s` of a layer whose stash goes through DRAM (full recompute's second
+        forward writes it again: ``layer_times`` applies the DRAM forward to both)."""
+        if self.fwd_dram is None:
+            return self.kernels_s(k, recompute)
+        f = self.phase_s(self.fwd_dram, k)
+        extra = {"none": 0.0, "selective": self.phase_s(self.core, k), "full": f}[recompute]
+        return f + self.phase_s(self.bwd_dram, k) + extra
+
+    def max_layers_on_chip(self, k: int, sram_bytes: float, layers: int, stages: int, recompute: str) -> int:
+        """At most this many of ``layers`` (over ``stages`` pipeline stages) keep their stash in
+        SRAM (``OnChipStash.layers_on_chip``: ``floor(free / (S in_flight))`` per stage with
+        ``free <= sram`` and ``in_flight >= 1``; full recompute: all or none, none when one
+        stash exceeds the SRAM). ``S`` grows at least ``k``-fold with the micro-batch."""
+        stash = k * self.stash_bytes
+        if stash <= 0:
+            return layers
+        if recompute == "full":
+            return layers if stash <= sram_bytes else 0
+        return min(layers, stages * int(sram_bytes // stash))
 
 
 def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int, stash_free: bool) -> PhaseFloor:
@@ -143,9 +176,15 @@ def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core)
     core = {k.name for k in graph.kernels if is_core(k)}
     chip = system.chip
     overhead = float(chip.efficiency.kernel_overhead_s) + DEFAULT_TILE_OVERHEAD_S  # >= tau / f, f <= 1
+    kinds = {k.name: k for k in graph.kernels}
+    stash: dict[tuple, float] = {}  # onchip_stash.stash_tensors of the unsharded graph
+    for t in graph.tensors:
+        if t.producer in fwd and t.consumer in bwd and kinds[t.producer].phase == Phase.forward:
+            stash[(t.name, t.producer)] = max(stash.get((t.name, t.producer), 0.0), float(t.bytes))
     return DataflowBlockFloor(_phase_floor(graph, system, fwd, tp, True), _phase_floor(graph, system, bwd, tp, True),
                               _phase_floor(graph, system, core, tp, False), memory_time_s(chip, 1.0), overhead,
-                              bool(chip.overlap))
+                              bool(chip.overlap), _phase_floor(graph, system, fwd, tp, False),
+                              _phase_floor(graph, system, bwd, tp, False), sum(stash.values()) / tp)
 
 
 __all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
@@ -155,7 +194,7 @@ def pass_floor_s(model, m) -> float:
     """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
     block on one dataflow chip (``LLMModel.pass_floor_s`` on ``execution: dataflow``): each
     block's :class:`DataflowBlockFloor` times its count. Memoised per block key on ``model``."""
-    key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp)
+    key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp)
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -166,6 +205,7 @@ def pass_floor_s(model, m) -> float:
               ("head", 1, "none", 1)]
     if model.num_dense_layers:
         blocks.append(("dense_layer", model.num_dense_layers, m.recompute, 1))
+    sram = float(model.system.chip.sram_bytes)
     total = 0.0
     for which, count, rc, ep in blocks:
         if not count:
@@ -174,8 +214,14 @@ def pass_floor_s(model, m) -> float:
         if bkey not in floors:
             graph = getattr(model.graphs(1, m.cp, ep), which)
             floors[bkey] = None if graph is None else dataflow_block_floor(graph, model.system, m.tp, _is_attention_core)
-        if floors[bkey] is not None:
-            total += count * floors[bkey].kernels_s(m.micro_batch, rc)
+        fl = floors[bkey]
+        if fl is None:
+            continue
+        if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
+            on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc)
+            total += on * fl.kernels_s(m.micro_batch, rc) + (count - on) * fl.dram_kernels_s(m.micro_batch, rc)
+        else:
+            total += count * fl.kernels_s(m.micro_batch, rc)
     memo[key] = total
     return total
 
