@@ -190,17 +190,16 @@ def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core)
 __all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
 
 
-def pass_floor_s(model, m) -> float:
+def pass_floor_s(model, m, is_core) -> float:
     """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
-    block on one dataflow chip (``LLMModel.pass_floor_s`` on ``execution: dataflow``): each
+    block on one dataflow chip (``LLMModel.pass_floor_s`` on ``execution: dataflow``; ``is_core``
+    picks selective recompute's kernels): each
     block's :class:`DataflowBlockFloor` times its count. Memoised per block key on ``model``."""
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp)
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
     floors = model.__dict__.setdefault("_dataflow_block_floors", {})
-    from dfmodel.inter_chip.llm import _is_attention_core  # (llm imports this module)
-
     blocks = [("layer", model.num_moe_layers, m.recompute, m.ep_outside_tp), ("embedding", 1, "none", 1),
               ("head", 1, "none", 1)]
     if model.num_dense_layers:
@@ -213,7 +212,7 @@ def pass_floor_s(model, m) -> float:
         bkey = (which, m.tp, m.cp, ep)
         if bkey not in floors:
             graph = getattr(model.graphs(1, m.cp, ep), which)
-            floors[bkey] = None if graph is None else dataflow_block_floor(graph, model.system, m.tp, _is_attention_core)
+            floors[bkey] = None if graph is None else dataflow_block_floor(graph, model.system, m.tp, is_core)
         fl = floors[bkey]
         if fl is None:
             continue
