@@ -118,10 +118,14 @@ def test_slow_tp_network_is_pruned_by_its_collectives():
     assert fast.solver.status == "optimal"
 
 
-def test_dataflow_chips_keep_the_compute_floor():
-    """Dataflow chips fuse kernels (no per-kernel traffic): no kernel floor there."""
+def test_dataflow_chips_take_the_dataflow_floor():
+    """Dataflow chips fuse kernels (no per-kernel traffic): their pass floor is the dataflow one
+    (compute and compulsory traffic, tests/test_dataflow_floor.py), not this module's."""
+    from dfmodel.inter_chip import dataflow_floor as dff
+    from dfmodel.inter_chip.llm import _is_attention_core
+
     s = small_system(4, 2)
     s["chip"]["execution"] = "dataflow"
     model = LLMModel(load_workload(SMALL_LLM), load_system(s))
     m = next(iter(llm_candidates(model, Knobs(tp=2))))
-    assert model.pass_floor_s(m) is None
+    assert model.pass_floor_s(m) == dff.pass_floor_s(model, m, _is_attention_core) > 0.0

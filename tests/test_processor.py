@@ -41,3 +41,16 @@ def test_more_kernels_than_tiles():
 def test_padding():
     k = Kernel("g", KernelKind.matmul, {"m": 100, "n": 128, "k": 64}, flop=0, output_bytes=1)
     assert padding_factor(k, (128, 128, 64)) == pytest.approx(1.28)
+
+
+def test_zero_work_split_is_the_greedys_and_instant():
+    """A partition without arithmetic (communication kernels only) on a WSE-2-sized chip: the
+    same split as the plain greedy (every spare tile to the first kernel), without 850,000
+    heap steps (that took ~0.3 s per report and most of a wse2 search)."""
+    import time
+
+    assert tile_allocation([0.0, 0.0, 0.0], 50) == greedy_from_ones([0.0, 0.0, 0.0], 50)
+    t0 = time.process_time()
+    assert tile_allocation([0.0] * 4, 850_000) == [849_997, 1, 1, 1]
+    assert time.process_time() - t0 < 0.05
+    assert tile_allocation([], 10) == []

@@ -29,6 +29,7 @@ from dfmodel.inter_chip.checkpoint import checkpoint_state
 from dfmodel.inter_chip.config import DIM_NAMES, Knobs, Mapping
 from dfmodel.inter_chip import experts as moe_terms
 from dfmodel.inter_chip import block_floor as bf
+from dfmodel.inter_chip import dataflow_floor
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs, stash_tensors
@@ -506,9 +507,10 @@ class LLMModel:
         FLOP and DRAM traffic, launch overheads) plus its forced TP reductions on the cheapest
         of ``tp_groups`` (default: every TP group a placement of these degrees can take, so
         the bound reads no placement; ``comm=False``: without them, a cheaper, weaker floor).
-        None on dataflow chips (kernels fuse there)."""
+        On dataflow chips (kernels fuse there): :func:`.dataflow_floor.pass_floor_s` (compute and
+        the DRAM traffic no partition plan avoids: weights, block inputs and outputs)."""
         if self.system.chip.execution == "dataflow":
-            return None
+            return dataflow_floor.pass_floor_s(self, m, _is_attention_core)
         ub = m.tp_comm_overlap and m.tp > 1
         key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
         memo = self.__dict__.setdefault("_pass_floor_memo", {})

@@ -414,7 +414,10 @@ class LLMSpace:
         tp_comm_overlap, so the least recompute and overlap on (when offered) stand for all."""
         if self._bounds_off:
             return 0.0
-        rcs_min = ["none"] if "none" in rcs else list(rcs)
+        # (dataflow chips: full recompute may keep every layer's stash in SRAM where "none" keeps
+        # only some, so its floor can be lower: take the least over every recompute there)
+        dataflow = self.model.system.chip.execution == "dataflow"
+        rcs_min = ["none"] if "none" in rcs and not dataflow else list(rcs)
         ub = any(k[5] for k in keys) and deg["tp"] > 1
         best = None
         for rc in rcs_min:

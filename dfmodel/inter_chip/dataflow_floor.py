@@ -1,0 +1,228 @@
+"""Floors on a block's per-micro-batch time on one *dataflow* chip, without solving it.
+
+A dataflow chip (SN30, WSE-2: ``execution: dataflow``) fuses kernels into partitions, so the
+per-kernel DRAM floor of :mod:`.block_floor` (every kernel reads and writes DRAM) does not hold
+there. What every partition plan of a phase still pays (:mod:`dfmodel.intra_chip.cost`, whose
+terms this module bounds, never re-derives):
+
+- **compute**: a partition's compute is the sum of its kernels' ``compute_time_s``, so a plan's
+  is the sum over all kernels: at least every kernel's FLOP at the achieved rate
+  (``achieved_rate_Fps``, padding >= 1 dropped);
+- **compulsory DRAM traffic**: every weight a partition uses is read from DRAM by it (resident or
+  streamed: ``CostModel._terms``, ``add(mem, w.bytes, used)``), so at least once per phase;
+  a tensor entering the phase from outside (a graph input of the phase's subgraph) is read, and
+  one leaving it (a graph output: the block's output, its input gradient, the weight gradients)
+  written, at least once; plus every kernel's ``extra_memory_bytes``. The forward-to-backward
+  stash is *not* counted: the on-chip variant keeps it in SRAM (:mod:`.onchip_stash`);
+- **overheads**: a non-empty phase has at least one partition: ``kernel_overhead_s`` plus one
+  row tile's ``tile_overhead_s / f`` with ``f <= 1``.
+
+- **the stash** (tensors a forward kernel makes for a backward one): a layer keeps it in SRAM
+  only while it fits -- a stage keeps at most ``floor(SRAM / (S in_flight))`` layers' stashes
+  on chip (``OnChipStash.layers_on_chip``, ``in_flight >= 1``; with full recompute all or none);
+  every other layer's forward writes it and its backward reads it back (they are outputs and
+  inputs of the two solved subgraphs). At a long sequence the attention scores make ``S`` tens
+  of GB per micro-batch: on WSE-2 (40 GB SRAM, 150 GB/s MemoryX) this term is most of the time.
+
+A plan's time is ``sum_p max(c_p, m_p, n_p) + overheads >= max(sum c_p, sum m_p) + ko + tau``
+(overlapping chips; the sum of the parts otherwise), and ``sum m_p`` is at least the compulsory
+traffic. The phases are solved separately (``LLMModel._solve_block``: forward, backward, the
+attention core for selective recompute), so a block's floor is the sum of its phases' floors.
+
+Sharding over a TP group of ``tp`` chips (``sharding.shard``) gives each chip a copy of every
+kernel with its FLOP, tensors and weights scaled by the layout's local fraction, which is at
+least ``1 / tp`` (``strategies.local_fraction``): the floor divides the unsharded block's terms
+by ``tp`` (a replicated layer norm is under-counted, never over-counted). Communication kernels
+inserted by sharding stay inside their phase (their tensors are internal or already counted).
+
+Everything is built once per block on the graph of one micro-batch and scaled: activations and
+FLOP grow at least linearly with the micro-batch at a fixed sequence length, weights and
+weight gradients do not (the same split as :class:`.block_floor.BlockFloor`).
+tests/test_dataflow_floor.py checks floor <= solved phase (off-chip and on-chip stash) on every
+shipped LLM block at several TP degrees and micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dfmodel.graph.graph import DataflowGraph
+from dfmodel.graph.kernel import KernelKind, Phase
+from dfmodel.inter_chip.sharding import is_weight_gradient
+from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S
+from dfmodel.system.processor import achieved_rate_Fps, memory_time_s
+from dfmodel.system.schema import System
+
+
+@dataclass(frozen=True)
+class PhaseFloor:
+    """One phase at micro-batch 1 on one chip of the TP group: compute seconds ``compute_s``
+    (grows with the micro-batch), compulsory bytes that grow (``act_bytes``) and that do not
+    (``fixed_bytes``: weights, weight gradients)."""
+
+    compute_s: float
+    act_bytes: float
+    fixed_bytes: float
+    kernels: int
+
+    def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool) -> float:
+        if not self.kernels:
+            return 0.0
+        c = k * self.compute_s
+        m = (k * self.act_bytes + self.fixed_bytes) * s_per_byte
+        return (max(c, m) if overlap else c + m) + overhead_s
+
+
+@dataclass(frozen=True)
+class DataflowBlockFloor:
+    """Floors of a block's forward, backward and selective-recompute (attention core) phases."""
+
+    fwd: PhaseFloor
+    bwd: PhaseFloor
+    core: PhaseFloor
+    s_per_byte: float
+    overhead_s: float
+    overlap: bool
+    # the same phases when the stash goes through DRAM (the forward writes it, the backward
+    # reads it: outputs / inputs of the two solved subgraphs), and the stash bytes per chip
+    fwd_dram: PhaseFloor | None = None
+    bwd_dram: PhaseFloor | None = None
+    stash_bytes: float = 0.0
+
+    def phase_s(self, phase: PhaseFloor, k: int) -> float:
+        return phase.time_s(k, self.s_per_byte, self.overhead_s, self.overlap)
+
+    def kernels_s(self, k: int, recompute: str) -> float:
+        """Forward + backward (+ recompute: the core again, or the whole forward) at micro-batch ``k``
+        (as ``BlockTimes.backward_s`` adds them)."""
+        f = self.phase_s(self.fwd, k)
+        extra = {"none": 0.0, "selective": self.phase_s(self.core, k), "full": f}[recompute]
+        return f + self.phase_s(self.bwd, k) + extra
+
+    def dram_kernels_s(self, k: int, recompute: str) -> float:
+        """:meth:`kernels_s` of a layer whose stash goes through DRAM (full recompute's second
+        forward writes it again: ``layer_times`` applies the DRAM forward to both)."""
+        if self.fwd_dram is None:
+            return self.kernels_s(k, recompute)
+        f = self.phase_s(self.fwd_dram, k)
+        extra = {"none": 0.0, "selective": self.phase_s(self.core, k), "full": f}[recompute]
+        return f + self.phase_s(self.bwd_dram, k) + extra
+
+    def max_layers_on_chip(self, k: int, sram_bytes: float, layers: int, stages: int, recompute: str) -> int:
+        """At most this many of ``layers`` (over ``stages`` pipeline stages) keep their stash in
+        SRAM (``OnChipStash.layers_on_chip``: ``floor(free / (S in_flight))`` per stage with
+        ``free <= sram`` and ``in_flight >= 1``; full recompute: all or none, none when one
+        stash exceeds the SRAM). ``S`` grows at least ``k``-fold with the micro-batch."""
+        stash = k * self.stash_bytes
+        if stash <= 0:
+            return layers
+        if recompute == "full":
+            return layers if stash <= sram_bytes else 0
+        return min(layers, stages * int(sram_bytes // stash))
+
+
+def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int, stash_free: bool) -> PhaseFloor:
+    """:class:`PhaseFloor` of the kernels ``names`` of ``graph`` (one micro-batch, unsharded).
+    ``stash_free``: tensors from a forward to a backward kernel are not compulsory (they may stay
+    on chip); tensors crossing the phase's boundary otherwise are."""
+    chip = system.chip
+    precision = graph.meta.get("precision", "bf16")
+    kinds = {k.name: k for k in graph.kernels}
+    compute_s = act = fixed = 0.0
+    weights: dict[str, float] = {}
+    count = 0
+    for k in graph.kernels:
+        if k.name not in names:
+            continue
+        count += 1
+        if k.kind != KernelKind.comm and k.flop:
+            compute_s += k.flop / achieved_rate_Fps(chip, k, precision)
+        act += k.extra_memory_bytes
+        if k.weight_bytes > 0:  # one read per weight name (CostModel.weights), its largest size
+            key = k.weight or f"<{k.name}>"
+            weights[key] = max(weights.get(key, 0.0), float(k.weight_bytes))
+    fixed += sum(weights.values())
+
+    def stash(t) -> bool:
+        p, c = kinds.get(t.producer), kinds.get(t.consumer)
+        return p is not None and c is not None and p.phase == Phase.forward and c.phase != Phase.forward
+
+    crossing: dict[tuple, tuple[float, bool]] = {}  # (name, producer) -> (bytes, fixed): read/written once
+    for t in graph.tensors:
+        p_in, c_in = t.producer in names, t.consumer in names
+        if p_in == c_in or (stash_free and stash(t)):
+            continue
+        if not p_in and not c_in:
+            continue
+        pk = kinds.get(t.producer)
+        is_fixed = pk is not None and (pk.phase == Phase.weight_grad or is_weight_gradient(pk, t))
+        key = (t.name, t.producer, p_in)
+        old = crossing.get(key)
+        if old is None or t.bytes > old[0]:
+            crossing[key] = (float(t.bytes), is_fixed)
+    for b, is_fixed in crossing.values():
+        if is_fixed:
+            fixed += b
+        else:
+            act += b
+    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count)
+
+
+def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core) -> DataflowBlockFloor:
+    """:class:`DataflowBlockFloor` of ``graph`` (one micro-batch) on a TP group of ``tp`` chips.
+    ``is_core(kernel)`` picks selective recompute's kernels."""
+    fwd = {k.name for k in graph.kernels if k.phase == Phase.forward}
+    bwd = {k.name for k in graph.kernels if k.phase != Phase.forward}
+    core = {k.name for k in graph.kernels if is_core(k)}
+    chip = system.chip
+    overhead = float(chip.efficiency.kernel_overhead_s) + DEFAULT_TILE_OVERHEAD_S  # >= tau / f, f <= 1
+    kinds = {k.name: k for k in graph.kernels}
+    stash: dict[tuple, float] = {}  # onchip_stash.stash_tensors of the unsharded graph
+    for t in graph.tensors:
+        if t.producer in fwd and t.consumer in bwd and kinds[t.producer].phase == Phase.forward:
+            stash[(t.name, t.producer)] = max(stash.get((t.name, t.producer), 0.0), float(t.bytes))
+    return DataflowBlockFloor(_phase_floor(graph, system, fwd, tp, True), _phase_floor(graph, system, bwd, tp, True),
+                              _phase_floor(graph, system, core, tp, False), memory_time_s(chip, 1.0), overhead,
+                              bool(chip.overlap), _phase_floor(graph, system, fwd, tp, False),
+                              _phase_floor(graph, system, bwd, tp, False), sum(stash.values()) / tp)
+
+
+__all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
+
+
+def pass_floor_s(model, m, is_core) -> float:
+    """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
+    block on one dataflow chip (``LLMModel.pass_floor_s`` on ``execution: dataflow``; ``is_core``
+    picks selective recompute's kernels): each
+    block's :class:`DataflowBlockFloor` times its count. Memoised per block key on ``model``."""
+    key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp)
+    memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
+    if key in memo:
+        return memo[key]
+    floors = model.__dict__.setdefault("_dataflow_block_floors", {})
+    blocks = [("layer", model.num_moe_layers, m.recompute, m.ep_outside_tp), ("embedding", 1, "none", 1),
+              ("head", 1, "none", 1)]
+    if model.num_dense_layers:
+        blocks.append(("dense_layer", model.num_dense_layers, m.recompute, 1))
+    sram = float(model.system.chip.sram_bytes)
+    total = 0.0
+    for which, count, rc, ep in blocks:
+        if not count:
+            continue
+        bkey = (which, m.tp, m.cp, ep)
+        if bkey not in floors:
+            graph = getattr(model.graphs(1, m.cp, ep), which)
+            floors[bkey] = None if graph is None else dataflow_block_floor(graph, model.system, m.tp, is_core)
+        fl = floors[bkey]
+        if fl is None:
+            continue
+        if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
+            on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc)
+            total += on * fl.kernels_s(m.micro_batch, rc) + (count - on) * fl.dram_kernels_s(m.micro_batch, rc)
+        else:
+            total += count * fl.kernels_s(m.micro_batch, rc)
+    memo[key] = total
+    return total
+
+
+__all__ += ["pass_floor_s"]
