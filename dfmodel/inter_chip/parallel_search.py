@@ -36,7 +36,7 @@ from dfmodel.solvers.deadline import time_left_s
 _UNCLAIMED = -1
 _PROGRESS_FIELDS = 7  # candidates, evaluated, pruned, open, best, bound, elapsed
 #: a worker still running this long after the deadline is stopped (its claims count as open)
-_HARD_STOP_GRACE_S = 1.5
+_HARD_STOP_GRACE_S = 0.9
 
 
 class _Shared:
@@ -123,7 +123,7 @@ class _RootProxy(SpaceNode):
 class _ShardSpace:
     """The space as worker ``me`` searches it: the roots that fit as claimable proxies (in the
     serial order); the roots that cannot fit (pruned at once, then relieved by their offloaded
-    twins) and the recipe seeds go to worker 0 alone."""
+    twins), the recipe seeds and the early leanest incumbent go to worker 0 alone."""
 
     def __init__(self, space, roots: list, fits: list[bool], share: _Share):
         self.space, self.share = space, share
@@ -132,6 +132,10 @@ class _ShardSpace:
                        if ok or me == 0]
         if hasattr(space, "seeds"):
             self.seeds = space.seeds if me == 0 else (lambda *args, **kw: ())
+        if me > 0:
+            # the early incumbent under a deadline (the leanest mapping) is worker 0's to take:
+            # two workers evaluating the same mapping would each get half the cores for it
+            self.leanest = lambda *args, **kw: None
 
     def roots(self) -> list:
         return self._roots
