@@ -347,7 +347,7 @@ def validate(
     if attention not in (None, "flash", "unfused"):
         raise InputError(f"must be flash or unfused, got {attention!r}", field="--attention")
     if is_family_file(cases):  # DLRM / HPL / FFT cases (other_families.yaml)
-        rows = validate_family_cases(cases, system)
+        rows = validate_family_cases(cases, system, workers=jobs)
         ranges = ranges or any(r.range_s for r in rows)
     else:
         with count_progress("validate", len(read_case_items(cases)[1]), quiet=quiet, console=err) as advance:

@@ -617,5 +617,8 @@ def evaluate_family_case(case: FamilyCase, system: Any = None) -> Row:
     return first
 
 
-def validate_family_cases(path: str | Path, system: Any = None) -> list[Row]:
-    return [evaluate_family_case(c, system) for c in load_family_cases(path)]
+def validate_family_cases(path: str | Path, system: Any = None, *, workers: int | None = None) -> list[Row]:
+    """Every DLRM / HPL / FFT case of ``path``, on ``workers`` processes (rows in file order)."""
+    from dfmodel.parallel import ordered_map
+
+    return ordered_map(lambda c: evaluate_family_case(c, system), load_family_cases(path), workers=workers)

@@ -176,3 +176,21 @@ def test_parallel_validation_returns_the_serial_rows(tmp_path):
     two = validate_cases(f, free=True, workers=2, on_case=lambda r: order.append(r.id))
     assert [r.to_dict() for r in two] == [r.to_dict() for r in one]
     assert order == [r.id for r in one]
+
+
+def test_a_worker_left_with_nothing_is_not_an_error(monkeypatch):
+    """Worker 1 starts late and finds every root claimed by worker 0: it has no mapping of its
+    own, which is no failure (nor a "nothing fits" report); the answer is the serial one."""
+    import time
+
+    roots = ps._ShardSpace.roots
+
+    def late(self):
+        if self.share.me == 1:
+            time.sleep(1.5)
+        return roots(self)
+
+    monkeypatch.setattr(ps._ShardSpace, "roots", late)
+    w, s = SMALL_LLM, small_system(4, 2)
+    par = optimize(w, s, workers=2, alternatives=0)
+    assert _answer(par) == _answer(optimize(w, s, workers=1, alternatives=0))

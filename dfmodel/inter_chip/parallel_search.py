@@ -55,13 +55,15 @@ class _Share:
 
     def __init__(self, shared: _Shared, me: int):
         self.shared, self.me = shared, me
-        self.ledger = None  # set by _search
+        self.stats = self.ledger = None  # set by _search
+        self.published = False  # a fitting evaluation of this worker's
         self.started = False  # the roots have been admitted: claims may begin
 
     def publish(self, top: list) -> None:
         """This worker's ``keep`` best times into its slice (under the lock: a reader never sees
         half an update, which could count one evaluation twice)."""
         keep = self.shared.keep
+        self.published = True
         times = [ev.iteration_time_s for ev in top[:keep]] + [math.inf] * (keep - len(top))
         with self.shared.tops.get_lock():
             self.shared.tops[self.me * keep:(self.me + 1) * keep] = times
@@ -162,7 +164,14 @@ def _worker(me: int, conn, model, space, roots, fits, shared: _Shared, keep: int
         except TimeLimitError as exc:
             kind, detail, top, stats = "time", str(exc), [], None
         except InfeasibleError as exc:
-            kind, detail, top, stats = "infeasible", str(exc), [], None
+            kind, detail, top, stats = "infeasible", str(exc), [], share.stats
+        except Exception:  # noqa: BLE001
+            s = share.stats
+            if share.published or s is None or s.timed_out:
+                raise
+            # the other workers claimed or beat everything this one reached: it has no mapping of
+            # its own (the serial search's "why nothing fits" report does not apply to a share)
+            kind, detail, top, stats = "empty", None, [], s
         ledger = share.ledger
         events, open_entries, counted_unclaimed = [], [], 0
         if ledger is not None:
@@ -270,7 +279,7 @@ def _report(reporter: _Reporter, shared: _Shared, workers: int, fit_count: int) 
 def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _Shared, keep: int, progress, t0):
     ok = [replies[w] for w in sorted(replies) if replies[w][0] == "ok"]
     if not ok:
-        if all(r[0] == "infeasible" for r in replies.values()):
+        if all(r[0] in ("infeasible", "empty") for r in replies.values()):
             # nothing fits anywhere: the serial search states why (its smallest floor, its
             # inner failure), the same message as without workers; the floors make it quick
             return serial()
@@ -295,14 +304,14 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
     counted_unclaimed = 0
     for me in sorted(replies):
         kind, _, _, s, _, _, n_unclaimed = replies[me]
-        if s is not None:
+        if s is not None and kind != "time":
             stats.candidates += s.candidates - (fit_count if me > 0 else 0)
             stats.evaluated += s.evaluated
             stats.pruned_bound += s.pruned_bound
             stats.pruned_memory += s.pruned_memory
             stats.notes.extend(n for n in s.notes if n not in stats.notes)
             proven = proven and s.proven_optimal
-            if s.status == "time_limit":
+            if kind == "ok" and s.status == "time_limit":
                 cut = cut or s.timed_out
                 lb = min(lb, s.lower_bound_s)
         else:  # cut (or nothing fitting) before it returned: its claims stay open

@@ -138,8 +138,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
     stats = SearchStats()
     ledger = _Ledger()
     reporter = _Reporter(progress, t0)
-    if share is not None:  # a worker of parallel_search: it reads the ledger at the end
-        share.ledger = ledger
+    if share is not None:  # a worker of parallel_search: it reads these at the end
+        share.stats, share.ledger = stats, ledger
     heap = []
     capacity = model.system.chip.memory.capacity_bytes
     floors = {"smallest": None}
