@@ -8,13 +8,16 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from dfmodel.errors import InputError
 from dfmodel.graph.workload import load_workload
+from dfmodel.inter_chip import parallel_search
 from dfmodel.inter_chip.config import OPTION_NAMES, Knobs
 from dfmodel.inter_chip.search import search_options
+from dfmodel.parallel import resolve_workers
 from dfmodel.result import Parallelism, Result, SolverInfo
 from dfmodel.system import load_system
 from dfmodel.solvers.deadline import deadline_scope
@@ -77,10 +80,9 @@ def optimize(
     knobs = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel,
                  interleave=interleave, distributed_optimizer=distributed_optimizer, cp=cp, ep=ep, zero_stage=zero,
                  **options)
-    from dfmodel.parallel import resolve_workers
-
     workers = resolve_workers(workers)
-    with deadline_scope(time_limit_s), search_options(alternatives=alternatives, progress=progress, workers=workers):
+    parallel = partial(parallel_search.parallel_search, workers=workers) if workers > 1 else None
+    with deadline_scope(time_limit_s), search_options(alternatives=alternatives, progress=progress, parallel=parallel):
         return _optimize(workload, system, knobs, num_chips=num_chips, solver=solver, time_limit_s=time_limit_s,
                          precision=precision)
 

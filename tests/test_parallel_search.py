@@ -8,6 +8,7 @@ import copy
 import json
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import yaml
@@ -81,7 +82,7 @@ def test_counts_are_the_serial_search_counts_of_the_space():
     runs = {}
     for j in (1, 2):
         model = LLMModel(w, s)
-        with search_options(alternatives=5, workers=j):
+        with search_options(alternatives=5, parallel=None if j == 1 else partial(ps.parallel_search, workers=j)):
             runs[j] = search(PlacementFreeBounds(model), LLMSpace(model, Knobs()))
     (b1, s1), (b2, s2) = runs[1], runs[2]
     assert b1.mapping == b2.mapping and b1.iteration_time_s == b2.iteration_time_s

@@ -86,11 +86,11 @@ _OPTIONS: contextvars.ContextVar[dict] = contextvars.ContextVar("dfmodel_search_
 
 
 @contextlib.contextmanager
-def search_options(*, alternatives: int | None = None, progress=None, workers: int | None = None):
+def search_options(*, alternatives: int | None = None, progress=None, parallel=None):
     """Defaults for every :func:`search` run inside the block (``optimize`` sets them once,
-    whichever family's solver runs the search); ``workers`` > 1 runs a space's search on that
-    many processes (:mod:`dfmodel.inter_chip.parallel_search`)."""
-    token = _OPTIONS.set({"alternatives": alternatives, "progress": progress, "workers": workers})
+    whichever family's solver runs the search); ``parallel`` runs a space's search instead of
+    the serial one (:func:`dfmodel.inter_chip.parallel_search.parallel_search` on N workers)."""
+    token = _OPTIONS.set({"alternatives": alternatives, "progress": progress, "parallel": parallel})
     try:
         yield
     finally:
@@ -120,10 +120,9 @@ def search(model, candidates, *, exhaustive: bool = False, alternatives: int | N
     if time_limit_s is None:
         time_limit_s = getattr(model, "time_limit_s", None)
     with deadline_scope(time_limit_s):
-        if (opts.get("workers") or 1) > 1 and hasattr(candidates, "roots") and not exhaustive:
-            from dfmodel.inter_chip.parallel_search import parallel_search
-            return parallel_search(model, candidates, keep=max(0, int(alternatives)) + 1, progress=progress,
-                                   limit_s=time_limit_s, workers=opts["workers"])
+        if opts.get("parallel") is not None and hasattr(candidates, "roots") and not exhaustive:
+            return opts["parallel"](model, candidates, keep=max(0, int(alternatives)) + 1, progress=progress,
+                                    limit_s=time_limit_s)
         return _search(model, candidates, exhaustive=exhaustive, keep=max(0, int(alternatives)) + 1,
                        progress=progress, limit_s=time_limit_s)
 
