@@ -35,8 +35,11 @@ from dfmodel.solvers.deadline import time_left_s
 
 _UNCLAIMED = -1
 _PROGRESS_FIELDS = 7  # candidates, evaluated, pruned, open, best, bound, elapsed
-#: a worker still running this long after the deadline is stopped (its claims count as open)
-_HARD_STOP_GRACE_S = 0.9
+#: a worker still running this long after the deadline is stopped (its claims count as open): a
+#: safeguard against a hung worker only -- a busy machine can delay a worker that honours the
+#: deadline (the serial search overran a 60 s limit by 1.9 s at load 6), and stopping it early
+#: loses its incumbent
+_HARD_STOP_GRACE_S = 10.0
 
 
 class _Shared:
