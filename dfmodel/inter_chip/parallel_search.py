@@ -2,9 +2,12 @@
 
 A space's roots (one group per degree tuple: :class:`~dfmodel.inter_chip.llm_space.LLMSpace`)
 are built once in this process; forked workers then run the ordinary best-bound search over
-*all* of them, but a root is expanded only by the first worker that reaches it (an atomic claim
-in shared memory): every worker walks the roots in the same best-bound order, so the work is
-handed out dynamically, the cheapest-bound groups first, as the serial search would visit them.
+*all* of them, but a root is expanded by one worker only: its *home*, chosen by the root's
+(tp, cp, ep) class (classes dealt round-robin in order of their best bound), because the inner
+block solves are cached per process on those knobs and two workers expanding one class would
+solve the same blocks twice (a first version handed roots to whichever worker reached them
+first: it balanced better but spent ~1.7x the CPU on llama3_70b/dgx_h100). The claim is
+recorded in shared memory so that counts and bounds are merged once.
 The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
 best over all of them, so no worker explores what another has already beaten.
 
@@ -79,11 +82,11 @@ class _Share:
         kth = times[self.shared.keep - 1]
         return kth if math.isfinite(kth) else local
 
-    def claim(self, i: int) -> bool:
-        """True when root ``i`` is (now) this worker's to expand."""
+    def claim(self, i: int, home: int) -> bool:
+        """True when root ``i`` (whose home worker is ``home``) is (now) this worker's to expand."""
         owner = self.shared.owner
         with owner.get_lock():
-            if owner[i] == _UNCLAIMED:
+            if owner[i] == _UNCLAIMED and home == self.me:
                 owner[i] = self.me
             return owner[i] == self.me
 
@@ -103,8 +106,8 @@ class _RootProxy(SpaceNode):
     screening) it claims it, and a root claimed by another worker expands to nothing and, once
     the search is under way, counts no mappings (so pruned counts are not duplicated)."""
 
-    def __init__(self, real: SpaceNode, index: int, share: _Share):
-        self.real, self.index, self.share = real, index, share
+    def __init__(self, real: SpaceNode, index: int, share: _Share, home: int):
+        self.real, self.index, self.share, self.home = real, index, share, home
         super().__init__(real.bound_s, real.floor_bytes, real.count, real.knobs, self._expand, real.leaf,
                          None if real.screen is None else self._screen, real.relief)
 
@@ -119,10 +122,10 @@ class _RootProxy(SpaceNode):
         self._count = value
 
     def _expand(self) -> list:
-        return self.real.expand() if self.share.claim(self.index) else []
+        return self.real.expand() if self.share.claim(self.index, self.home) else []
 
     def _screen(self) -> float:
-        return self.real.screen() if self.share.claim(self.index) else 0.0
+        return self.real.screen() if self.share.claim(self.index, self.home) else 0.0
 
 
 class _ShardSpace:
@@ -130,10 +133,10 @@ class _ShardSpace:
     serial order); the roots that cannot fit (pruned at once, then relieved by their offloaded
     twins), the recipe seeds and the early leanest incumbent go to worker 0 alone."""
 
-    def __init__(self, space, roots: list, fits: list[bool], share: _Share):
+    def __init__(self, space, roots: list, fits: list[bool], homes: list[int], share: _Share):
         self.space, self.share = space, share
         me = share.me
-        self._roots = [_RootProxy(r, i, share) if ok else r for i, (r, ok) in enumerate(zip(roots, fits))
+        self._roots = [_RootProxy(r, i, share, homes[i]) if ok else r for i, (r, ok) in enumerate(zip(roots, fits))
                        if ok or me == 0]
         if hasattr(space, "seeds"):
             self.seeds = space.seeds if me == 0 else (lambda *args, **kw: ())
@@ -155,13 +158,13 @@ def _entry_knobs(entry) -> tuple:
     return _knob_items(entry[3])
 
 
-def _worker(me: int, conn, model, space, roots, fits, shared: _Shared, keep: int, limit_s) -> None:
+def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s) -> None:
     """Run the search on this worker's share; send back what the parent merges."""
     share = _Share(shared, me)
     try:
         kind, detail = "ok", None
         try:
-            best, stats = _search(model, _ShardSpace(space, roots, fits, share), exhaustive=False, keep=keep,
+            best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share), exhaustive=False, keep=keep,
                                   progress=share.report, limit_s=limit_s, share=share)
             top = [best] + list(stats.runners_up)
         except TimeLimitError as exc:
@@ -214,17 +217,18 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     capacity = model.system.chip.memory.capacity_bytes
     roots = list(space.roots())
     fits = [r.count > 0 and r.floor_bytes <= capacity for r in roots]
-    n_fit = sum(fits)
-    workers = min(workers, n_fit)
+    homes, n_classes = _homes(roots, fits)
+    workers = min(workers, n_classes)
     if workers < 2:
         return serial()
     fit_count = sum(r.count for r, ok in zip(roots, fits) if ok)
     ctx = multiprocessing.get_context("fork")
+    homes = [h % workers for h in homes]
     shared = _Shared(ctx, workers, keep, len(roots))
     procs, conns = [], {}
     for me in range(workers):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(me, send, model, space, roots, fits, shared, keep, limit_s),
+        p = ctx.Process(target=_worker, args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s),
                         daemon=True)
         p.start()
         send.close()
@@ -239,6 +243,24 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     if failed:
         raise failed[0][1]
     return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0)
+
+
+#: the knobs that decide a root's inner block solves (the sharding and intra-chip results are
+#: cached on them: two workers expanding roots of one class would each solve the same blocks)
+_BLOCK_KNOBS = ("tp", "cp", "ep")
+
+
+def _homes(roots: list, fits: list[bool]) -> tuple[list[int], int]:
+    """Each root's class (its tp, cp, ep) numbered in increasing order of the class's best
+    bound, and the number of classes: class ``k`` is expanded by worker ``k mod workers``, so a
+    block is solved in one worker only and the cheapest-bound classes are spread over all."""
+    order = sorted((i for i in range(len(roots)) if fits[i]), key=lambda i: (roots[i].bound_s, i))
+    classes: dict[tuple, int] = {}
+    homes = [0] * len(roots)
+    for i in order:
+        key = tuple(v for k, v in roots[i].knobs if k in _BLOCK_KNOBS)
+        homes[i] = classes.setdefault(key, len(classes))
+    return homes, len(classes)
 
 
 def _collect(conns: dict, shared: _Shared, workers: int, fit_count: int, progress, t0: float) -> dict:
