@@ -1,13 +1,17 @@
 """Benchmark of the end-to-end optimizer (issue 4): full searches and a fixed mapping.
 
-Run: .venv/bin/python benchmarks/bench_optimize.py [--quick] [--time-limit S]
-Prints one row per case: wall time, iteration time, mapping, MFU, status (with the gap when a
-``--time-limit`` cut the search), evaluated/pruned. Without ``--time-limit`` every search runs to
-its proven optimum, however long that takes (DeepSeek-V3's full search does not finish in minutes).
+Run: .venv/bin/python benchmarks/bench_optimize.py [--quick] [--time-limit S] [--workers 1,2] [--scale]
+Prints one row per case and worker count: wall time, CPU time (this process and its search
+workers), iteration time, mapping, MFU, status (with the gap when a ``--time-limit`` cut the
+search), evaluated/pruned. Without ``--time-limit`` every search runs to its proven optimum, however
+long that takes (DeepSeek-V3's full search does not finish in minutes). ``--workers 1,2`` runs each
+case serial and on two worker processes (issue 12: the answers must agree; the CPU column shows the
+parallel overhead). ``--scale`` runs the full searches of issue 12's two-core measurement instead.
 """
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 
@@ -33,22 +37,45 @@ CASES = [
     ("DeepSeek-V3 671B, 2048 x dgx_h800", "deepseek_v3", "dgx_h800", 2048, {}),
 ]
 
+#: issue 12's measurement of the two-core search: full searches at the systems' default sizes
+SCALE_CASES = [
+    ("GPT-3 175B, dgx_h100", "gpt3_175b", "dgx_h100", None, {}),
+    ("Llama-3 70B, dgx_h100", "llama3_70b", "dgx_h100", None, {}),
+    ("Llama-3.1 405B, dgx_h100", "llama3_405b", "dgx_h100", None, {}),
+    ("Mixtral 8x7B, dgx_h100", "mixtral_8x7b", "dgx_h100", None, {}),
+    ("DeepSeek-V3 671B, 2048 x dgx_h800", "deepseek_v3", "dgx_h800", 2048, {}),
+]
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process and of its children that have ended (the search workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
 
 def main() -> None:
     quick = "--quick" in sys.argv
     limit_s = float(sys.argv[sys.argv.index("--time-limit") + 1]) if "--time-limit" in sys.argv else None
-    table = Table("case", "wall s", "iteration s", "mapping", "MFU", "status", "evaluated / pruned")
-    for label, w, s, n, knobs in CASES[-1:] if quick else CASES:
-        t0 = time.perf_counter()
-        r = optimize(w, s, num_chips=n, time_limit_s=limit_s, **knobs)
-        wall = time.perf_counter() - t0
-        p = r.parallelism
-        mapping = (f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} mb{p.micro_batch}x{p.num_micro_batches} v{p.interleave} "
-                   f"{p.recompute} sp={p.sequence_parallel} zero={p.zero_stage}")
-        table.add_row(label, f"{wall:.2f}", f"{r.iteration_time_s:.3f}", mapping, f"{r.model_flops_utilization:.1%}",
-                      r.solver.status + (f" (gap {r.solver.gap:.1%})" if r.solver.status != "optimal" else ""),
-                      f"{r.solver.candidates_evaluated} / {r.solver.candidates_pruned}")
-    Console(width=200).print(table)
+    workers = ([int(x) for x in sys.argv[sys.argv.index("--workers") + 1].split(",")]
+               if "--workers" in sys.argv else [None])
+    cases = SCALE_CASES if "--scale" in sys.argv else CASES
+    table = Table("case", "workers", "wall s", "CPU s", "iteration s", "mapping", "MFU", "status",
+                  "evaluated / pruned")
+    for label, w, s, n, knobs in cases[-1:] if quick else cases:
+        for j in workers:
+            t0, c0 = time.perf_counter(), cpu_s()
+            r = optimize(w, s, num_chips=n, time_limit_s=limit_s, workers=j, **knobs)
+            wall, cpu = time.perf_counter() - t0, cpu_s() - c0
+            p = r.parallelism
+            mapping = (f"TP{p.tp} CP{p.cp} EP{p.ep} PP{p.pp} DP{p.dp} mb{p.micro_batch}x{p.num_micro_batches} "
+                       f"v{p.interleave} {p.recompute} sp={p.sequence_parallel} zero={p.zero_stage}")
+            table.add_row(label, "all" if j is None else str(j), f"{wall:.2f}", f"{cpu:.2f}", f"{r.iteration_time_s:.4f}",
+                          mapping, f"{r.model_flops_utilization:.1%}",
+                          r.solver.status + (f" (gap {r.solver.gap:.1%})" if r.solver.status != "optimal" else ""),
+                          f"{r.solver.candidates_evaluated} / {r.solver.candidates_pruned}")
+            print(f"{label} workers={j}: wall {wall:.2f} s, CPU {cpu:.2f} s, {r.iteration_time_s:.6g} s "
+                  f"{r.solver.status} gap {r.solver.gap:.3g} {mapping}", file=sys.stderr, flush=True)
+    Console(width=220).print(table)
 
 
 if __name__ == "__main__":

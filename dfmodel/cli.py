@@ -270,6 +270,9 @@ def solve(
         "the best mapping found is reported with status time_limit, its proven bound and gap."),
     alternatives: int = typer.Option(5, help="Runners-up to report, each exactly the next best (0: none)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
+                                       help="Processes sharing the search (default: one per usable core; "
+                                       "the answer is the same for any number)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the result as JSON to PATH, or '-' for stdout alone."),
     plot_path: Optional[Path] = typer.Option(
         None, "--plot", help="Save one figure: time breakdown beside the 1F1B pipeline timeline (.png, .svg, .pdf)."
@@ -294,7 +297,7 @@ def solve(
             w, s, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
             sequence_parallel=sequence_parallel, interleave=interleave,
             distributed_optimizer=distributed_optimizer, solver=solver, time_limit_s=time_limit, cp=cp, ep=ep,
-            zero=zero, alternatives=alternatives, progress=progress,
+            zero=zero, alternatives=alternatives, progress=progress, workers=jobs,
             **{k: v for k, v in {"cp_comm": cp_comm, "overlap_grad_reduce": overlap_grad_reduce,
                                  "overlap_param_gather": overlap_param_gather,
                                  "tp_comm_overlap": tp_comm_overlap,
@@ -332,6 +335,8 @@ def validate(
     attention: Optional[str] = typer.Option(None, "--attention",
                                             help="flash | unfused for every case (default: the case's, else the system's)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display on stderr."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
+                                       help="Cases run in parallel (default: one per usable core)."),
 ) -> None:
     """Predicted vs measured iteration time for published runs, with their mappings fixed.
 
@@ -342,12 +347,12 @@ def validate(
     if attention not in (None, "flash", "unfused"):
         raise InputError(f"must be flash or unfused, got {attention!r}", field="--attention")
     if is_family_file(cases):  # DLRM / HPL / FFT cases (other_families.yaml)
-        rows = validate_family_cases(cases, system)
+        rows = validate_family_cases(cases, system, workers=jobs)
         ranges = ranges or any(r.range_s for r in rows)
     else:
         with count_progress("validate", len(read_case_items(cases)[1]), quiet=quiet, console=err) as advance:
             rows = validate_cases(cases, system, free=free, ranges=ranges, on_case=lambda r: advance(r.id),
-                                  workload_overrides={"attention": attention} if attention else None)
+                                  workload_overrides={"attention": attention} if attention else None, workers=jobs)
     table = Table("case", "chips", "mapping", "predicted", "measured", "error", "picked (unknown knobs)",
                   title=f"fidelity on {system}")
     if ranges:
@@ -378,7 +383,8 @@ def validate(
 def sweep(
     spec: Path = typer.Argument(..., help="Sweep YAML: workloads, systems, overrides, zip, fixed (see dfmodel.sweeps)."),
     out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="JSON-lines results file (default: SPEC.jsonl)."),
-    workers: Optional[int] = typer.Option(None, help="Points run in parallel (default: one per core)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "--jobs", "-j",
+                                          help="Points run in parallel (default: one per core)."),
     resume: bool = typer.Option(False, "--resume", help="Run only the points not already in --out."),
     executor: str = typer.Option("process", help="process (this machine) | ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (default or unreachable: local Ray)."),

@@ -8,13 +8,16 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from dfmodel.errors import InputError
 from dfmodel.graph.workload import load_workload
+from dfmodel.inter_chip import parallel_search
 from dfmodel.inter_chip.config import OPTION_NAMES, Knobs
 from dfmodel.inter_chip.search import search_options
+from dfmodel.parallel import resolve_workers
 from dfmodel.result import Parallelism, Result, SolverInfo
 from dfmodel.system import load_system
 from dfmodel.solvers.deadline import deadline_scope
@@ -42,6 +45,7 @@ def optimize(
     zero: int | None = None,
     alternatives: int = 5,
     progress=None,
+    workers: int | None = None,
     **options: Any,
 ) -> Result:
     """Search every valid mapping of ``workload`` on ``system`` and return the fastest.
@@ -60,6 +64,11 @@ def optimize(
     ``solver.lower_bound_s`` and ``solver.gap`` (:class:`~dfmodel.errors.TimeLimitError` if none
     was evaluated yet). ``alternatives`` runners-up are reported in ``Result.alternatives``;
     ``progress`` receives :class:`~dfmodel.inter_chip.search.Progress` snapshots.
+
+    ``workers`` processes share the search (default: every core this process may use, one
+    inside a worker of a parallel sweep or validation; :mod:`dfmodel.inter_chip.parallel_search`).
+    The answer does not depend on it: the same mapping, time and status as ``workers=1``, which
+    runs the serial search in this process.
     """
     if time_limit_s is not None and not time_limit_s > 0:
         raise InputError(f"must be > 0 seconds, got {time_limit_s!r}", field="time_limit_s")
@@ -71,7 +80,9 @@ def optimize(
     knobs = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel,
                  interleave=interleave, distributed_optimizer=distributed_optimizer, cp=cp, ep=ep, zero_stage=zero,
                  **options)
-    with deadline_scope(time_limit_s), search_options(alternatives=alternatives, progress=progress):
+    workers = resolve_workers(workers)
+    parallel = partial(parallel_search.parallel_search, workers=workers) if workers > 1 else None
+    with deadline_scope(time_limit_s), search_options(alternatives=alternatives, progress=progress, parallel=parallel):
         return _optimize(workload, system, knobs, num_chips=num_chips, solver=solver, time_limit_s=time_limit_s,
                          precision=precision)
 

@@ -467,8 +467,10 @@ def _solve(point: Point) -> dict[str, Any]:
             # say which sweep entry and which overridden field the bad value came from
             field_ = f"{head}.{exc.field}" if exc.field else head
             raise InputError(exc.message, source=f"{head} {inputs[head]}", field=field_) from None
+    # each point's search is serial: the sweep's parallelism is over points (a pool or Ray
+    # tasks of one CPU each), which keeps every core busy without nested process pools
     result = optimize(loaded["workload"], loaded["system"], **knobs, solver=inputs["solver"],
-                      time_limit_s=inputs["time_limit_s"])
+                      time_limit_s=inputs["time_limit_s"], workers=1)
     return result.to_dict()
 
 

@@ -15,6 +15,8 @@ published (expert) mapping.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -418,19 +420,25 @@ def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges:
 
 
 def validate_cases(path: str | Path, system: Any = None, *, free: bool = False, ranges: bool = False,
-                   workload_overrides: dict | None = None, on_case: Callable[[Row], None] | None = None) -> list[Row]:
+                   workload_overrides: dict | None = None, on_case: Callable[[Row], None] | None = None,
+                   workers: int | None = None) -> list[Row]:
     """Evaluate every case in ``path`` on ``system`` (default: the preset of each case's chip);
     a case the model cannot evaluate yet becomes a row saying why. ``on_case(row)`` is called as
-    each case finishes (progress)."""
+    each case finishes, in the file's order (progress). The cases run on ``workers`` processes
+    (default: every usable core, :mod:`dfmodel.parallel`), each case's search serial; the rows
+    are the same, in the same order, as with ``workers=1``."""
+    from dfmodel.parallel import ordered_map, single_core
+
     path, data = read_case_items(path)
-    rows = []
-    for i, item in enumerate(data):
+
+    def one(job) -> Row:
+        i, item = job
         reason = not_evaluable(item)
-        rows.append(skipped_row(item, reason) if reason else evaluate_case(
-            parse_case(item, path, i), system, free=free, ranges=ranges, workload_overrides=workload_overrides))
-        if on_case is not None:
-            on_case(rows[-1])
-    return rows
+        return skipped_row(item, reason) if reason else evaluate_case(
+            parse_case(item, path, i), system, free=free, ranges=ranges, workload_overrides=workload_overrides)
+
+    with single_core() if workers == 1 else contextlib.nullcontext():  # -j 1: the search serial too
+        return ordered_map(one, list(enumerate(data)), workers=workers, on_result=on_case)
 
 
 def summary(rows: list[Row]) -> dict[str, float]:
@@ -613,5 +621,8 @@ def evaluate_family_case(case: FamilyCase, system: Any = None) -> Row:
     return first
 
 
-def validate_family_cases(path: str | Path, system: Any = None) -> list[Row]:
-    return [evaluate_family_case(c, system) for c in load_family_cases(path)]
+def validate_family_cases(path: str | Path, system: Any = None, *, workers: int | None = None) -> list[Row]:
+    """Every DLRM / HPL / FFT case of ``path``, on ``workers`` processes (rows in file order)."""
+    from dfmodel.parallel import ordered_map
+
+    return ordered_map(lambda c: evaluate_family_case(c, system), load_family_cases(path), workers=workers)

@@ -86,10 +86,11 @@ _OPTIONS: contextvars.ContextVar[dict] = contextvars.ContextVar("dfmodel_search_
 
 
 @contextlib.contextmanager
-def search_options(*, alternatives: int | None = None, progress=None):
+def search_options(*, alternatives: int | None = None, progress=None, parallel=None):
     """Defaults for every :func:`search` run inside the block (``optimize`` sets them once,
-    whichever family's solver runs the search)."""
-    token = _OPTIONS.set({"alternatives": alternatives, "progress": progress})
+    whichever family's solver runs the search); ``parallel`` runs a space's search instead of
+    the serial one (:func:`dfmodel.inter_chip.parallel_search.parallel_search` on N workers)."""
+    token = _OPTIONS.set({"alternatives": alternatives, "progress": progress, "parallel": parallel})
     try:
         yield
     finally:
@@ -119,11 +120,15 @@ def search(model, candidates, *, exhaustive: bool = False, alternatives: int | N
     if time_limit_s is None:
         time_limit_s = getattr(model, "time_limit_s", None)
     with deadline_scope(time_limit_s):
+        if opts.get("parallel") is not None and hasattr(candidates, "roots") and not exhaustive:
+            return opts["parallel"](model, candidates, keep=max(0, int(alternatives)) + 1, progress=progress,
+                                    limit_s=time_limit_s)
         return _search(model, candidates, exhaustive=exhaustive, keep=max(0, int(alternatives)) + 1,
                        progress=progress, limit_s=time_limit_s)
 
 
-def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s: float | None = None):
+def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s: float | None = None,
+            share=None):
     """Best-bound-first branch and bound. ``candidates`` is an iterable of mappings (each
     screened and bounded up front), or a space with ``roots()`` (:mod:`dfmodel.inter_chip.space`):
     groups of mappings with a bound and memory floor valid for all of them, expanded only when
@@ -132,6 +137,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
     stats = SearchStats()
     ledger = _Ledger()
     reporter = _Reporter(progress, t0)
+    if share is not None:  # a worker of parallel_search: it reads these at the end
+        share.stats, share.ledger = stats, ledger
     heap = []
     capacity = model.system.chip.memory.capacity_bytes
     floors = {"smallest": None}
@@ -241,6 +248,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             unproven_bound = min(unproven_bound, max(bound, ev.iteration_time_s * (1.0 - _inner_gap(ev))))
         ledger.evaluated(m, ev.iteration_time_s)
         _insert(top, ev, keep)
+        if share is not None:
+            share.publish(top)
 
     seeded: set = set()
     for ev in (space.seeds(capacity, partial(_try_evaluate, model)) if hasattr(space, "seeds") else ()):
@@ -276,6 +285,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             break
         bound, i, refined, m = queue[0]
         cutoff = top[-1].iteration_time_s if len(top) >= keep else None
+        if share is not None:  # the keep-th best over every worker's evaluations
+            cutoff = share.cutoff(cutoff)
         if cutoff is not None and bound >= cutoff and not exhaustive:
             stats.pruned_bound += _count(queue)
             ledger.bounded(queue)

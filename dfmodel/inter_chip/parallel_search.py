@@ -1,0 +1,380 @@
+"""The branch and bound of :mod:`dfmodel.inter_chip.search` on every core.
+
+A space's roots (one group per degree tuple: :class:`~dfmodel.inter_chip.llm_space.LLMSpace`)
+are built once in this process; forked workers then run the ordinary best-bound search over
+*all* of them, but a root is expanded by one worker only: its *home*, chosen by the root's
+(tp, cp, ep) class (classes dealt round-robin in order of their best bound), because the inner
+block solves are cached per process on those knobs and two workers expanding one class would
+solve the same blocks twice (a first version handed roots to whichever worker reached them
+first: it balanced better but spent ~1.7x the CPU on llama3_70b/dgx_h100). The claim is
+recorded in shared memory so that counts and bounds are merged once.
+The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
+best over all of them, so no worker explores what another has already beaten.
+
+The parent merges: the winner and runners-up are the best of every worker's evaluations under
+the serial search's total order (:func:`~dfmodel.inter_chip.search._better`: time, then step time,
+then the mapping), so the answer is the serial search's; the proven bound is the least bound any
+worker left open; counts are summed (each root counted once); the why-not ledger is the union of
+the workers' records. The deadline (:mod:`dfmodel.solvers.deadline`) is inherited by the forked
+workers, so the time limit holds for the whole call.
+
+Where ``fork`` is unavailable, or the space has fewer than two roots that fit, the serial search
+runs (``workers=1`` is always exactly the serial path).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+from multiprocessing.connection import wait
+
+from dfmodel.errors import InfeasibleError, TimeLimitError
+from dfmodel.inter_chip.search import Progress, SearchStats, _better, _insert, _Ledger, _Reporter, _search
+from dfmodel.inter_chip.space import SpaceNode
+from dfmodel.parallel import fork_available
+from dfmodel.solvers.deadline import time_left_s
+
+_UNCLAIMED = -1
+_PROGRESS_FIELDS = 7  # candidates, evaluated, pruned, open, best, bound, elapsed
+#: a worker still running this long after the deadline is stopped (its claims count as open): a
+#: safeguard against a hung worker only -- a busy machine can delay a worker that honours the
+#: deadline (the serial search overran a 60 s limit by 1.9 s at load 6), and stopping it early
+#: loses its incumbent
+_HARD_STOP_GRACE_S = 10.0
+
+
+class _Shared:
+    """Shared memory, created before the fork: the workers' ``keep`` best times, the owner of
+    every root, and each worker's latest progress snapshot."""
+
+    def __init__(self, ctx, workers: int, keep: int, n_roots: int):
+        self.workers, self.keep = workers, keep
+        self.tops = ctx.Array("d", [math.inf] * (workers * keep))
+        self.owner = ctx.Array("i", [_UNCLAIMED] * n_roots)
+        self.progress = ctx.Array("d", [math.nan] * (workers * _PROGRESS_FIELDS), lock=False)
+
+
+class _Share:
+    """A worker's side of the sharing: the hook ``_search(share=...)`` calls."""
+
+    def __init__(self, shared: _Shared, me: int):
+        self.shared, self.me = shared, me
+        self.stats = self.ledger = None  # set by _search
+        self.published = False  # a fitting evaluation of this worker's
+        self.started = False  # the roots have been admitted: claims may begin
+
+    def publish(self, top: list) -> None:
+        """This worker's ``keep`` best times into its slice (under the lock: a reader never sees
+        half an update, which could count one evaluation twice)."""
+        keep = self.shared.keep
+        self.published = True
+        times = [ev.iteration_time_s for ev in top[:keep]] + [math.inf] * (keep - len(top))
+        with self.shared.tops.get_lock():
+            self.shared.tops[self.me * keep:(self.me + 1) * keep] = times
+
+    def cutoff(self, local: float | None) -> float | None:
+        """The ``keep``-th best time over every worker (<= this worker's own), or ``local``."""
+        self.started = True
+        with self.shared.tops.get_lock():
+            times = sorted(self.shared.tops[:])
+        kth = times[self.shared.keep - 1]
+        return kth if math.isfinite(kth) else local
+
+    def claim(self, i: int, home: int) -> bool:
+        """True when root ``i`` (whose home worker is ``home``) is (now) this worker's to expand."""
+        owner = self.shared.owner
+        with owner.get_lock():
+            if owner[i] == _UNCLAIMED and home == self.me:
+                owner[i] = self.me
+            return owner[i] == self.me
+
+    def owner_of(self, i: int) -> int:
+        return self.shared.owner[i]
+
+    def report(self, p: Progress) -> None:
+        f = _PROGRESS_FIELDS
+        nan = math.nan
+        self.shared.progress[self.me * f:(self.me + 1) * f] = [
+            p.candidates, p.evaluated, p.pruned, p.open, nan if p.best_s is None else p.best_s,
+            nan if p.bound_s is None else p.bound_s, p.elapsed_s]
+
+
+class _RootProxy(SpaceNode):
+    """A root as one worker sees it: the same bound, floor, count and knobs; expanding (or
+    screening) it claims it, and a root claimed by another worker expands to nothing and, once
+    the search is under way, counts no mappings (so pruned counts are not duplicated)."""
+
+    def __init__(self, real: SpaceNode, index: int, share: _Share, home: int):
+        self.real, self.index, self.share, self.home = real, index, share, home
+        super().__init__(real.bound_s, real.floor_bytes, real.count, real.knobs, self._expand, real.leaf,
+                         None if real.screen is None else self._screen, real.relief)
+
+    @property
+    def count(self) -> int:
+        if not self.share.started or self.share.owner_of(self.index) in (_UNCLAIMED, self.share.me):
+            return self._count
+        return 0
+
+    @count.setter
+    def count(self, value: int) -> None:
+        self._count = value
+
+    def _expand(self) -> list:
+        return self.real.expand() if self.share.claim(self.index, self.home) else []
+
+    def _screen(self) -> float:
+        return self.real.screen() if self.share.claim(self.index, self.home) else 0.0
+
+
+class _ShardSpace:
+    """The space as worker ``me`` searches it: the roots that fit as claimable proxies (in the
+    serial order); the roots that cannot fit (pruned at once, then relieved by their offloaded
+    twins), the recipe seeds and the early leanest incumbent go to worker 0 alone."""
+
+    def __init__(self, space, roots: list, fits: list[bool], homes: list[int], share: _Share):
+        self.space, self.share = space, share
+        me = share.me
+        self._roots = [_RootProxy(r, i, share, homes[i]) if ok else r for i, (r, ok) in enumerate(zip(roots, fits))
+                       if ok or me == 0]
+        if hasattr(space, "seeds"):
+            self.seeds = space.seeds if me == 0 else (lambda *args, **kw: ())
+        if me > 0:
+            # the early incumbent under a deadline (the leanest mapping) is worker 0's to take:
+            # two workers evaluating the same mapping would each get half the cores for it
+            self.leanest = lambda *args, **kw: None
+
+    def roots(self) -> list:
+        return self._roots
+
+    def __getattr__(self, name):
+        return getattr(self.space, name)
+
+
+def _entry_knobs(entry) -> tuple:
+    from dfmodel.inter_chip.search import _knob_items
+
+    return _knob_items(entry[3])
+
+
+def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s) -> None:
+    """Run the search on this worker's share; send back what the parent merges."""
+    share = _Share(shared, me)
+    try:
+        kind, detail = "ok", None
+        try:
+            best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share), exhaustive=False, keep=keep,
+                                  progress=share.report, limit_s=limit_s, share=share)
+            top = [best] + list(stats.runners_up)
+        except TimeLimitError as exc:
+            kind, detail, top, stats = "time", str(exc), [], None
+        except InfeasibleError as exc:
+            kind, detail, top, stats = "infeasible", str(exc), [], share.stats
+        except Exception:  # noqa: BLE001
+            s = share.stats
+            if share.published or s is None or s.timed_out:
+                raise
+            # the other workers claimed or beat everything this one reached: it has no mapping of
+            # its own (the serial search's "why nothing fits" report does not apply to a share)
+            kind, detail, top, stats = "empty", None, [], s
+        ledger = share.ledger
+        events, open_entries, counted_unclaimed = [], [], 0
+        if ledger is not None:
+            events = ledger.events
+            for heap in ledger.open:
+                for entry in heap:
+                    node = entry[3]
+                    if isinstance(node, _RootProxy):
+                        owner = share.owner_of(node.index)
+                        if owner not in (_UNCLAIMED, me):
+                            continue  # another worker searched it: its records speak for it
+                        if owner == _UNCLAIMED and stats is not None and not stats.timed_out:
+                            counted_unclaimed += node._count  # pruned by the bound here
+                    open_entries.append((entry[0], _entry_knobs(entry)))
+        if stats is not None:
+            stats.runners_up, stats.why_not, stats.ruled_out = [], {}, {}
+        conn.send((kind, detail, top, stats, events, open_entries, counted_unclaimed))
+    except BaseException as exc:  # noqa: BLE001 -- re-raised in the parent
+        try:
+            conn.send(("error", exc, [], None, [], [], 0))
+        except Exception:  # an unpicklable exception: its text
+            conn.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}"), [], None, [], [], 0))
+    finally:
+        conn.close()
+        os._exit(0)  # no atexit handlers or finalizers of the parent's objects in a forked child
+
+
+def parallel_search(model, space, *, keep: int, progress, limit_s: float | None, workers: int):
+    """:func:`~dfmodel.inter_chip.search.search` over ``space`` on ``workers`` forked processes
+    (the same ``(best, stats)``; see the module docstring)."""
+    def serial():
+        return _search(model, space, exhaustive=False, keep=keep, progress=progress, limit_s=limit_s)
+
+    if not fork_available():
+        return serial()
+    t0 = time.perf_counter()
+    capacity = model.system.chip.memory.capacity_bytes
+    roots = list(space.roots())
+    fits = [r.count > 0 and r.floor_bytes <= capacity for r in roots]
+    homes, n_classes = _homes(roots, fits)
+    workers = min(workers, n_classes)
+    if workers < 2:
+        return serial()
+    fit_count = sum(r.count for r, ok in zip(roots, fits) if ok)
+    ctx = multiprocessing.get_context("fork")
+    homes = [h % workers for h in homes]
+    shared = _Shared(ctx, workers, keep, len(roots))
+    procs, conns = [], {}
+    for me in range(workers):
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_worker, args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s),
+                        daemon=True)
+        p.start()
+        send.close()
+        procs.append(p)
+        conns[recv] = me
+    replies = _collect(conns, shared, workers, fit_count, progress, t0)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+        p.join()
+    failed = [r for r in replies.values() if r[0] == "error"]
+    if failed:
+        raise failed[0][1]
+    return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0)
+
+
+#: the knobs that decide a root's inner block solves (the sharding and intra-chip results are
+#: cached on them: two workers expanding roots of one class would each solve the same blocks)
+_BLOCK_KNOBS = ("tp", "cp", "ep")
+
+
+def _homes(roots: list, fits: list[bool]) -> tuple[list[int], int]:
+    """Each root's class (its tp, cp, ep) numbered in increasing order of the class's best
+    bound, and the number of classes: class ``k`` is expanded by worker ``k mod workers``, so a
+    block is solved in one worker only and the cheapest-bound classes are spread over all."""
+    order = sorted((i for i in range(len(roots)) if fits[i]), key=lambda i: (roots[i].bound_s, i))
+    classes: dict[tuple, int] = {}
+    homes = [0] * len(roots)
+    for i in order:
+        key = tuple(v for k, v in roots[i].knobs if k in _BLOCK_KNOBS)
+        homes[i] = classes.setdefault(key, len(classes))
+    return homes, len(classes)
+
+
+def _collect(conns: dict, shared: _Shared, workers: int, fit_count: int, progress, t0: float) -> dict:
+    """Every worker's reply (workers that outlive the deadline by more than a grace are stopped
+    and reported as cut), passing aggregated progress to ``progress`` meanwhile."""
+    replies: dict[int, tuple] = {}
+    left = time_left_s()
+    hard_stop = None if left is None else time.perf_counter() + left + _HARD_STOP_GRACE_S
+    reporter = _Reporter(progress, t0)
+    while len(replies) < workers:
+        pending = [c for c, me in conns.items() if me not in replies]
+        timeout = 0.1 if hard_stop is None else max(0.0, min(0.1, hard_stop - time.perf_counter()))
+        for c in wait(pending, timeout=timeout):
+            me = conns[c]
+            try:
+                replies[me] = c.recv()
+            except EOFError:  # died without a word (killed)
+                replies[me] = ("error", RuntimeError(f"search worker {me} died"), [], None, [], [], 0)
+        if hard_stop is not None and time.perf_counter() >= hard_stop:
+            for c, me in conns.items():
+                replies.setdefault(me, ("time", "stopped at the deadline", [], None, [], [], 0))
+        if progress is not None:
+            _report(reporter, shared, workers, fit_count)
+    return replies
+
+
+def _report(reporter: _Reporter, shared: _Shared, workers: int, fit_count: int) -> None:
+    f = _PROGRESS_FIELDS
+    rows = [shared.progress[w * f:(w + 1) * f] for w in range(workers)]
+    rows = [r for r in rows if not math.isnan(r[0])]
+    if not rows:
+        return
+    stats = SearchStats(candidates=int(sum(r[0] for r in rows) - (len(rows) - 1) * fit_count),
+                        evaluated=int(sum(r[1] for r in rows)), pruned_bound=int(sum(r[2] for r in rows)))
+    bests = [r[4] for r in rows if not math.isnan(r[4])]
+    bounds = [r[5] for r in rows if not math.isnan(r[5])]
+    reporter.maybe(stats, int(sum(r[3] for r in rows)), min(bests) if bests else None,
+                   min(bounds) if bounds else None)
+
+
+def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _Shared, keep: int, progress, t0):
+    ok = [replies[w] for w in sorted(replies) if replies[w][0] == "ok"]
+    if not ok:
+        if all(r[0] in ("infeasible", "empty") for r in replies.values()):
+            # nothing fits anywhere: the serial search states why (its smallest floor, its
+            # inner failure), the same message as without workers; the floors make it quick
+            return serial()
+        raise TimeLimitError(
+            "time limit reached before any mapping was evaluated to completion (search on "
+            f"{len(replies)} workers, none fitting yet); allow more time")
+    top: list = []
+    seen: set = set()
+    for r in ok:
+        for ev in r[2]:
+            if ev.mapping not in seen:
+                seen.add(ev.mapping)
+                _insert(top, ev, keep)
+    best = top[0]
+    t = best.iteration_time_s
+    stats = SearchStats()
+    owners = list(shared.owner[:])
+    unclaimed = [r for i, (r, okay) in enumerate(zip(roots, fits)) if okay and owners[i] == _UNCLAIMED]
+    cut = False
+    lb = t
+    proven = True
+    counted_unclaimed = 0
+    for me in sorted(replies):
+        kind, _, _, s, _, _, n_unclaimed = replies[me]
+        if s is not None and kind != "time":
+            stats.candidates += s.candidates - (fit_count if me > 0 else 0)
+            stats.evaluated += s.evaluated
+            stats.pruned_bound += s.pruned_bound
+            stats.pruned_memory += s.pruned_memory
+            stats.notes.extend(n for n in s.notes if n not in stats.notes)
+            proven = proven and s.proven_optimal
+            if kind == "ok" and s.status == "time_limit":
+                cut = cut or s.timed_out
+                lb = min(lb, s.lower_bound_s)
+        else:  # cut (or nothing fitting) before it returned: its claims stay open
+            cut = cut or kind == "time"
+            mine = [r.bound_s for i, r in enumerate(roots) if owners[i] == me]
+            if me == 0 and not all(fits):  # worker 0 also held the offloaded twins of roots that did not fit
+                mine.append(getattr(model, "global_lower_bound_s", lambda: 0.0)())
+            lb = min([lb] + mine)
+        counted_unclaimed += n_unclaimed
+    # a root nobody claimed was pruned by the bound in every worker that reached the cutoff:
+    # count it once
+    unclaimed_count = sum(r.count for r in unclaimed)
+    stats.pruned_bound += min(counted_unclaimed, unclaimed_count) - counted_unclaimed
+    if cut:
+        lb = min([lb] + [r.bound_s for r in unclaimed])
+    closed = proven and lb >= t * (1 - 1e-12)
+    if cut and closed:
+        note = ("time limit reached after the optimum was proven: the runners-up listed may not be the next best")
+        if note not in stats.notes:
+            stats.notes.append(note)
+        cut = False
+    stats.timed_out = cut
+    stats.proven_optimal = proven and not cut
+    stats.status = "optimal" if stats.proven_optimal else "time_limit"
+    stats.lower_bound_s = min(lb, t)
+    stats.gap = max(0.0, (t - stats.lower_bound_s) / t) if t > 0 else 0.0
+    ledger = _Ledger()
+    for me in sorted(replies):
+        ledger.events.extend(replies[me][4])
+        entries = replies[me][5]
+        if entries:
+            ledger.open.append([(b, 0, True, SpaceNode(b, 0.0, 0, knobs, None)) for b, knobs in entries])
+    stats.wall_s = time.perf_counter() - t0
+    stats.runners_up = top[1:]
+    stats.ruled_out = ledger.ruled_out_counts(t)
+    stats.why_not = ledger.why_not(best.mapping, t)
+    _Reporter(progress, t0).final(stats, t)
+    return best, stats
+
+
+__all__ = ["parallel_search"]

