@@ -445,17 +445,23 @@ class LLMSpace:
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
         keys = list(dict.fromkeys(self._key(o) for o in opts))
         probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
-        avg_stage_s = max(mb * f1 / (tp * cp * pp), self._pass_floor_min(deg, mb, m, rcs, sps, keys))
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
-        bound = ((m + (pp - 1) / max(vs)) * (avg_stage_s + ep_s) + opt_s) * (1 - 1e-12)
+
+        def bound_with(stage_s: float) -> float:
+            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+
+        compute_s = mb * f1 / (tp * cp * pp)
         floor = min(model.memory_floor_bytes(p) for p in probes)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                  ("cp", cp), ("ep", deg["ep"]))
-        return SpaceNode(bound, floor, len(vs) * per_leaf, fixed,
+        # compute only until the group reaches the top: the per-kernel / TP floors then (refine)
+        return SpaceNode(bound_with(compute_s), floor, len(vs) * per_leaf, fixed,
                          partial(self._expand_micro_batch, deg, mb, m, vs, rcs, sps, places_by, opts, relief),
                          relief=partial(self._relief, self._micro_batch_node, deg, opts, deg, mb, m, vs, rcs, sps,
-                                        places_by) if relief else None)
+                                        places_by) if relief else None,
+                         refine=None if self._bounds_off else
+                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys))))
 
     def _expand_micro_batch(self, deg, mb, m, vs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
         """Leaf groups per (interleave, recompute, ZeRO stage / expert TP / offload, sequence
@@ -486,18 +492,22 @@ class LLMSpace:
             return None
         keys = list(dict.fromkeys(self._key(o) for o in mine))
         probes = [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys]
-        stage_s = max(model.compute_floor_s(mb, rc) / (tp * cp * pp),
-                      self._pass_floor_min(deg, mb, m, [rc], [spar], keys))
+        compute_s = model.compute_floor_s(mb, rc) / (tp * cp * pp)
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
-        bound = ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+
+        def bound_with(stage_s: float) -> float:
+            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+
         floor = min(model.memory_floor_bytes(p) for p in probes)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                  ("recompute", rc), ("sequence_parallel", bool(spar)), ("tp_comm_overlap", ub), ("cp", cp),
                  ("ep", deg["ep"]))
-        return SpaceNode(bound, floor, count, fixed,
+        return SpaceNode(bound_with(compute_s), floor, count, fixed,
                          partial(self._expand_sub, deg, mb, m, vs, rc, spar, places_by, mine, relief),
-                         relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, places_by, mine) if relief else None)
+                         relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, places_by, mine) if relief else None,
+                         refine=None if self._bounds_off else
+                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys))))
 
     def _expand_sub(self, deg, mb, m, vs, rc, spar, places_by, mine, relief) -> list[SpaceNode]:
         """One leaf group per (interleave, ZeRO stage / expert TP / offload)."""
