@@ -308,6 +308,15 @@ class LLMSpace:
         return (o["zero_stage"], o.get("etp", 0), o.get("offload_optimizer", "none"),
                 o.get("offload_activations", False), o.get("offload_weights", False), o.get("tp_comm_overlap", False))
 
+    @classmethod
+    def _by_key(cls, opts: list[dict]) -> dict[tuple, list[dict]]:
+        """``opts`` grouped by :meth:`_key`, keys in order of first appearance, each group in
+        ``opts``' order (one pass: a leaf group per key)."""
+        out: dict[tuple, list[dict]] = {}
+        for o in opts:
+            out.setdefault(cls._key(o), []).append(o)
+        return out
+
     def _probe(self, deg, mb, m, v, rc, key, sp: bool = False) -> Mapping:
         """A mapping with the knobs the bound and floor read (placement and the rest neutral)."""
         zero, etp, oo, oa, ow, ub = key
@@ -512,10 +521,10 @@ class LLMSpace:
     def _expand_sub(self, deg, mb, m, vs, rc, spar, places_by, mine, relief) -> list[SpaceNode]:
         """One leaf group per (interleave, ZeRO stage / expert TP / offload)."""
         out = []
+        by_key = self._by_key(mine)
         for v in vs:
-            for key in dict.fromkeys(self._key(o) for o in mine):
-                node = self._leaf(deg, mb, m, v, rc, key, spar, places_by, [o for o in mine if self._key(o) == key],
-                                  relief)
+            for key, same in by_key.items():
+                node = self._leaf(deg, mb, m, v, rc, key, spar, places_by, same, relief)
                 if node is not None:
                     out.append(node)
         return out
@@ -551,8 +560,8 @@ class LLMSpace:
         """The offloaded twins of a leaf group pruned for memory, as one group per option key
         under a parent that is never pruned itself (each leaf is screened when reached)."""
         twins = self._relief_opts(deg, mine)
-        leaves = [self._leaf(deg, mb, m, v, rc, key, spar, places_by, [o for o in twins if self._key(o) == key], False)
-                  for key in dict.fromkeys(self._key(o) for o in twins)]
+        leaves = [self._leaf(deg, mb, m, v, rc, key, spar, places_by, same, False)
+                  for key, same in self._by_key(twins).items()]
         leaves = [x for x in leaves if x is not None]
         if not leaves:
             return None
