@@ -666,10 +666,20 @@ class LLMModel:
                                              else 12),  # never above the state llm_memory_per_chip counts
                **off.floor_overrides(m)},  # offloaded state is not on the chip
         )
-        key = tuple(kw.items())
+        key = tuple(kw.items()) + ((m.ep_outside_tp, m.expert_dp) if self.num_experts > 1 else ())
         memo = self.__dict__.setdefault("_memory_floor_memo", {})
         if key not in memo:
             memo[key] = mem.memory_lower_bound_bytes(**kw)
+            if self.num_experts > 1:
+                # MoE: the whole model over the stages, experts at their own sharding (a rank
+                # holds E / (ep_outside_tp x tp) of them either way: memory_before_blocks)
+                _, layer, experts, dense = self._param_counts
+                other = self.num_moe_layers * (layer - experts) + self.num_dense_layers * (dense or 0.0)
+                mean = mem.mean_stage_floor_bytes(
+                    layer_params=other, expert_params=self.num_moe_layers * experts / (m.ep_outside_tp * m.tp),
+                    expert_dp=m.expert_dp, **{k: v for k, v in kw.items() if k not in ("params_per_layer",
+                                                                                  "num_micro_batches")})
+                memo[key] = max(memo[key], mean)
         return memo[key]
 
     def _block_key(self, which: str, m: Mapping) -> tuple:
