@@ -228,3 +228,42 @@ def test_memory_before_blocks_is_a_floor_on_every_candidate(capacity):
     r = optimize(w, s, alternatives=3)
     assert r.iteration_time_s == pytest.approx(times[0], rel=1e-12)
     assert [a["iteration_time_s"] for a in r.alternatives] == pytest.approx(times[1:4], rel=1e-12)
+
+
+# -- issue 12 (session 4): the MoE mean-stage memory floor ---------------------------------------
+def test_moe_memory_floor_counts_the_whole_model():
+    """The MoE floor (memory.mean_stage_floor_bytes: the whole model's state over the stages, the
+    experts sharded over their own expert-dp ranks) stays below the evaluated memory of every
+    candidate of a small MoE model with dense layers, every ZeRO stage included, and is the
+    binding one (above the per-layer floor at the lightest layer kind) on some of them."""
+    from dfmodel.inter_chip import memory as mem
+    from tests.test_moe_physics import moe_workload
+
+    model = LLMModel(load_workload(moe_workload(first_dense_layers=2)), load_system(small_system(4, 2)))
+    tighter = 0
+    cands = list(llm_candidates(model, Knobs(micro_batch=1, sequence_parallel=True)))
+    assert {c.zero_stage for c in cands} >= {0, 1, 2, 3} and any(c.ep > 1 for c in cands)
+    for m in cands[::3]:
+        ev = model.evaluate(m)
+        floor = model.memory_floor_bytes(m)
+        assert floor <= ev.memory.total_bytes * (1 + 1e-12)
+        _, layer, experts, dense = model._param_counts
+        per_layer = mem.memory_lower_bound_bytes(
+            num_layers=model.num_layers, params_per_layer=min(layer - experts * (1 - 1 / m.ep), dense),
+            seq_len=model.model.seq_len // m.cp, micro_batch=m.micro_batch, hidden=model.model.hidden, tp=m.tp,
+            pp=m.pp, dp=m.dp_cp, num_micro_batches=m.num_micro_batches,
+            zero_stage=m.zero_stage if m.zero_stage >= 2 else None, bytes_per_element=model.precision.bytes)
+        tighter += floor > per_layer * (1 + 1e-9)
+    assert tighter > 0
+
+
+def test_deepseek_v3_that_cannot_fit_is_proven_infeasible_at_once():
+    """671B parameters' state on 32 chips of 44.7 GiB: the mean-stage floor rules every degree
+    tuple out before any block is solved (it timed out before: the per-layer floor took every
+    layer at the size of DeepSeek-V3's 3 dense layers)."""
+    from dfmodel.errors import InfeasibleError
+
+    t0 = time.process_time()
+    with pytest.raises(InfeasibleError, match="no mapping fits in memory"):
+        optimize("deepseek_v3", "pcie_ddr", time_limit_s=30)
+    assert time.process_time() - t0 < 10

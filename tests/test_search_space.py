@@ -149,3 +149,31 @@ def test_memory_screen_three_stages_equal_every_stage():
         assert model.memory_before_blocks(m).total_bytes == pytest.approx(min(every), rel=1e-12)
         seen += 1
     assert seen > 20
+
+
+def _leaf_bounds_under(node) -> list[float]:
+    """The bounds the search gives the mappings under ``node``: their leaf groups' (the model's
+    ``lower_bound_s`` plus, with experts, the exposed all-to-alls, LLMSpace._exposed_ep_s)."""
+    return [node.bound_s] if node.leaf else [b for k in node.expand() for b in _leaf_bounds_under(k)]
+
+
+@pytest.mark.parametrize("workload,system,knobs", CASES)
+def test_lazy_group_bounds_are_valid_and_tighter(workload, system, knobs):
+    """A group's ``refine`` (the per-kernel / TP floors the search asks for only when the group
+    reaches the top of the queue) is below the bound of every mapping under it, and on a
+    GPU-style chip it tightens some group's compute-only bound (or the laziness would be moot)."""
+    model = LLMModel(load_workload(workload), load_system(system))
+    tighter = 0
+    todo = list(LLMSpace(model, knobs).roots())
+    while todo:
+        node = todo.pop()
+        if node.leaf:
+            continue
+        kids = node.expand()
+        todo.extend(kids)
+        if node.refine is None:
+            continue
+        finer = node.refine()
+        tighter += finer > node.bound_s * (1 + 1e-9)
+        assert finer <= min(_leaf_bounds_under(node)) * (1 + 1e-12)
+    assert tighter > 0

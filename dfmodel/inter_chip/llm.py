@@ -680,8 +680,10 @@ class LLMModel:
     # -- memory ---------------------------------------------------------------------------------
     def memory_floor_bytes(self, m: Mapping) -> float:
         """Least memory per chip any choice of recompute / SP / optimizer sharding / layer split
-        can reach for these degrees and micro-batching (valid: prunes before any inner solve)."""
-        return mem.memory_lower_bound_bytes(
+        can reach for these degrees and micro-batching (valid: prunes before any inner solve).
+        Memoised on the arguments it passes (the search asks for the same floor of many probes
+        that differ only in knobs it does not read)."""
+        kw = dict(
             num_layers=self.num_layers,
             # the fewest parameters a layer of either kind holds (MoE: experts split by ep)
             params_per_layer=min([self._param_counts[1] - self._param_counts[2] * (1 - 1 / m.ep)]
@@ -699,6 +701,21 @@ class LLMModel:
                                              else 12),  # never above the state llm_memory_per_chip counts
                **off.floor_overrides(m)},  # offloaded state is not on the chip
         )
+        key = tuple(kw.items()) + ((m.ep_outside_tp, m.expert_dp) if self.num_experts > 1 else ())
+        memo = self.__dict__.setdefault("_memory_floor_memo", {})
+        if key not in memo:
+            memo[key] = mem.memory_lower_bound_bytes(**kw)
+            if self.num_experts > 1:
+                # MoE: the whole model over the stages, experts at their own sharding (a rank
+                # holds E / (ep_outside_tp x tp) of them either way: memory_before_blocks)
+                _, layer, experts, dense = self._param_counts
+                other = self.num_moe_layers * (layer - experts) + self.num_dense_layers * (dense or 0.0)
+                mean = mem.mean_stage_floor_bytes(
+                    layer_params=other, expert_params=self.num_moe_layers * experts / (m.ep_outside_tp * m.tp),
+                    expert_dp=m.expert_dp, **{k: v for k, v in kw.items() if k not in ("params_per_layer",
+                                                                                  "num_micro_batches")})
+                memo[key] = max(memo[key], mean)
+        return memo[key]
 
     def _block_key(self, which: str, m: Mapping) -> tuple:
         return ((which, m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel) + ((m.cp,) if m.cp > 1 else ())

@@ -308,6 +308,15 @@ class LLMSpace:
         return (o["zero_stage"], o.get("etp", 0), o.get("offload_optimizer", "none"),
                 o.get("offload_activations", False), o.get("offload_weights", False), o.get("tp_comm_overlap", False))
 
+    @classmethod
+    def _by_key(cls, opts: list[dict]) -> dict[tuple, list[dict]]:
+        """``opts`` grouped by :meth:`_key`, keys in order of first appearance, each group in
+        ``opts``' order (one pass: a leaf group per key)."""
+        out: dict[tuple, list[dict]] = {}
+        for o in opts:
+            out.setdefault(cls._key(o), []).append(o)
+        return out
+
     def _probe(self, deg, mb, m, v, rc, key, sp: bool = False) -> Mapping:
         """A mapping with the knobs the bound and floor read (placement and the rest neutral)."""
         zero, etp, oo, oa, ow, ub = key
@@ -448,17 +457,23 @@ class LLMSpace:
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
         keys = list(dict.fromkeys(self._key(o) for o in opts))
         probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
-        avg_stage_s = max(mb * f1 / (tp * cp * pp), self._pass_floor_min(deg, mb, m, rcs, sps, keys))
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
-        bound = ((m + (pp - 1) / max(vs)) * (avg_stage_s + ep_s) + opt_s) * (1 - 1e-12)
+
+        def bound_with(stage_s: float) -> float:
+            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+
+        compute_s = mb * f1 / (tp * cp * pp)
         floor = min(model.memory_floor_bytes(p) for p in probes)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                  ("cp", cp), ("ep", deg["ep"]))
-        return SpaceNode(bound, floor, len(vs) * per_leaf, fixed,
+        # compute only until the group reaches the top: the per-kernel / TP floors then (refine)
+        return SpaceNode(bound_with(compute_s), floor, len(vs) * per_leaf, fixed,
                          partial(self._expand_micro_batch, deg, mb, m, vs, rcs, sps, places_by, opts, relief),
                          relief=partial(self._relief, self._micro_batch_node, deg, opts, deg, mb, m, vs, rcs, sps,
-                                        places_by) if relief else None)
+                                        places_by) if relief else None,
+                         refine=None if self._bounds_off else
+                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys))))
 
     def _expand_micro_batch(self, deg, mb, m, vs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
         """Leaf groups per (interleave, recompute, ZeRO stage / expert TP / offload, sequence
@@ -489,26 +504,30 @@ class LLMSpace:
             return None
         keys = list(dict.fromkeys(self._key(o) for o in mine))
         probes = [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys]
-        stage_s = max(model.compute_floor_s(mb, rc) / (tp * cp * pp),
-                      self._pass_floor_min(deg, mb, m, [rc], [spar], keys))
+        compute_s = model.compute_floor_s(mb, rc) / (tp * cp * pp)
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
-        bound = ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+
+        def bound_with(stage_s: float) -> float:
+            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+
         floor = min(model.memory_floor_bytes(p) for p in probes)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                  ("recompute", rc), ("sequence_parallel", bool(spar)), ("tp_comm_overlap", ub), ("cp", cp),
                  ("ep", deg["ep"]))
-        return SpaceNode(bound, floor, count, fixed,
+        return SpaceNode(bound_with(compute_s), floor, count, fixed,
                          partial(self._expand_sub, deg, mb, m, vs, rc, spar, places_by, mine, relief),
-                         relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, places_by, mine) if relief else None)
+                         relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, places_by, mine) if relief else None,
+                         refine=None if self._bounds_off else
+                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys))))
 
     def _expand_sub(self, deg, mb, m, vs, rc, spar, places_by, mine, relief) -> list[SpaceNode]:
         """One leaf group per (interleave, ZeRO stage / expert TP / offload)."""
         out = []
+        by_key = self._by_key(mine)
         for v in vs:
-            for key in dict.fromkeys(self._key(o) for o in mine):
-                node = self._leaf(deg, mb, m, v, rc, key, spar, places_by, [o for o in mine if self._key(o) == key],
-                                  relief)
+            for key, same in by_key.items():
+                node = self._leaf(deg, mb, m, v, rc, key, spar, places_by, same, relief)
                 if node is not None:
                     out.append(node)
         return out
@@ -544,8 +563,8 @@ class LLMSpace:
         """The offloaded twins of a leaf group pruned for memory, as one group per option key
         under a parent that is never pruned itself (each leaf is screened when reached)."""
         twins = self._relief_opts(deg, mine)
-        leaves = [self._leaf(deg, mb, m, v, rc, key, spar, places_by, [o for o in twins if self._key(o) == key], False)
-                  for key in dict.fromkeys(self._key(o) for o in twins)]
+        leaves = [self._leaf(deg, mb, m, v, rc, key, spar, places_by, same, False)
+                  for key, same in self._by_key(twins).items()]
         leaves = [x for x in leaves if x is not None]
         if not leaves:
             return None

@@ -525,6 +525,52 @@ def memory_lower_bound_bytes(
     return num_layers / inv
 
 
+def mean_stage_floor_bytes(
+    *,
+    layer_params: float,
+    expert_params: float,
+    num_layers: int,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    tp: int,
+    pp: int,
+    dp: int,
+    expert_dp: int,
+    bytes_per_element: float = 2,
+    bytes_per_param_weights: float = 2,
+    bytes_per_param_grads: float = 2,
+    bytes_per_param_optimizer: float = 12,
+    zero_stage: int | None = None,
+) -> float:
+    """A lower bound on the worst stage's memory per chip from the whole model's state: the worst
+    stage holds at least the mean over the ``pp`` stages, and the stages together hold every
+    layer once -- ``layer_params`` non-expert parameters split ``tp`` ways with their state
+    sharded over ``dp`` (the dp x cp ranks), ``expert_params`` MoE expert parameters (already
+    split over the expert-parallel and TP ranks) with their state sharded over ``expert_dp``
+    (Megatron-Core's expert data-parallel group, as :func:`llm_memory_per_chip` counts them) --
+    and each layer at least one micro-batch's least activations (full recompute + SP, ``e s b h
+    / tp``; in flight ``min(pp - i, m) >= 1``). Sharding as in :func:`memory_lower_bound_bytes`
+    (the distributed optimizer at least). Unlike that bound it does not take every layer at the
+    lightest kind: for an MoE model with dense layers (DeepSeek-V3: 3 of 61) and experts whose
+    state is sharded over fewer ranks it is the tighter one; for a dense model it is never above
+    it (``L / sum 1/x_i >= L min x_i / pp``).
+
+    >>> # 2 layers of 10 params (16 B each) + 2 B of activations, over 2 stages
+    >>> mean_stage_floor_bytes(layer_params=20, expert_params=0, num_layers=2, seq_len=1,
+    ...     micro_batch=1, hidden=1, tp=1, pp=2, dp=1, expert_dp=1)
+    162.0
+    """
+    _positive(num_layers=num_layers, tp=tp, pp=pp, dp=dp, expert_dp=expert_dp)
+    sharding = dict(distributed_optimizer=True, zero_stage=None if zero_stage is None else max(zero_stage, 1),
+                    bytes_per_param_weights=bytes_per_param_weights, bytes_per_param_grads=bytes_per_param_grads,
+                    bytes_per_param_optimizer=bytes_per_param_optimizer)
+    state = (model_state_bytes(layer_params / tp, dp=dp, **sharding).total_bytes
+             + model_state_bytes(expert_params, dp=expert_dp, **sharding).total_bytes)
+    act = bytes_per_element * seq_len * micro_batch * hidden / tp * num_layers
+    return (state + act) / pp
+
+
 # --------------------------------------------------------------------------------------------
 # LLM training as the frameworks lay it out (Megatron-LM / Transformer Engine)
 # --------------------------------------------------------------------------------------------

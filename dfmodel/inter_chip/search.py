@@ -293,6 +293,12 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             queue = []
             break
         heapq.heappop(queue)
+        if isinstance(m, SpaceNode) and m.refine is not None and not exhaustive:
+            finer, m.refine = m.refine(), None  # its costlier bound, once: re-queued when tighter
+            if finer > bound:
+                m.bound_s = finer
+                heapq.heappush(queue, (finer, next(seq), False, m))
+                continue
         if isinstance(m, SpaceNode):  # a group below the cutoff: its children join the queue
             if m.screen is not None:
                 need = m.screen()

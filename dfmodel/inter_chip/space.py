@@ -37,6 +37,11 @@ class SpaceNode:
     #: optional: when the group is pruned for memory, the same mappings with state offloaded to
     #: host memory (:mod:`dfmodel.inter_chip.offload`) as a group of their own, or None
     relief: Callable[[], "SpaceNode | None"] | None = None
+    #: optional: a tighter time bound, costlier to compute (e.g. per-kernel and TP-collective
+    #: floors), valid for every mapping of the group; the search asks for it only when the group
+    #: first reaches the top of the queue below the cutoff, and re-queues the group under it when
+    #: it is larger (lazy bound tightening: groups the cutoff prunes never pay for it)
+    refine: Callable[[], float] | None = None
 
 
 __all__ = ["SpaceNode"]
