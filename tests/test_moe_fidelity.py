@@ -14,7 +14,7 @@ from dfmodel.inter_chip.llm_family import solve_llm
 from dfmodel.inter_chip.llm_space import llm_candidates
 
 from test_inter_chip import small_system
-from test_moe_physics import moe_workload
+from test_moe_physics import assert_bounds_below_evaluation, moe_workload
 
 
 def _first(model, **knobs):
@@ -80,12 +80,7 @@ def test_mtp_moves_layers_off_the_last_stage():
 def test_bounds_below_evaluation_with_mtp():
     _, model = _pair(first_dense_layers=2)
     cands = list(llm_candidates(model, Knobs(micro_batch=1)))
-    for m in cands[::4]:
-        ev = model.evaluate(m)
-        assert model.lower_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
-        assert model.refined_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
-        assert model.memory_floor_bytes(m) <= ev.memory.total_bytes * (1 + 1e-12)
-        assert model.memory_before_blocks(m).total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
+    assert_bounds_below_evaluation(model, cands[::4])
 
 
 def test_search_equals_exhaustive_with_mtp():

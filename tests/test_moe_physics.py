@@ -26,6 +26,17 @@ from test_inter_chip import SMALL_LLM, small_system
 MOE = {"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 64, "num_shared_experts": 1}
 
 
+def assert_bounds_below_evaluation(model, mappings) -> None:
+    """Every search bound of each mapping (time: compute-only and refined; memory: the floor and
+    the before-blocks screen) is at most what its evaluation gives."""
+    for m in mappings:
+        ev = model.evaluate(m)
+        assert model.lower_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
+        assert model.refined_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
+        assert model.memory_floor_bytes(m) <= ev.memory.total_bytes * (1 + 1e-12)
+        assert model.memory_before_blocks(m).total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
+
+
 def moe_workload(**moe) -> dict:
     w = copy.deepcopy(SMALL_LLM)
     w["name"] = "small_moe"
@@ -216,12 +227,7 @@ def test_bounds_below_evaluation_with_dense_layers():
     model = LLMModel(w, s)
     cands = list(llm_candidates(model, Knobs(micro_batch=1)))
     assert any(c.overlap_moe_expert_parallel_comm for c in cands) and any(c.ep > 1 for c in cands)
-    for m in cands[::5]:
-        ev = model.evaluate(m)
-        assert model.lower_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
-        assert model.refined_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12)
-        assert model.memory_floor_bytes(m) <= ev.memory.total_bytes * (1 + 1e-12)
-        assert model.memory_before_blocks(m).total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
+    assert_bounds_below_evaluation(model, cands[::5])
 
 
 def test_dense_layers_cost_what_a_dense_model_does():

@@ -29,9 +29,11 @@ def test_deadline_clamps_solver_limits_and_nests():
         assert expired() and clamp(5.0) > 0  # a solve still gets a few ms to return its incumbent
 
 
-def test_one_second_limit_on_a_large_case_holds():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_one_second_limit_on_a_large_case_holds(workers):
     """In a fresh interpreter (a user's call; a long test session's caches and garbage would
-    slow any call): 1 s on Llama-3 70B x 512 H100 returns within 2 s with a gap."""
+    slow any call): 1 s on Llama-3 70B x 512 H100 returns within 2 s with a gap, on one worker
+    and on two (the parallel search, dfmodel.inter_chip.parallel_search)."""
     import json
     import subprocess
     import sys
@@ -40,7 +42,7 @@ def test_one_second_limit_on_a_large_case_holds():
         "import json, time\n"
         "from dfmodel import optimize\n"
         "t0 = time.perf_counter()\n"
-        "r = optimize('llama3_70b', 'dgx_h100', num_chips=512, time_limit_s=1.0)\n"
+        f"r = optimize('llama3_70b', 'dgx_h100', num_chips=512, time_limit_s=1.0, workers={workers})\n"
         "print(json.dumps({'wall': time.perf_counter() - t0, 'time': r.iteration_time_s,"
         " 'solver': r.to_dict()['solver'], 'notes': r.notes}))\n"
     )

@@ -469,6 +469,19 @@ def memory_per_chip(
 # --------------------------------------------------------------------------------------------
 
 
+def _least_state_bytes(params: float, dp: int, zero_stage: int | None, bytes_per_param_weights: float,
+                       bytes_per_param_grads: float, bytes_per_param_optimizer: float) -> float:
+    """Model-state bytes of ``params`` under the least sharding any mapping may choose: the
+    distributed optimizer at least (ZeRO stage >= 1), the given stage when it is fixed. The one
+    state term of the memory floors below."""
+    return model_state_bytes(
+        params, dp=dp, distributed_optimizer=True,
+        zero_stage=None if zero_stage is None else max(zero_stage, 1),
+        bytes_per_param_weights=bytes_per_param_weights, bytes_per_param_grads=bytes_per_param_grads,
+        bytes_per_param_optimizer=bytes_per_param_optimizer,
+    ).total_bytes
+
+
 def memory_lower_bound_bytes(
     *,
     num_layers: int,
@@ -509,15 +522,8 @@ def memory_lower_bound_bytes(
     """
     _positive(num_layers=num_layers, seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, tp=tp,
               pp=pp, dp=dp, num_micro_batches=num_micro_batches)
-    w = model_state_bytes(
-        params_per_layer / tp,
-        dp=dp,
-        distributed_optimizer=True,
-        zero_stage=None if zero_stage is None else max(zero_stage, 1),
-        bytes_per_param_weights=bytes_per_param_weights,
-        bytes_per_param_grads=bytes_per_param_grads,
-        bytes_per_param_optimizer=bytes_per_param_optimizer,
-    ).total_bytes
+    w = _least_state_bytes(params_per_layer / tp, dp, zero_stage, bytes_per_param_weights,
+                           bytes_per_param_grads, bytes_per_param_optimizer)
     a = bytes_per_element * seq_len * micro_batch * hidden / tp  # full recompute + SP
     if w <= 0 and a <= 0:  # everything per layer offloaded (dfmodel.inter_chip.offload): no floor
         return 0.0
@@ -562,11 +568,9 @@ def mean_stage_floor_bytes(
     162.0
     """
     _positive(num_layers=num_layers, tp=tp, pp=pp, dp=dp, expert_dp=expert_dp)
-    sharding = dict(distributed_optimizer=True, zero_stage=None if zero_stage is None else max(zero_stage, 1),
-                    bytes_per_param_weights=bytes_per_param_weights, bytes_per_param_grads=bytes_per_param_grads,
-                    bytes_per_param_optimizer=bytes_per_param_optimizer)
-    state = (model_state_bytes(layer_params / tp, dp=dp, **sharding).total_bytes
-             + model_state_bytes(expert_params, dp=expert_dp, **sharding).total_bytes)
+    per_param = (bytes_per_param_weights, bytes_per_param_grads, bytes_per_param_optimizer)
+    state = (_least_state_bytes(layer_params / tp, dp, zero_stage, *per_param)
+             + _least_state_bytes(expert_params, expert_dp, zero_stage, *per_param))
     act = bytes_per_element * seq_len * micro_batch * hidden / tp * num_layers
     return (state + act) / pp
 
