@@ -29,7 +29,7 @@ from dfmodel.inter_chip.checkpoint import checkpoint_state
 from dfmodel.inter_chip.config import DIM_NAMES, Knobs, Mapping
 from dfmodel.inter_chip import experts as moe_terms
 from dfmodel.inter_chip import block_floor as bf
-from dfmodel.inter_chip import dataflow_floor
+from dfmodel.inter_chip import comm_floor, dataflow_floor
 from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_core, kv_bytes_per_rank, with_params_of
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs, stash_tensors
@@ -497,8 +497,28 @@ class LLMModel:
         if off.uses_offload(m):  # a layer's pass is never shorter than its host transfers
             layer_params = self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)
             avg_stage_s = max(avg_stage_s, self.num_layers / m.pp * sum(self._offload_layer_s(m, layer_params / m.tp)))
-        pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
+        pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s + self.p2p_floor_s(m)
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+
+    def p2p_floor_s(self, m: Mapping) -> float:
+        """Least exposed pipeline p2p of ``m``'s knobs over every PP group a placement of its
+        degrees gives (:func:`.comm_floor.pp_p2p_floor_s`; reads no placement)."""
+        if m.pp <= 1 or m.interleave != 1:
+            return 0.0
+        return comm_floor.pp_p2p_floor_s(self, pp=m.pp, micro_batch=m.micro_batch, num_micro_batches=m.num_micro_batches,
+                                         interleave=m.interleave, cp=m.cp, tp=m.tp, pp_groups=self._pp_groups(m),
+                                         memo=self.__dict__.setdefault("_p2p_floor_memo", {}))
+
+    def _pp_groups(self, m: Mapping) -> tuple:
+        """Every PP group a placement of ``m``'s degrees gives (as :meth:`_tp_groups`)."""
+        key = (m.tp, m.cp, m.pp, m.dp, m.ep, m.etp)
+        memo = self.__dict__.setdefault("_pp_group_memo", {})
+        if key not in memo:
+            from dfmodel.inter_chip.llm_space import placements  # (llm_space reads no LLMModel)
+
+            deg = {"tp": m.tp, "cp": m.cp, "pp": m.pp, "dp": m.dp, "ep": m.ep}
+            memo[key] = tuple(sorted({tuple(dict(p)["pp"]) for p in placements(self.system, deg, m.etp)}))
+        return memo[key]
 
     def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True) -> float | None:
         """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
@@ -600,6 +620,13 @@ class LLMModel:
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+
+    def p2p_s(self, micro_batch: int, cp: int, tp: int, pp_group) -> float:
+        """One point-to-point transfer between pipeline stages: a micro-batch's activations
+        (``mb x s / cp x h`` elements per rank, split ``tp`` ways: the scatter/gather
+        optimisation of Narayanan et al. SC21 sec. 4.1) over the PP group (the cost table's ``p2p``)."""
+        act_bytes = micro_batch * (self.model.seq_len // cp) * self.model.hidden * self.training.activation_bytes / tp
+        return self.costs.time_s("p2p", act_bytes, pp_group)
 
     def params_per_chip_floor(self, m: Mapping) -> float:
         """Fewest parameters any chip can hold: all of them split evenly over TP x PP (MoE:
@@ -860,10 +887,7 @@ class LLMModel:
         stage_fwd[-1] += head_f + mtp_f
         stage_bwd[-1] += head_b + mtp_b
 
-        p2p_s = 0.0
-        if m.pp > 1:
-            act_bytes = m.micro_batch * (self.model.seq_len // m.cp) * self.model.hidden * self.training.activation_bytes / m.tp
-            p2p_s = self.costs.time_s("p2p", act_bytes, pp_group)
+        p2p_s = self.p2p_s(m.micro_batch, m.cp, m.tp, pp_group) if m.pp > 1 else 0.0
         pt = pipe.pipeline_time(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
         if not pt.exact and m.interleave > 1:
             if cutoff_s is not None and (pipe.simulated_lower_bound_s(stage_fwd, stage_bwd, m.num_micro_batches,

@@ -404,7 +404,7 @@ class LLMSpace:
         # up front than they prune -- a 1 s limit needs the roots in ~0.1 s; the micro-batch
         # groups add them, _pass_floor_min)
         pipe_s = min((m + (pp - 1) / max(vs)) * (mb * avg_s + self._ep_layers_s(deg, mb, m, rcs, places_by, opts))
-                     for mb, m, vs in mbs)
+                     + self._p2p_floor_s(deg, mb, m, vs) for mb, m, vs in mbs)
         # floor: the activations in flight, mb min(pp - i, M) = min((pp - i) mb, batch / dp),
         # never shrink with mb (memory.memory_lower_bound_bytes), so the smallest mb's
         floor = min(model.memory_floor_bytes(p) for p in probes)
@@ -459,9 +459,10 @@ class LLMSpace:
         probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
+        p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
         def bound_with(stage_s: float) -> float:
-            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         compute_s = mb * f1 / (tp * cp * pp)
         floor = min(model.memory_floor_bytes(p) for p in probes)
@@ -507,9 +508,10 @@ class LLMSpace:
         compute_s = model.compute_floor_s(mb, rc) / (tp * cp * pp)
         opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
+        p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
         def bound_with(stage_s: float) -> float:
-            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + opt_s) * (1 - 1e-12)
+            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         floor = min(model.memory_floor_bytes(p) for p in probes)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
@@ -594,6 +596,14 @@ class LLMSpace:
                 ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=deg["pp"], num_micro_batches=m)
             self._ep_memo[key] = model.num_moe_layers * ep_s / deg["pp"]
         return self._ep_memo[key]
+
+    def _p2p_floor_s(self, deg, mb, m, vs) -> float:
+        """Least exposed pipeline p2p of a group whose interleaves are ``vs``
+        (``LLMModel.p2p_floor_s``, what each leaf's ``lower_bound_s`` holds: nonzero only when
+        every mapping runs plain 1F1B, ``max(vs) == 1``; a group's bound takes the largest ``v``)."""
+        if self._bounds_off or max(vs) != 1 or deg["pp"] <= 1:
+            return 0.0
+        return self.model.p2p_floor_s(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, 1, cp=deg["cp"], ep=deg["ep"]))
 
     def _exposed_ep_s(self, deg, mb, m, v, rc, places_by, opts) -> float:
         """What the MoE token all-to-alls add to the pipeline bound of every mapping of a leaf

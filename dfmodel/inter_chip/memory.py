@@ -771,10 +771,20 @@ def llm_memory_per_chip(
                                      vocab=m.vocab_size, tp=t, sequence_parallel=sequence_parallel,
                                      bytes_per_element=e) if m.vocab_size else 0.0
     worst, host = None, 0.0
+    # stages alike in what the terms read (layers, dense layers, the ends' extras and, when it
+    # multiplies anything, the micro-batches in flight) have the same breakdown: computed once
+    # (a search's memory floors put all layers on one stage of up to ~100: the rest are alike)
+    seen: set = set()
     for stage, layers in enumerate(layers_per_stage):
         dense = dense_n[stage]
         extra_params = (first_params if stage == 0 else 0.0) + (last_params if stage == pp - 1 else 0.0)
         extra_act = (emb_act if stage == 0 else 0.0) + (head_act if stage == pp - 1 else 0.0)
+        alike = (layers, dense, extra_params, extra_act,
+                 in_flight_micro_batches(pp, stage, num_micro_batches, interleave)
+                 if layers or dense or extra_act or offload is not None else None)
+        if alike in seen:
+            continue
+        seen.add(alike)
         # the largest working buffer among the layer kinds this stage runs
         working = (max(working_moe if layers else 0.0, working_dense if dense else 0.0) if any(dense_n)
                    else working_moe)
@@ -801,7 +811,7 @@ def llm_memory_per_chip(
                                   bytes_per_param_weights=other_state.weights,
                                   bytes_per_param_grads=other_state.gradients,
                                   bytes_per_param_optimizer=other_state.optimizer)
-        in_flight = in_flight_micro_batches(pp, stage, num_micro_batches, interleave)
+        in_flight = alike[4] if alike[4] is not None else 1.0  # (None: it multiplies no activations)
         b = MemoryBreakdown(
             weights_bytes=state.weights_bytes + extra.weights_bytes,
             gradients_bytes=state.gradients_bytes + extra.gradients_bytes,

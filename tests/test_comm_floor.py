@@ -1,0 +1,70 @@
+"""Communication floors of the search's bounds on slow links (issue 12,
+dfmodel/inter_chip/comm_floor.py): each is below every candidate's evaluation (exhaustive on
+small cases), attained by some placement, and the searches they prune still find the
+exhaustive optimum."""
+
+from __future__ import annotations
+
+import pytest
+
+from dfmodel import load_system, load_workload
+from dfmodel.inter_chip import pipeline as pipe
+from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.llm import LLMModel
+from dfmodel.inter_chip.llm_family import solve_llm
+from dfmodel.inter_chip.llm_space import llm_candidates
+from tests.test_inter_chip import SMALL_LLM, small_system
+
+#: a PCIe-box-like system: slow links inside and between nodes, so p2p is a large share
+SLOW = small_system(4, 2, nv_bw="8 GB/s", ib_bw="1 GB/s")
+DEEP = {**SMALL_LLM, "training": {"global_batch": 32, "precision": "bf16"}}
+
+
+def _candidates(knobs: Knobs, every: int = 1):
+    model = LLMModel(load_workload(DEEP), load_system(SLOW))
+    return model, list(llm_candidates(model, knobs))[::every]
+
+
+@pytest.mark.parametrize("knobs", [Knobs(interleave=1), Knobs(pp=4), Knobs(pp=2, cp=2, micro_batch=2)])
+def test_p2p_floor_is_the_least_over_placements_of_the_schedule_exposure(knobs):
+    """Plain 1F1B: the floor is K x the cheapest PP group's transfer (K the closed form's
+    critical-path count); every candidate's own exposure is at least that, some attains it;
+    interleaved candidates get none."""
+    model, cands = _candidates(knobs)
+    by_knobs: dict = {}
+    for m in cands:
+        floor = model.p2p_floor_s(m)
+        if m.pp == 1 or m.interleave > 1:
+            assert floor == 0.0
+            continue
+        own = pipe.p2p_transfers_on_critical_path(m.pp, m.num_micro_batches) * model.p2p_s(
+            m.micro_batch, m.cp, m.tp, m.group("pp"))
+        assert floor <= own * (1 + 1e-12)
+        key = tuple(v for k, v in vars(m).items() if k != "placement")
+        by_knobs.setdefault(key, []).append(own / floor)
+    assert by_knobs and all(min(r) == pytest.approx(1.0, rel=1e-12) for r in by_knobs.values())
+
+
+@pytest.mark.parametrize("knobs,every", [(Knobs(), 5), (Knobs(pp=4, recompute="full"), 1),
+                                         (Knobs(pp=2, cp=2), 1)])
+def test_bound_with_p2p_is_below_every_evaluation(knobs, every):
+    """``lower_bound_s`` (now with the p2p floor) <= the evaluated time on every candidate
+    (exhaustive on the pipelined ones), and the floor is what lifts some bounds."""
+    model, cands = _candidates(knobs, every)
+    lifted = 0
+    for m in cands:
+        ev = model.evaluate(m)
+        bound = model.lower_bound_s(m)
+        assert bound <= ev.iteration_time_s * (1 + 1e-12)
+        lifted += model.p2p_floor_s(m) > 0
+    assert lifted > 0
+
+
+@pytest.mark.parametrize("knobs", [Knobs(), Knobs(pp=4)])
+def test_search_with_comm_floors_equals_exhaustive(knobs):
+    w, s = load_workload(DEEP), load_system(SLOW)
+    fast = solve_llm(w, s, knobs)
+    full = solve_llm(w, s, knobs, exhaustive=True)
+    assert fast.iteration_time_s == full.iteration_time_s
+    assert fast.solver.status == "optimal"
+    assert fast.parallelism == full.parallelism
