@@ -14,6 +14,15 @@ and options the group allows), so adding it keeps every bound below the evaluate
   ``K min_g p2p_s(g)`` over the group's PP placements ``g`` adds to the compute bound
   ``(m + pp - 1) avg`` exactly. Interleaved (``v > 1``): the simulated makespan only grows with
   ``p2p_s`` (a longest path), so 0 there.
+- **ZeRO-3 / FSDP gathers** (:func:`fsdp_layer_floor_s`): every layer and micro-batch gathers
+  its parameters in the forward and again in the backward and reduce-scatters its gradients
+  (``LLMModel._fsdp_exposed``: prefetched, a phase takes at least its collectives,
+  ``max(fwd, ag)`` and ``max(bwd, ag + rs)``; without prefetch more). So a layer's pass is at
+  least ``2 ag + rs`` of the fewest parameters a chip holds (``1 / tp`` of the layer's: TP splits
+  a weight at most ``tp`` ways) over the cheapest dp x cp group. Not under tp_comm_overlap (its
+  layer times are below the solved phases the max is taken against) nor for MoE layers (their
+  experts sync over the expert data-parallel group), nor on dataflow chips (a layer keeping its
+  stash on chip runs below the solved phase the max is taken against): 0 there.
 """
 
 from __future__ import annotations
@@ -34,4 +43,23 @@ def pp_p2p_floor_s(model, *, pp: int, micro_batch: int, num_micro_batches: int, 
     return pipe.p2p_transfers_on_critical_path(pp, num_micro_batches, 1) * memo[key]
 
 
-__all__ = ["pp_p2p_floor_s"]
+def fsdp_layer_floor_s(model, *, tp: int, zero_stage: int, dp_cp: int, tp_comm_overlap: bool, dp_groups,
+                       memo: dict | None = None) -> float:
+    """Least ZeRO-3 collective time of one layer and micro-batch, forward + backward, over the
+    dp x cp groups ``dp_groups``: ``2 all_gather(P e) + reduce_scatter(P g)`` with ``P`` the
+    layer's parameters over ``tp``, ``e`` / ``g`` the 16-bit parameter and gradient bytes
+    (as ``LLMModel._fsdp_exposed`` sends them). 0 where the floor does not hold (module doc)."""
+    if (zero_stage != 3 or dp_cp == 1 or (tp_comm_overlap and tp > 1) or model.num_experts > 1 or not dp_groups
+            or model.system.chip.execution == "dataflow"):
+        return 0.0
+    memo = {} if memo is None else memo
+    key = (tp, tuple(dp_groups))
+    if key not in memo:
+        params = model.graphs(1).layer.params() / tp
+        t, costs = model.training, model.costs
+        memo[key] = min(2 * costs.time_s("all_gather", params * t.activation_bytes, g)
+                        + costs.time_s("reduce_scatter", params * t.grad_bytes, g) for g in dp_groups)
+    return memo[key]
+
+
+__all__ = ["pp_p2p_floor_s", "fsdp_layer_floor_s"]

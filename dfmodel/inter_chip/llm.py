@@ -497,6 +497,8 @@ class LLMModel:
         if off.uses_offload(m):  # a layer's pass is never shorter than its host transfers
             layer_params = self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)
             avg_stage_s = max(avg_stage_s, self.num_layers / m.pp * sum(self._offload_layer_s(m, layer_params / m.tp)))
+        # ZeRO-3: every layer's pass takes at least its parameter gathers and gradient reduce-scatter
+        avg_stage_s = max(avg_stage_s, self.num_layers / m.pp * self.fsdp_layer_floor_s(m))
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s + self.p2p_floor_s(m)
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
@@ -509,15 +511,30 @@ class LLMModel:
                                          interleave=m.interleave, cp=m.cp, tp=m.tp, pp_groups=self._pp_groups(m),
                                          memo=self.__dict__.setdefault("_p2p_floor_memo", {}))
 
+    def fsdp_layer_floor_s(self, m: Mapping) -> float:
+        """Least ZeRO-3 gather + reduce-scatter time of one layer and micro-batch over every dp x cp
+        group a placement of ``m``'s degrees gives (:func:`.comm_floor.fsdp_layer_floor_s`)."""
+        if m.zero_stage != 3 or m.dp_cp == 1:
+            return 0.0
+        groups = self._placed_groups(m, lambda p: merge_groups(self.system, dict(p)["cp"], dict(p)["dp"]))
+        return comm_floor.fsdp_layer_floor_s(self, tp=m.tp, zero_stage=m.zero_stage, dp_cp=m.dp_cp,
+                                             tp_comm_overlap=m.tp_comm_overlap, dp_groups=groups,
+                                             memo=self.__dict__.setdefault("_fsdp_floor_memo", {}))
+
     def _pp_groups(self, m: Mapping) -> tuple:
         """Every PP group a placement of ``m``'s degrees gives (as :meth:`_tp_groups`)."""
-        key = (m.tp, m.cp, m.pp, m.dp, m.ep, m.etp)
-        memo = self.__dict__.setdefault("_pp_group_memo", {})
+        return self._placed_groups(m, lambda p: dict(p)["pp"])
+
+    def _placed_groups(self, m: Mapping, pick) -> tuple:
+        """The distinct ``pick(placement)`` over every placement of ``m``'s degrees, memoised
+        per degrees and ``pick``'s code (what a placement-free floor takes the cheapest of)."""
+        key = (m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, pick.__code__)
+        memo = self.__dict__.setdefault("_placed_group_memo", {})
         if key not in memo:
             from dfmodel.inter_chip.llm_space import placements  # (llm_space reads no LLMModel)
 
             deg = {"tp": m.tp, "cp": m.cp, "pp": m.pp, "dp": m.dp, "ep": m.ep}
-            memo[key] = tuple(sorted({tuple(dict(p)["pp"]) for p in placements(self.system, deg, m.etp)}))
+            memo[key] = tuple(sorted({tuple(pick(p)) for p in placements(self.system, deg, m.etp)}))
         return memo[key]
 
     def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True) -> float | None:
@@ -603,15 +620,20 @@ class LLMModel:
         layer, emb, head = blocks[:3]
         # the layer phases as evaluate() times them before any exposed communication (with
         # tp_comm_overlap's userbuffers: the raw phases were above them, an invalid bound); a
-        # layer's pass is never shorter than its host transfers (offload: they only hide behind it)
-        total = self.num_moe_layers * max(sum(self._layer_phases_s(m, layer, {})),
+        # layer's pass is never shorter than its host transfers (offload: they only hide behind it);
+        # with the exposed communication evaluate() adds to each layer (cp exchange, MoE
+        # all-to-alls, ZeRO-3's gathers: _layer_comm reads only the mapping and the solved layer)
+        dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))
+        extra = self._layer_comm(m, layer, dp_group)
+        total = self.num_moe_layers * max(sum(self._layer_phases_s(m, layer, extra)),
                                           sum(self._offload_layer_s(m, layer.params_per_chip)))
         if layer.onchip is not None:  # at most every layer keeps its stash on chip
             save_f = max(0.0, layer.fwd.time_s - layer.onchip.fwd_s)
             total -= self.num_moe_layers * (save_f * (2 if m.recompute == "full" else 1)
                                             + max(0.0, layer.bwd.time_s - layer.onchip.bwd_s))
         if self.num_dense_layers:
-            total += self.num_dense_layers * max(sum(self._layer_phases_s(m, blocks[3], {})),
+            extra_d = self._layer_comm(m, blocks[3], dp_group, experts=False)
+            total += self.num_dense_layers * max(sum(self._layer_phases_s(m, blocks[3], extra_d)),
                                                  sum(self._offload_layer_s(m, blocks[3].params_per_chip)))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         if self.num_mtp_layers:  # the MTP modules' layer and head (their projection left out: >= 0)
@@ -619,6 +641,9 @@ class LLMModel:
                                             + (head.fwd.time_s + head.backward_s("none") if head else 0.0))
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
+        if m.pp > 1 and m.interleave == 1:  # plain 1F1B's exposed p2p on its own PP group (comm_floor)
+            pipeline_s += (pipe.p2p_transfers_on_critical_path(m.pp, m.num_micro_batches)
+                           * self.p2p_s(m.micro_batch, m.cp, m.tp, m.group("pp")))
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
     def p2p_s(self, micro_batch: int, cp: int, tp: int, pp_group) -> float:
