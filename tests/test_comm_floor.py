@@ -112,3 +112,69 @@ def test_refined_bound_with_exposed_comm_is_below_every_evaluation(knobs):
         assert rb is not None and rb <= ev.iteration_time_s * (1 + 1e-12)
         seen += rb > model.lower_bound_s(m) * (1 + 1e-9)
     assert seen > 0
+
+
+def _slow_dataflow():
+    s = small_system(4, 2, nv_bw="4 GB/s", ib_bw="1 GB/s")
+    s["chip"]["execution"] = "dataflow"
+    s["chip"]["overlap"] = True
+    return s
+
+
+@pytest.mark.parametrize("system,tp,group", [("dragonfly", 8, (("local", 8),)),
+                                             ("dragonfly", 24, (("local", 8), ("global", 3))),
+                                             ("sn30", 8, (("x", 8),))])
+@pytest.mark.parametrize("workload", ["gpt3_13b", "llama3_70b"])
+def test_dataflow_phase_floor_with_tp_collectives_is_below_every_solved_phase(workload, system, tp, group):
+    """With the forced TP reductions as each phase's network floor (max(C, M, N) per phase;
+    max(floor, N) under userbuffers), the dataflow floors stay below the solved forward and
+    backward (off-chip and on-chip stash), and the userbuffers phase times, on shipped blocks."""
+    from dfmodel.inter_chip import dataflow_floor as dff
+    from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
+    from dfmodel.inter_chip.llm import _is_attention_core, _userbuffers_s
+
+    from dfmodel.graph.kernel import Phase
+
+    model = LLMModel(load_workload(workload), load_system(system))
+    lifted = 0
+    for mb in (1, 2):
+        for sp in (False, True):
+            blk = model.block("layer", mb, tp, group, sp)
+            fl = dff.dataflow_block_floor(model.graphs(1).layer, model.system, tp, _is_attention_core)
+            nets = forced_phase_comm_s(model._block_floor("layer", tp, 1, sp, 1, False), mb, model.costs, group)
+            # the sharding's own collectives per phase are above one of the Pareto pairs
+            net_s, kinds = blk.sharded.network_time_s, {k.name: k.phase for k in blk.sharded.graph.kernels}
+            own_f = sum(t for n, t in net_s.items() if kinds.get(n) == Phase.forward)
+            own_b = sum(t for n, t in net_s.items() if kinds.get(n) not in (None, Phase.forward))
+            below = [(a, b) for a, b in nets if a <= own_f * (1 + 1e-9) and b <= own_b * (1 + 1e-9)]
+            assert below
+            ok = []
+            for a, b in below:
+                f, bw = fl.phase_s(fl.fwd, mb, a), fl.phase_s(fl.bwd, mb, b)
+                hf, hb = fl.phase_s(fl.fwd, mb, a, True), fl.phase_s(fl.bwd, mb, b, True)
+                ok.append(f <= blk.fwd.time_s * (1 + 1e-9) and bw <= blk.bwd.time_s * (1 + 1e-9)
+                          and fl.phase_s(fl.fwd_dram, mb, a) <= blk.fwd.time_s * (1 + 1e-9)
+                          and fl.phase_s(fl.bwd_dram, mb, b) <= blk.bwd.time_s * (1 + 1e-9)
+                          and (blk.onchip is None or (f <= blk.onchip.fwd_s * (1 + 1e-9)
+                                                      and bw <= blk.onchip.bwd_s * (1 + 1e-9)))
+                          and hf <= _userbuffers_s(blk.fwd, tp) * (1 + 1e-9)
+                          and hb <= _userbuffers_s(blk.bwd, tp) * (1 + 1e-9))
+                lifted += f + bw > (fl.phase_s(fl.fwd, mb) + fl.phase_s(fl.bwd, mb)) * (1 + 1e-9)
+            assert all(ok)
+    if len(group) > 1:  # across the slow global links the collectives outweigh compute and DRAM
+        assert lifted > 0
+
+
+@pytest.mark.parametrize("knobs,every", [(Knobs(), 3), (Knobs(tp=4), 1), (Knobs(tp=8, recompute="full"), 1)])
+def test_dataflow_bound_with_tp_collectives_is_below_every_evaluation(knobs, every):
+    model = LLMModel(load_workload(DEEP), load_system(_slow_dataflow()))
+    cands = list(llm_candidates(model, knobs))[::every]
+    for m in cands:
+        assert model.lower_bound_s(m) <= model.evaluate(m).iteration_time_s * (1 + 1e-12)
+
+
+def test_dataflow_search_with_tp_floor_equals_exhaustive():
+    w, s = load_workload(DEEP), load_system(_slow_dataflow())
+    fast = solve_llm(w, s, Knobs(pp=1))
+    full = solve_llm(w, s, Knobs(pp=1), exhaustive=True)
+    assert fast.iteration_time_s == full.iteration_time_s and fast.parallelism == full.parallelism

@@ -23,6 +23,10 @@ and options the group allows), so adding it keeps every bound below the evaluate
   layer times are below the solved phases the max is taken against) nor for MoE layers (their
   experts sync over the expert data-parallel group), nor on dataflow chips (a layer keeping its
   stash on chip runs below the solved phase the max is taken against): 0 there.
+- **TP collectives on dataflow chips** (:func:`forced_phase_comm_s`): a fused partition takes
+  ``max(compute, memory, network)``, so a phase is at least its forced TP reductions (the
+  partial sums no Megatron layout avoids: :mod:`.block_floor`), which
+  :func:`.dataflow_floor.pass_floor_s` now counts per phase on the cheapest TP group.
 """
 
 from __future__ import annotations
@@ -62,4 +66,39 @@ def fsdp_layer_floor_s(model, *, tp: int, zero_stage: int, dp_cp: int, tp_comm_o
     return memo[key]
 
 
-__all__ = ["pp_p2p_floor_s", "fsdp_layer_floor_s"]
+def forced_phase_comm_s(floor, k: int, costs, group, memo: dict | None = None) -> list[tuple[float, float]]:
+    """The (forward, backward) network seconds of the TP reductions no layout avoids in a block
+    at micro-batch ``k`` on ``group``, as the Pareto-least pairs over every choice of options:
+    per weight group of the :class:`~dfmodel.inter_chip.block_floor.BlockFloor`, each option
+    leaves partial sums to reduce in one phase or the other (row-parallel: forward,
+    column-parallel: backward), each the cheaper of an all-reduce and a reduce-scatter of the
+    logical bytes (as :func:`~dfmodel.inter_chip.block_floor.forced_comm_s`). Any sharding's
+    pair is at least one of the returned pairs in both coordinates; a floor nondecreasing in
+    both takes its least over them. No launches: on a dataflow chip the collective is a
+    partition's network term."""
+    memo = {} if memo is None else memo
+
+    def reduce_s(b: float) -> float:
+        key = (b, group)
+        if key not in memo:
+            memo[key] = min(costs.time_s("all_reduce", b, group), costs.time_s("reduce_scatter", b, group))
+        return memo[key]
+
+    pairs = [(0.0, 0.0)]
+    for per_option in floor.forced:
+        options = [(sum(reduce_s(b * k if grows else b) for b, f, grows in items if f),
+                    sum(reduce_s(b * k if grows else b) for b, f, grows in items if not f)) for items in per_option]
+        pairs = _pareto([(a + c, b + d) for a, b in pairs for c, d in options])
+    return pairs
+
+
+def _pareto(pairs: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The pairs no other pair is below in both coordinates (sorted by the first)."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(set(pairs)):
+        if not out or b < out[-1][1]:
+            out.append((a, b))
+    return out
+
+
+__all__ = ["pp_p2p_floor_s", "fsdp_layer_floor_s", "forced_phase_comm_s"]

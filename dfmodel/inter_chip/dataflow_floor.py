@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
+from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
 from dfmodel.inter_chip.sharding import is_weight_gradient
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S
 from dfmodel.system.processor import achieved_rate_Fps, memory_time_s
@@ -65,12 +66,20 @@ class PhaseFloor:
     fixed_bytes: float
     kernels: int
 
-    def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool) -> float:
+    def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool, network_s: float = 0.0,
+               hidden: bool = False) -> float:
+        """The floor at micro-batch ``k`` with at least ``network_s`` of TP collectives in the
+        phase (:func:`.comm_floor.forced_phase_comm_s`): a partition takes ``max(c, m, n)`` (the
+        sum without overlap), so the phase ``max(C, M, N)``. ``hidden`` (tp_comm_overlap's
+        userbuffers, ``llm._userbuffers_s``): the phase is at least its collectives and at least
+        the rest, ``max(floor, N)``."""
         if not self.kernels:
             return 0.0
         c = k * self.compute_s
         m = (k * self.act_bytes + self.fixed_bytes) * s_per_byte
-        return (max(c, m) if overlap else c + m) + overhead_s
+        if hidden:
+            return max((max(c, m) if overlap else c + m) + overhead_s, network_s)
+        return (max(c, m, network_s) if overlap else c + m + network_s) + overhead_s
 
 
 @dataclass(frozen=True)
@@ -89,24 +98,26 @@ class DataflowBlockFloor:
     bwd_dram: PhaseFloor | None = None
     stash_bytes: float = 0.0
 
-    def phase_s(self, phase: PhaseFloor, k: int) -> float:
-        return phase.time_s(k, self.s_per_byte, self.overhead_s, self.overlap)
+    def phase_s(self, phase: PhaseFloor, k: int, network_s: float = 0.0, hidden: bool = False) -> float:
+        return phase.time_s(k, self.s_per_byte, self.overhead_s, self.overlap, network_s, hidden)
 
-    def kernels_s(self, k: int, recompute: str) -> float:
+    def kernels_s(self, k: int, recompute: str, net: tuple[float, float] = (0.0, 0.0), hidden: bool = False) -> float:
         """Forward + backward (+ recompute: the core again, or the whole forward) at micro-batch ``k``
-        (as ``BlockTimes.backward_s`` adds them)."""
-        f = self.phase_s(self.fwd, k)
+        (as ``BlockTimes.backward_s`` adds them); ``net``: the (forward, backward) TP collective
+        floors, ``hidden`` under userbuffers (:meth:`PhaseFloor.time_s`)."""
+        f = self.phase_s(self.fwd, k, net[0], hidden)
         extra = {"none": 0.0, "selective": self.phase_s(self.core, k), "full": f}[recompute]
-        return f + self.phase_s(self.bwd, k) + extra
+        return f + self.phase_s(self.bwd, k, net[1], hidden) + extra
 
-    def dram_kernels_s(self, k: int, recompute: str) -> float:
+    def dram_kernels_s(self, k: int, recompute: str, net: tuple[float, float] = (0.0, 0.0),
+                       hidden: bool = False) -> float:
         """:meth:`kernels_s` of a layer whose stash goes through DRAM (full recompute's second
         forward writes it again: ``layer_times`` applies the DRAM forward to both)."""
         if self.fwd_dram is None:
-            return self.kernels_s(k, recompute)
-        f = self.phase_s(self.fwd_dram, k)
+            return self.kernels_s(k, recompute, net, hidden)
+        f = self.phase_s(self.fwd_dram, k, net[0], hidden)
         extra = {"none": 0.0, "selective": self.phase_s(self.core, k), "full": f}[recompute]
-        return f + self.phase_s(self.bwd_dram, k) + extra
+        return f + self.phase_s(self.bwd_dram, k, net[1], hidden) + extra
 
     def max_layers_on_chip(self, k: int, sram_bytes: float, layers: int, stages: int, recompute: str) -> int:
         """At most this many of ``layers`` (over ``stages`` pipeline stages) keep their stash in
@@ -190,12 +201,23 @@ def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core)
 __all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
 
 
-def pass_floor_s(model, m, is_core) -> float:
+def pass_floor_s(model, m, is_core, tp_groups=None) -> float:
     """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
     block on one dataflow chip (``LLMModel.pass_floor_s`` on ``execution: dataflow``; ``is_core``
     picks selective recompute's kernels): each
-    block's :class:`DataflowBlockFloor` times its count. Memoised per block key on ``model``."""
-    key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp)
+    block's :class:`DataflowBlockFloor` times its count. With ``tp_groups`` (TP > 1): each phase
+    also holds its forced TP reductions (:func:`.comm_floor.forced_phase_comm_s`), on the
+    cheapest of the groups. Memoised per block key on ``model``."""
+    if tp_groups and m.tp > 1:
+        return min(_pass_floor_on_s(model, m, is_core, tuple(g)) for g in tp_groups)
+    return _pass_floor_on_s(model, m, is_core, None)
+
+
+def _pass_floor_on_s(model, m, is_core, group) -> float:
+    """:func:`pass_floor_s` on one TP group (None: without the TP collectives)."""
+    ub = m.tp_comm_overlap and m.tp > 1
+    key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
+        () if group is None else (group, m.sequence_parallel, m.whole_experts, ub))
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -216,11 +238,20 @@ def pass_floor_s(model, m, is_core) -> float:
         fl = floors[bkey]
         if fl is None:
             continue
+        nets, hidden = [(0.0, 0.0)], False
+        if group is not None:  # the block's forced TP reductions per phase (Megatron layouts)
+            tp_floor = model._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep,
+                                          m.whole_experts and which == "layer")
+            if tp_floor is not None:
+                nets = forced_phase_comm_s(tp_floor, m.micro_batch, model.costs, group,
+                                           model.__dict__.setdefault("_collective_memo", {}))
+                hidden = ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
             on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc)
-            total += on * fl.kernels_s(m.micro_batch, rc) + (count - on) * fl.dram_kernels_s(m.micro_batch, rc)
+            total += min(on * fl.kernels_s(m.micro_batch, rc, net, hidden)
+                         + (count - on) * fl.dram_kernels_s(m.micro_batch, rc, net, hidden) for net in nets)
         else:
-            total += count * fl.kernels_s(m.micro_batch, rc)
+            total += count * min(fl.kernels_s(m.micro_batch, rc, net) for net in nets)
     memo[key] = total
     return total
 

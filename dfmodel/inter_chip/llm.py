@@ -547,7 +547,8 @@ class LLMModel:
         On dataflow chips (kernels fuse there): :func:`.dataflow_floor.pass_floor_s` (compute and
         the DRAM traffic no partition plan avoids: weights, block inputs and outputs)."""
         if self.system.chip.execution == "dataflow":
-            return dataflow_floor.pass_floor_s(self, m, _is_attention_core)
+            groups = (self._tp_groups(m) if tp_groups is None else tp_groups) if comm and m.tp > 1 else None
+            return dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups)
         ub = m.tp_comm_overlap and m.tp > 1
         key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
         memo = self.__dict__.setdefault("_pass_floor_memo", {})
