@@ -155,6 +155,12 @@ class MemoryFloorMiss:
     iteration_time_s: float = float("inf")
 
 
+#: Mapping fields no memory term reads (overlap flags, the placement, the CP exchange's kind):
+#: :meth:`LLMModel.memory_before_blocks` memoises its floor without them
+_MEMORY_BLIND = frozenset(("placement", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
+                           "overlap_moe_expert_parallel_comm", "cp_comm"))
+
+
 def _is_attention_core(kernel) -> bool:
     """Kernels selective recompute re-runs (Korthikanti et al. 2022, section 4.3): the attention
     score, softmax (and dropout) and attention-times-value, which hold the s^2 activations."""
@@ -792,17 +798,17 @@ class LLMModel:
         terms, so it is at least that of the same number of layers all of the cheaper kind
         (the least of the all-MoE and the all-dense split). test_search.py checks it against
         ``evaluate`` on every candidate."""
-        key = tuple(v for k, v in vars(m).items() if k != "placement")
+        key = tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND)
         if key not in self._memory_floors:
-            g = self.graphs(1)
+            layer_all, layer_experts, emb_all, head_all, dense_all = self._screen_params
             # a rank holds E / ep experts, split tp ways (whole with expert TP 1)
-            experts = expert_params(g.layer) / (m.ep * (1 if m.whole_experts else m.tp))
-            layer = (g.layer.params() - expert_params(g.layer)) / m.tp + experts
-            emb = g.embedding.params() / m.tp if g.embedding is not None else 0.0
-            head = g.head.params() / m.tp if g.head is not None else 0.0
+            experts = layer_experts / (m.ep * (1 if m.whole_experts else m.tp))
+            layer = (layer_all - layer_experts) / m.tp + experts
+            emb = emb_all / m.tp
+            head = head_all / m.tp
             head += mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp,
                                                    pp=m.pp, tie_embeddings=self.model.tie_embeddings)
-            dense = g.dense_layer.params() / m.tp if self.num_dense_layers else None
+            dense = dense_all / m.tp if self.num_dense_layers else None
             k = -(-self.num_layers // m.pp)
             best, host = None, float("inf")
             # a middle stage i holds no embedding or head and fewer micro-batches in flight the
@@ -824,6 +830,16 @@ class LLMModel:
                         best = b
             self._memory_floors[key] = best if best.host_capacity_bytes is None else replace(best, host_bytes=host)
         return self._memory_floors[key]
+
+    @cached_property
+    def _screen_params(self) -> tuple:
+        """(one layer's parameters, its MoE expert parameters, the embedding's, the head's, a
+        dense layer's or 0) of the unsharded model: what :meth:`memory_before_blocks` reads on
+        every screen (counting kernels costs ~50 us each time)."""
+        g = self.graphs(1)
+        return (g.layer.params(), expert_params(g.layer), g.embedding.params() if g.embedding is not None else 0.0,
+                g.head.params() if g.head is not None else 0.0,
+                g.dense_layer.params() if self.num_dense_layers else 0.0)
 
     def memory_check(self, m: Mapping, params_per_stage: list[float], layers_per_stage: list[int],
                      layer_params: float, layer_sharded: DataflowGraph | None = None,
