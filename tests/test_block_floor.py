@@ -128,4 +128,7 @@ def test_dataflow_chips_take_the_dataflow_floor():
     s["chip"]["execution"] = "dataflow"
     model = LLMModel(load_workload(SMALL_LLM), load_system(s))
     m = next(iter(llm_candidates(model, Knobs(tp=2))))
-    assert model.pass_floor_s(m) == dff.pass_floor_s(model, m, _is_attention_core) > 0.0
+    assert model.pass_floor_s(m, comm=False) == dff.pass_floor_s(model, m, _is_attention_core) > 0.0
+    # with the forced TP reductions as each phase's network floor (tests/test_comm_floor.py)
+    with_tp = dff.pass_floor_s(model, m, _is_attention_core, model._tp_groups(m))
+    assert model.pass_floor_s(m) == with_tp > model.pass_floor_s(m, comm=False)

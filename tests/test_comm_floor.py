@@ -178,3 +178,14 @@ def test_dataflow_search_with_tp_floor_equals_exhaustive():
     fast = solve_llm(w, s, Knobs(pp=1))
     full = solve_llm(w, s, Knobs(pp=1), exhaustive=True)
     assert fast.iteration_time_s == full.iteration_time_s and fast.parallelism == full.parallelism
+
+
+def test_shared_layer_comm_equals_the_fresh_one_on_every_candidate():
+    """The refined bound's memoised exposed communication is exactly evaluate()'s on every
+    candidate (cp, ZeRO-3 and the overlap flags varied): the fields it skips are never read."""
+    model, cands = _candidates(Knobs(cp=2))
+    _, more = _candidates(Knobs(zero_stage=3, pp=2))
+    for m in cands + more:
+        ev = model.evaluate(m)
+        g = merge_groups(model.system, m.group("cp"), m.group("dp"))
+        assert model._layer_comm_shared(m, ev.layer, g) == model._layer_comm(m, ev.layer, g)
