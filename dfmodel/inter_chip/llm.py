@@ -541,13 +541,17 @@ class LLMModel:
     def _placed_groups(self, m: Mapping, pick) -> tuple:
         """The distinct ``pick(placement)`` over every placement of ``m``'s degrees, memoised
         per degrees and ``pick``'s code (what a placement-free floor takes the cheapest of)."""
-        key = (m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, pick.__code__)
+        degrees = (m.tp, m.cp, m.pp, m.dp, m.ep, m.etp)
+        key = degrees + (pick.__code__,)
         memo = self.__dict__.setdefault("_placed_group_memo", {})
         if key not in memo:
-            from dfmodel.inter_chip.llm_space import placements  # (llm_space reads no LLMModel)
+            places = self.__dict__.setdefault("_placements_memo", {})
+            if degrees not in places:  # enumerated once per degrees (thousands on 8192 chips)
+                from dfmodel.inter_chip.llm_space import placements  # (llm_space reads no LLMModel)
 
-            deg = {"tp": m.tp, "cp": m.cp, "pp": m.pp, "dp": m.dp, "ep": m.ep}
-            memo[key] = tuple(sorted({tuple(pick(p)) for p in placements(self.system, deg, m.etp)}))
+                deg = {"tp": m.tp, "cp": m.cp, "pp": m.pp, "dp": m.dp, "ep": m.ep}
+                places[degrees] = placements(self.system, deg, m.etp)
+            memo[key] = tuple(sorted({tuple(pick(p)) for p in places[degrees]}))
         return memo[key]
 
     def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True) -> float | None:
@@ -612,15 +616,7 @@ class LLMModel:
     def _tp_groups(self, m: Mapping) -> tuple:
         """Every TP group a placement of ``m``'s degrees gives (what a placement-free bound
         takes the cheapest of)."""
-        key = (m.tp, m.cp, m.pp, m.dp, m.ep, m.etp)
-        memo = self.__dict__.setdefault("_tp_group_memo", {})
-        if key not in memo:
-            from dfmodel.inter_chip.llm_space import placements  # (llm_space reads no LLMModel)
-
-            deg = {"tp": m.tp, "cp": m.cp, "pp": m.pp, "dp": m.dp, "ep": m.ep}
-            groups = {tuple(dict(p)["tp"]) for p in placements(self.system, deg, m.etp)}
-            memo[key] = tuple(sorted(groups))
-        return memo[key]
+        return self._placed_groups(m, lambda p: dict(p)["tp"])
 
     def refined_bound_s(self, m: Mapping) -> float | None:
         """A tighter valid bound once the candidate's blocks are solved (None before): the same
