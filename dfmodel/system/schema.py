@@ -227,6 +227,14 @@ class NetworkDim(Strict):
     # NVLink SHARP (in-switch reduction, NVSwitch Gen3+): NCCL's NVLS efficiency on this switch
     # (tuning.cc nvlsEfficiency: Hopper 0.85, Blackwell 0.74); null = no in-network reduction.
     nvls_efficiency: Fraction | None = None
+    # Whether TP all-gathers / reduce-scatters over this dimension can be split and run under
+    # their GEMMs (the ``tp_comm_overlap`` option). Transformer Engine's userbuffers need the
+    # chips to map each other's memory: the TP group shares CUDA IPC / multicast / MNNVL fabric
+    # handles (TE common/comm_gemm_overlap/userbuffers/userbuffers-host.cpp,
+    # create_communicator_grouped2), so NVLink/NVSwitch, xGMI and PCIe peer-to-peer qualify and
+    # InfiniBand/Ethernet do not. XLA's collective matmul does the same over TPU ICI (Wang et
+    # al., ASPLOS'23). false: the option is not offered for a TP group that uses this dimension.
+    comm_gemm_overlap: bool = False
     # NCCL's LL / LL128 / Simple protocols as choices per collective (latency_s is Simple's).
     nccl_protocols: bool = False
     # Whether a collective's phase on this dimension can overlap its phases on other dimensions
