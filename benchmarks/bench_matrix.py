@@ -9,7 +9,7 @@ optimality within it; ``time_limit`` cells report the best found and its gap.
 
 Run:  python benchmarks/bench_matrix.py [--quick] [--time-limit S] [--alternatives K]
                                         [--workloads a,b] [--systems a,b] [--sizes default,8,64,1024]
-                                        [--json out.jsonl]
+                                        [--all-workloads] [--json out.jsonl]
 ``--quick``: gpt3_13b and llama3_70b on dgx_h100 and sn30, default size and 8x.
 Prints one row per cell: wall, CPU seconds (``cpu_s``: the search's own cost, its worker
 processes included, when other processes share the cores), candidates evaluated / pruned, the winner, iteration time, status, gap.
@@ -38,6 +38,11 @@ def llm_workloads() -> list[str]:
     return [p.stem for p in list_presets("workloads") if load_workload(p).kind == "llm"]
 
 
+def other_workloads() -> list[str]:
+    """The shipped DLRM, HPL, FFT and graph workloads (``--all-workloads``)."""
+    return [p.stem for p in list_presets("workloads") if load_workload(p).kind != "llm"]
+
+
 def all_systems() -> list[str]:
     return [p.stem for p in list_presets("systems")]
 
@@ -54,8 +59,12 @@ def chips_for(system_name: str, size: str) -> int | None:
 
 def mapping_text(r) -> str:
     p = r.parallelism
-    return (f"TP{p.tp} PP{p.pp} DP{p.dp} mb{p.micro_batch}x{p.num_micro_batches} v{p.interleave} "
-            f"{p.recompute[:3]} sp={int(p.sequence_parallel)} dopt={int(p.distributed_optimizer)}")
+    if not hasattr(p, "micro_batch"):  # DLRM / HPL / FFT / graph families: their own knobs
+        d = r.to_dict()["parallelism"]
+        return " ".join(f"{k}={v}" for k, v in d.items() if not isinstance(v, (dict, list)))
+    extra = "".join(f" {k.upper()}{getattr(p, k)}" for k in ("cp", "ep") if getattr(p, k, 1) > 1)
+    return (f"TP{p.tp} PP{p.pp} DP{p.dp}{extra} mb{p.micro_batch}x{p.num_micro_batches} v{p.interleave} "
+            f"{p.recompute[:3]} sp={int(p.sequence_parallel)} zero={getattr(p, 'zero_stage', int(p.distributed_optimizer))}")
 
 
 def cpu_s() -> float:
@@ -88,11 +97,14 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--alternatives", type=int, default=5)
     ap.add_argument("--workloads")
+    ap.add_argument("--all-workloads", action="store_true", help="the non-LLM presets too (DLRM, HPL, FFT, graphs)")
     ap.add_argument("--systems")
     ap.add_argument("--sizes")
     ap.add_argument("--json", dest="json_path")
     a = ap.parse_args()
     workloads = a.workloads.split(",") if a.workloads else QUICK["workloads"] if a.quick else llm_workloads()
+    if a.all_workloads:
+        workloads += [w for w in other_workloads() if w not in workloads]
     systems = a.systems.split(",") if a.systems else QUICK["systems"] if a.quick else all_systems()
     sizes = a.sizes.split(",") if a.sizes else QUICK["sizes"] if a.quick else list(SIZES)
     console = Console(width=220)
