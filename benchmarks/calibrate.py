@@ -16,7 +16,9 @@ Datasets (the shipped calibration/ folder, or the folder given):
   ``attention: unfused``.
 - dgx_h100 / dgx_h200 / dgx_b200: h100_training.yaml (NeMo / MLPerf, FlashAttention). Cases that
   need context parallelism are skipped with the reason until the build supports ``cp``; they are
-  picked up automatically after that.
+  picked up automatically after that. The tensor-core factors are fitted once (on the H100 runs'
+  physics, over all cases of the file) and reach the H200 / B200 presets through
+  :data:`GEMM_FRACTION_OF_PEAK`, so a held-out family never leaves a chip with a free factor.
 
 Run: PYTHONPATH=. python benchmarks/calibrate.py [--quick] [CALIBRATION_DIR]
 The chosen factors are copied into systems/*.yaml by hand, with this script named as the source.
@@ -75,6 +77,8 @@ def tensor_core_scale(preset: str) -> float:
     ratio of their published large-GEMM fractions of peak (1 for a preset not listed)."""
     ref = GEMM_FRACTION_OF_PEAK[FIT_PRESET]
     return GEMM_FRACTION_OF_PEAK.get(preset, ref) / ref
+
+
 #: The V100 cluster preset serves only the network-bound FFT cases: its two network
 #: efficiencies (host-staged PCIe inside a node, FDR between nodes) are its global factors.
 FFT_GRID = {"pcie": [0.15, 0.18, 0.2], "ib": [0.3, 0.35, 0.4]}
