@@ -185,6 +185,11 @@ class Chip(Strict):
     execution: Literal["kernel_by_kernel", "dataflow"] = "kernel_by_kernel"
     overlap: bool = True
     efficiency: Efficiency = Efficiency()
+    #: FP8 tensor-core GEMMs take operands in any layout (Blackwell, compute capability 10.x), so
+    #: Transformer Engine keeps no transposed FP8 copy for the weight-gradient GEMM
+    #: (``transformer_engine/pytorch/utils.py`` ``is_non_tn_fp8_gemm_supported``: true for
+    #: sm 10.x-11.x and >= 13.0). False (Hopper, Ada): cuBLASLt FP8 GEMMs are "TN" only.
+    fp8_gemm_any_layout: bool = False
     price_usd: NonNegativeFloat = 0.0
     power_w: NonNegativeFloat = 0.0
 
