@@ -7,8 +7,12 @@ never a traceback. Output paths are checked before any work starts.
 
 from __future__ import annotations
 
-import functools
-import sys
+import time
+
+_STARTED_S = time.perf_counter()  # the command's start: --time-limit counts from here
+
+import functools  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path
 from typing import Optional
 
@@ -286,13 +290,17 @@ def solve(
     from dfmodel.report_io import render_io
     from dfmodel.system import load_system
 
+    from dfmodel.solvers.deadline import deadline_scope
+
     writable(json_out, "--json")
     writable(plot_path, "--plot")
-    w = load_workload(workload)
-    if precision is not None:
-        w = with_precision(w, precision)
-    s = load_system(system, num_chips=num_chips)
-    with search_progress(quiet=quiet, console=err) as progress:
+    # --time-limit caps the command, not only the search: imports and loading count too
+    left_s = None if time_limit is None else max(0.01, time_limit - (time.perf_counter() - _STARTED_S))
+    with deadline_scope(left_s), search_progress(quiet=quiet, console=err) as progress:
+        w = load_workload(workload)
+        if precision is not None:
+            w = with_precision(w, precision)
+        s = load_system(system, num_chips=num_chips)
         result = optimize(
             w, s, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,
             sequence_parallel=sequence_parallel, interleave=interleave,

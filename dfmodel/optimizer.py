@@ -77,6 +77,11 @@ def optimize(
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise InputError(f"unknown option {unknown[0]!r}; the options are {', '.join(OPTION_NAMES)}", field=unknown[0])
+    if "zero_stage" in options:  # the record's own name for ``zero`` (Result.parallelism.zero_stage)
+        stage = options.pop("zero_stage")
+        if zero is not None and stage != zero:
+            raise InputError(f"zero={zero!r} and zero_stage={stage!r} contradict; give one", field="zero_stage")
+        zero = stage
     knobs = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute, sequence_parallel=sequence_parallel,
                  interleave=interleave, distributed_optimizer=distributed_optimizer, cp=cp, ep=ep, zero_stage=zero,
                  **options)

@@ -1,5 +1,6 @@
 """benchmarks/calibrate.py: a factor of one preset (``<preset>/<key>``) touches only that preset's
-cases, and None keeps the shared value (issue 11: one set of global factors per preset)."""
+cases, and None keeps the shared value (issue 11: one set of global factors per preset); the
+shared matmul factors reach another preset through tests/test_fid5_blackwell.py's GEMM ratio."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def test_preset_factor_applies_to_its_preset_only():
     assert cal.system_with("dgx_b200", factors)["chip"]["efficiency"]["matmul"]["fp8"] == 0.45
     assert cal.system_with("dgx_h100", factors)["chip"]["efficiency"]["matmul"]["fp8"] == 0.55
     keep = cal.system_with("dgx_b200", {"matmul.fp8": 0.55, "dgx_b200/matmul.fp8": None})
-    assert keep["chip"]["efficiency"]["matmul"]["fp8"] == 0.55
+    # None keeps the shared value, carried to the preset by its published GEMM ratio
+    assert keep["chip"]["efficiency"]["matmul"]["fp8"] == 0.55 * cal.tensor_core_scale("dgx_b200")
 
 
 def test_preset_factor_is_relevant_to_its_cases_only():

@@ -132,3 +132,28 @@ def test_kv_heads_constraint_is_named():
     assert first_failure(x, x.knobs) is None  # kv 2 divides tp 4: fine
     x = context_of(model_of(tiny(heads=12, kv=4), system(per_node=6, nodes=1), Knobs(tp=6)))
     assert "tp 6 and the 4 key/value heads" in diagnose(x)
+
+
+def test_tp_comm_overlap_outside_its_dimensions_is_named():
+    """TE userbuffers need the TP group inside dimensions with peer memory access
+    (``comm_gemm_overlap``): with it on the 4-chip NVLink only, tp 8 (spanning InfiniBand) has no
+    mapping, the message says why and its suggestion (tp 4) admits one; the enumeration (the
+    oracle) agrees."""
+    s = system(4, 2)
+    s["network"][0]["comm_gemm_overlap"] = True
+    w = tiny(heads=8, layers=4, batch=8)
+    bad = Knobs(tp=8, tp_comm_overlap=True)
+    m = model_of(w, s, bad)
+    assert not admits_a_mapping(m, bad)
+    why = diagnose(context_of(m))
+    assert why.startswith("tp_comm_overlap needs the TP group inside") and "nvlink of 4" in why
+    assert "--tp 4" in why
+    assert admits_a_mapping(m, Knobs(tp=4, tp_comm_overlap=True))
+    # every candidate with the overlap keeps its TP group on NVLink
+    free = list(llm_candidates(model_of(w, s, Knobs()), Knobs()))
+    on = [c for c in free if c.tp_comm_overlap]
+    assert on and all(name == "nvlink" for c in on for name, _ in c.group("tp"))
+    assert any(c.tp > 1 and any(n == "ib" for n, _ in c.group("tp")) for c in free)  # without it, TP may span IB
+    # a system with no such dimension offers the overlap nowhere
+    assert not any(c.tp_comm_overlap for c in llm_candidates(model_of(w, system(4, 2), Knobs()), Knobs()))
+    assert "none on this system" in diagnose(context_of(model_of(w, system(4, 2), Knobs(tp=2, tp_comm_overlap=True))))

@@ -44,7 +44,8 @@ def gpu(*, matmul=0.75, attention=None, hbm="3.35 TB/s", capacity="80 GiB", rese
                             "reserve_bytes": reserve},
                  "efficiency": eff},
         "network": [
-            {"name": "nvlink", "topology": "switch", "size": 8, "link_bandwidth_Bps": "450 GB/s", "latency_s": "2 us"},
+            {"name": "nvlink", "topology": "switch", "size": 8, "link_bandwidth_Bps": "450 GB/s", "latency_s": "2 us",
+             "comm_gemm_overlap": True},
             {"name": "ib", "topology": "switch", "size": nodes, "link_bandwidth_Bps": "50 GB/s", "latency_s": "5 us"},
         ],
     })

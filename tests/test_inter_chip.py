@@ -29,7 +29,8 @@ def small_system(chips_per_node=4, nodes=2, nv_bw="300 GB/s", ib_bw="25 GB/s", c
                  "memory": {"kind": "HBM", "capacity_bytes": capacity, "bandwidth_Bps": "2 TB/s"},
                  "efficiency": {"matmul": 0.8, "vector": 0.7, "memory": 0.85, "kernel_overhead_s": "4 us"}},
         "network": [
-            {"name": "nvlink", "topology": "switch", "size": chips_per_node, "link_bandwidth_Bps": nv_bw, "latency_s": "3 us"},
+            {"name": "nvlink", "topology": "switch", "size": chips_per_node, "link_bandwidth_Bps": nv_bw, "latency_s": "3 us",
+             "comm_gemm_overlap": True},
             {"name": "ib", "topology": "switch", "size": nodes, "link_bandwidth_Bps": ib_bw, "latency_s": "6 us"},
         ],
     }

@@ -126,6 +126,17 @@ def test_unknown_option_is_an_input_error():
         optimize(SMALL_LLM, small_system(4, 2), overlap_everything=True)
 
 
+def test_zero_stage_is_accepted_by_its_record_name():
+    """``zero_stage`` (the name Result.parallelism reports) fixes the stage as ``zero`` does (it
+    was a TypeError); a contradiction of the two is an input error."""
+    a = optimize(SMALL_LLM, small_system(4, 2), zero_stage=3)
+    assert a.parallelism.zero_stage == 3
+    assert a.iteration_time_s == optimize(SMALL_LLM, small_system(4, 2), zero=3).iteration_time_s
+    with pytest.raises(InputError, match="contradict") as e:
+        optimize(SMALL_LLM, small_system(4, 2), zero=1, zero_stage=3)
+    assert e.value.field == "zero_stage"
+
+
 # -- exactness of the search -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("workload,knobs", [(SMALL_LLM, Knobs(cp=2)), (SMALL_LLM, Knobs(cp=4, recompute="selective")),

@@ -171,3 +171,30 @@ def test_a_worker_left_with_nothing_is_not_an_error(monkeypatch):
     w, s = SMALL_LLM, small_system(4, 2)
     par = optimize(w, s, workers=2, alternatives=0)
     assert _answer(par) == _answer(optimize(w, s, workers=1, alternatives=0))
+
+
+def test_a_worker_stuck_past_the_deadline_is_stopped_and_its_incumbents_kept(monkeypatch):
+    """The time limit holds for the whole call even when a worker is inside an evaluation that
+    cannot be cut (here: every evaluation after a worker's first sleeps 60 s without looking at
+    the deadline): the parent stops it shortly after the deadline, and the mappings it had
+    already evaluated (streamed to the parent as found) still make the answer."""
+    import time
+
+    real = LLMModel.evaluate
+    calls = {"n": 0}
+
+    def slow_after_first(self, m, **kw):
+        calls["n"] += 1  # per process: each forked worker counts its own
+        if calls["n"] > 1:
+            time.sleep(60)
+        return real(self, m, **kw)
+
+    monkeypatch.setattr(LLMModel, "evaluate", slow_after_first)
+    limit_s = 2.0
+    t0 = time.perf_counter()
+    r = optimize(SMALL_LLM, small_system(4, 4, ib_bw="5 GB/s"), workers=2, time_limit_s=limit_s)
+    wall_s = time.perf_counter() - t0
+    assert wall_s < limit_s + 1.0
+    assert r.solver.status == "time_limit" and not r.solver.proven_optimal
+    assert r.iteration_time_s > 0 and 0.0 <= r.solver.gap < 1.0
+    assert r.solver.lower_bound_s <= r.iteration_time_s

@@ -58,6 +58,26 @@ def test_one_second_limit_on_a_large_case_holds(workers):
     assert any("time limit" in n for n in d["notes"])
 
 
+def test_cli_time_limit_caps_the_command():
+    """``dfmodel solve --time-limit 2`` counts from the command's start (imports and loading
+    included), so the whole process ends within about a second of the limit (interpreter start
+    aside), with the time-limited status and a gap in its JSON."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "dfmodel.cli", "solve", "-w", "llama3_70b", "-s", "dgx_h100",
+                          "--num-chips", "512", "--time-limit", "2", "--quiet", "--json", "-"],
+                         capture_output=True, text=True, timeout=120)
+    wall_s = time.perf_counter() - t0
+    assert out.returncode == 0, out.stderr[-2000:]
+    solver = json.loads(out.stdout)["solver"]
+    assert solver["status"] == "time_limit" and 0.0 < solver["gap"] < 1.0
+    assert wall_s < 2.0 + 1.5
+
+
 def test_limit_too_short_for_any_mapping_says_so():
     with pytest.raises(TimeLimitError, match="before any mapping") as exc:
         optimize("gpt3_1t", "dgx_h100", time_limit_s=1e-4)

@@ -174,7 +174,8 @@ class Training(Strict):
     fp8: FP8Recipe = FP8Recipe()
     #: LLM: the layers are replayed as CUDA graphs (Transformer Engine ``make_graphed_callables``,
     #: Megatron-Core ``--cuda-graph-impl``), so the framework's per-module host time
-    #: (the chip's ``efficiency.host_linear_s``) is not a floor of a layer's time. Default: eager.
+    #: (the chip's ``efficiency.host_linear_s``) is not a floor of a layer's time, and each kernel
+    #: costs the chip's in-graph ``graph_kernel_overhead_s`` instead of the eager launch. Default: eager.
     cuda_graphs: bool = False
     #: Apex DistributedFusedAdam ``store_param_remainders`` (NeMo 1.x distributed_fused_adam with
     #: bf16 O2 weights): the fp32 master weight is the bf16 weight plus a 16-bit remainder, so the

@@ -17,6 +17,7 @@ tp 16 does not divide the 40 attention heads; nearest valid: --tp 8
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -40,6 +41,9 @@ class Context:
     batch: int
     knobs: Knobs = field(default_factory=Knobs)
     placeable: Callable[..., bool] | None = None  # (tp, pp, dp, cp) -> fits the network
+    # chips of the dimensions where TP collectives can hide under GEMMs (NetworkDim.comm_gemm_overlap)
+    overlap_chips: int | None = None
+    overlap_dims: str = ""
 
     def fixed(self) -> dict[str, int]:
         return {k: getattr(self.knobs, k) for k in KNOBS if getattr(self.knobs, k) is not None}
@@ -137,6 +141,11 @@ CHECKS: list[Check] = [
           lambda x, cs: f"micro-batch {_one(cs, 'micro_batch')} does not divide the per-replica batch "
                         f"{_one(cs, 'batch_per_replica')} (global batch {x.batch} / dp {_one(cs, 'dp')})"),
     Check("interleave", _interleave_ok, lambda x, cs: _interleave_why(x, cs)),
+    Check("tp_comm_overlap", lambda x, c: not x.knobs.tp_comm_overlap or c.tp == 1 or x.overlap_chips is None
+          or x.overlap_chips % c.tp == 0,
+          lambda x, cs: f"tp_comm_overlap needs the TP group inside the dimensions that allow it "
+                        f"({x.overlap_dims or 'none on this system'}: comm_gemm_overlap), but tp {_one(cs, 'tp')} "
+                        f"does not fit there"),
     Check("placement", lambda x, c: x.placeable is None or x.placeable(c.tp, c.pp, c.dp, c.cp),
           lambda x, cs: f"tp {_one(cs, 'tp')}{_cp(cs)} x pp {_one(cs, 'pp')} x dp {_one(cs, 'dp')} cannot be laid out on "
                         f"the system's network dimensions"),
@@ -224,8 +233,10 @@ def context_of(model) -> Context | None:
     def placeable(tp: int, pp: int, dp: int, cp: int = 1) -> bool:
         return bool(split_dims(system, {"tp": tp, "cp": cp, "pp": pp, "dp": dp} if cp > 1 else {"tp": tp, "pp": pp, "dp": dp}))
 
+    overlap = [d for d in system.network if d.comm_gemm_overlap]
     return Context(system.num_chips, heads, getattr(w.model, "num_kv_heads", None) or heads, w.model.num_layers,
-                   w.training.global_batch, replace(knobs, micro_batch=fixed_mb), placeable)
+                   w.training.global_batch, replace(knobs, micro_batch=fixed_mb), placeable,
+                   math.prod(d.size for d in overlap), " x ".join(f"{d.name} of {d.size}" for d in overlap))
 
 
 GENERIC = "no valid mapping: the fixed knobs, chip count and batch admit none"

@@ -82,24 +82,10 @@ from dfmodel.inter_chip.family_base import (
 from dfmodel.inter_chip.pipeline import dp_sync_time
 from dfmodel.netmodels import split_dims
 from dfmodel.result import Parallelism
-from dfmodel.system.processor import memory_time_s
+from dfmodel.system.processor import graph_launched, memory_time_s
 from dfmodel.system.schema import System
 
 FP32 = 4
-
-
-def graph_launched(system: System) -> System:
-    """``system`` with its per-kernel overhead replaced by the in-graph one (CUDA graphs).
-
-    A captured iteration replays its kernels without the CPU launch, so only the GPU-side gap
-    between graph nodes remains (:meth:`~dfmodel.system.schema.Efficiency.graph_overhead_s`).
-    The system is unchanged when the chip gives no separate figure.
-    """
-    eff = system.chip.efficiency
-    if eff.graph_kernel_overhead_s is None:
-        return system
-    eff = eff.model_copy(update={"kernel_overhead_s": eff.graph_overhead_s()})
-    return system.model_copy(update={"chip": system.chip.model_copy(update={"efficiency": eff})})
 
 
 def dense_optimizer_bytes(optimizer: str, bytes_per_element: int) -> tuple[float, float]:

@@ -38,7 +38,8 @@ from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
 from dfmodel.netmodels import CostTable, merge_groups, nccl
 from dfmodel.graph.builders.llm import FP8_CAST_EXTRA_BYTES
-from dfmodel.system.processor import achieved_rate_Fps, compute_time_s, fp8_operand_prep_s, memory_time_s
+from dfmodel.system.processor import (achieved_rate_Fps, compute_time_s, fp8_operand_prep_s, graph_launched,
+                                      memory_time_s)
 from dfmodel.system.schema import Precision, System
 
 #: Adam step DRAM traffic per parameter: read fp32 master, m, v and the gradient, write master,
@@ -332,6 +333,8 @@ class LLMModel:
 
     def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
         self.workload = resolve_attention(workload, system.chip.execution)
+        if getattr(self.workload.training, "cuda_graphs", False):
+            system = graph_launched(system)  # replayed kernels: the in-graph gap, not the launch
         self.system = system
         self.solver = solver
         self.time_limit_s = time_limit_s

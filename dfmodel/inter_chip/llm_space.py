@@ -140,6 +140,20 @@ def option_values(knobs: Knobs, deg: dict[str, int], offload_upfront: bool = Fal
     return [c for c in combos if offload.valid_options(c, deg["dp"] * deg["cp"])]
 
 
+def tp_overlap_possible(system, placement: tuple) -> bool:
+    """Whether the TP group of ``placement`` can run Megatron's ``tp_comm_overlap``: every network
+    dimension it spans allows it (``NetworkDim.comm_gemm_overlap``: TE userbuffers need peer
+    memory access, e.g. NVLink inside a DGX, never InfiniBand).
+
+    >>> from dfmodel import load_system
+    >>> s = load_system("dgx_h100")
+    >>> tp_overlap_possible(s, (("tp", (("nvlink", 8),)),)), tp_overlap_possible(s, (("tp", (("ib", 2),)),))
+    (True, False)
+    """
+    dims = {d.name: d for d in system.network}
+    return all(dims[name].comm_gemm_overlap for name, _ in dict(placement).get("tp", ()))
+
+
 def placements(system, deg: dict[str, int], etp: int = 0) -> list[tuple]:
     """Every network layout of the degrees, as ``placement`` tuples naming every dimension of
     the record (``tp``, ``pp``, ``dp`` first, then the rest; unplaced ones get ``()``). The ep
@@ -208,6 +222,8 @@ def llm_candidates(model, knobs: Knobs):
                             if etp not in places_of:
                                 places_of[etp] = placements(system, deg, etp)
                             for place in places_of[etp]:
+                                if opts.get("tp_comm_overlap") and not tp_overlap_possible(system, place):
+                                    continue
                                 yield Mapping(tp, pp, dp, mb, m, v, rc, bool(spar), placement=place,
                                               cp=cp, ep=ep, **opts)
 
@@ -323,12 +339,20 @@ class LLMSpace:
         return Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, sp, zero_stage=zero, cp=deg["cp"], ep=deg["ep"],
                        etp=etp, offload_optimizer=oo, offload_activations=oa, offload_weights=ow, tp_comm_overlap=ub)
 
-    @staticmethod
-    def _pairs(tp: int, sps, opts, places_by) -> list[tuple]:
+    def _pairs(self, tp: int, sps, opts, places_by) -> list[tuple]:
         """(sequence parallelism, options, placements) that make valid mappings: expert TP 1 with
-        TP needs SP (Megatron-Core)."""
-        return [(spar, o, places_by[o.get("etp", 0)]) for spar in sps for o in opts
-                if not (o.get("etp", 0) == 1 and tp > 1 and not spar)]
+        TP needs SP (Megatron-Core); tp_comm_overlap only where the TP group can run it
+        (:func:`tp_overlap_possible`)."""
+        return [(spar, o, self._overlap_places(places_by[o.get("etp", 0)]) if o.get("tp_comm_overlap")
+                 else places_by[o.get("etp", 0)])
+                for spar in sps for o in opts if not (o.get("etp", 0) == 1 and tp > 1 and not spar)]
+
+    def _overlap_places(self, places: list[tuple]) -> list[tuple]:
+        memo = self.__dict__.setdefault("_overlap_memo", {})
+        key = id(places)  # the lists live as long as the space (self._places)
+        if key not in memo:
+            memo[key] = (places, [p for p in places if tp_overlap_possible(self.system, p)])
+        return memo[key][1]
 
     def _relief_opts(self, deg, opts) -> list[dict]:
         """The offloaded twins of ``opts`` (:func:`~dfmodel.inter_chip.offload.variants`; they

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 
 from dfmodel.graph.kernel import Kernel, KernelKind
-from dfmodel.system.schema import Chip, Precision
+from dfmodel.system.schema import Chip, Precision, System
 
 
 def padding_factor(kernel: Kernel, tile: tuple[int, int, int]) -> float:
@@ -147,12 +147,36 @@ def fp8_operand_prep_s(chip: Chip, gathered_elements: float, shard_elements: flo
     all-gather: ``FP8_TRANSPOSE_BYTES x gathered (+ FP8_CAST_BYTES x shard when the producer does
     not write FP8 itself)`` at the achieved DRAM bandwidth, plus one kernel launch. Memory-bound
     kernels run alone (kernel-by-kernel), so this adds to the step; bf16 GEMMs need none of it.
+    On a chip whose FP8 GEMMs take any layout (``chip.fp8_gemm_any_layout``, Blackwell) there is
+    no transpose, and nothing at all (no kernel) for an operand its producer wrote in FP8.
 
     >>> from dfmodel.system.schema import Chip
     >>> chip = Chip.model_validate({"name": "c", "peak_flops": "1 TFLOPS", "sram_bytes": "1 MB", "memory": {"kind": "HBM",
     ...     "capacity_bytes": "1 GB", "bandwidth_Bps": "1 TB/s"}, "efficiency": {"memory": 1.0, "kernel_overhead_s": 0}})
     >>> fp8_operand_prep_s(chip, 1e9, 0.25e9, cast=False), fp8_operand_prep_s(chip, 1e9, 0.25e9, cast=True)
     (0.002, 0.00275)
+    >>> blackwell = chip.model_copy(update={"fp8_gemm_any_layout": True})
+    >>> fp8_operand_prep_s(blackwell, 1e9, 0.25e9, cast=False), fp8_operand_prep_s(blackwell, 1e9, 0.25e9, cast=True)
+    (0.0, 0.00075)
     """
-    num_bytes = FP8_TRANSPOSE_BYTES * gathered_elements + (FP8_CAST_BYTES * shard_elements if cast else 0.0)
+    transpose = 0.0 if chip.fp8_gemm_any_layout else FP8_TRANSPOSE_BYTES * gathered_elements
+    num_bytes = transpose + (FP8_CAST_BYTES * shard_elements if cast else 0.0)
+    if num_bytes == 0:
+        return 0.0
     return memory_time_s(chip, num_bytes) + chip.efficiency.kernel_overhead_s
+
+
+def graph_launched(system: System) -> System:
+    """``system`` with its per-kernel overhead replaced by the in-graph one (CUDA graphs).
+
+    A captured iteration replays its kernels without the CPU launch, so only the GPU-side gap
+    between graph nodes remains (:meth:`~dfmodel.system.schema.Efficiency.graph_overhead_s`).
+    The system is unchanged when the chip gives no separate figure. Used by every family whose
+    workload says it runs as CUDA graphs (DLRM: HugeCTR's holistic graph; LLM: Megatron-Core's
+    ``cuda_graph_scope: full_iteration`` as NVIDIA's MLPerf submissions run it).
+    """
+    eff = system.chip.efficiency
+    if eff.graph_kernel_overhead_s is None:
+        return system
+    eff = eff.model_copy(update={"kernel_overhead_s": eff.graph_overhead_s()})
+    return system.model_copy(update={"chip": system.chip.model_copy(update={"efficiency": eff})})

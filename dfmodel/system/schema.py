@@ -185,6 +185,11 @@ class Chip(Strict):
     execution: Literal["kernel_by_kernel", "dataflow"] = "kernel_by_kernel"
     overlap: bool = True
     efficiency: Efficiency = Efficiency()
+    #: FP8 tensor-core GEMMs take operands in any layout (Blackwell, compute capability 10.x), so
+    #: Transformer Engine keeps no transposed FP8 copy for the weight-gradient GEMM
+    #: (``transformer_engine/pytorch/utils.py`` ``is_non_tn_fp8_gemm_supported``: true for
+    #: sm 10.x-11.x and >= 13.0). False (Hopper, Ada): cuBLASLt FP8 GEMMs are "TN" only.
+    fp8_gemm_any_layout: bool = False
     price_usd: NonNegativeFloat = 0.0
     power_w: NonNegativeFloat = 0.0
 
@@ -227,6 +232,14 @@ class NetworkDim(Strict):
     # NVLink SHARP (in-switch reduction, NVSwitch Gen3+): NCCL's NVLS efficiency on this switch
     # (tuning.cc nvlsEfficiency: Hopper 0.85, Blackwell 0.74); null = no in-network reduction.
     nvls_efficiency: Fraction | None = None
+    # Whether TP all-gathers / reduce-scatters over this dimension can be split and run under
+    # their GEMMs (the ``tp_comm_overlap`` option). Transformer Engine's userbuffers need the
+    # chips to map each other's memory: the TP group shares CUDA IPC / multicast / MNNVL fabric
+    # handles (TE common/comm_gemm_overlap/userbuffers/userbuffers-host.cpp,
+    # create_communicator_grouped2), so NVLink/NVSwitch, xGMI and PCIe peer-to-peer qualify and
+    # InfiniBand/Ethernet do not. XLA's collective matmul does the same over TPU ICI (Wang et
+    # al., ASPLOS'23). false: the option is not offered for a TP group that uses this dimension.
+    comm_gemm_overlap: bool = False
     # NCCL's LL / LL128 / Simple protocols as choices per collective (latency_s is Simple's).
     nccl_protocols: bool = False
     # Whether a collective's phase on this dimension can overlap its phases on other dimensions
