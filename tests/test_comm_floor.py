@@ -191,4 +191,4 @@ def test_shared_layer_comm_equals_the_fresh_one_on_every_candidate():
     for m in cands + more:
         ev = model.evaluate(m)
         g = merge_groups(model.system, m.group("cp"), m.group("dp"))
-        assert model._layer_comm_shared(m, ev.layer, g) == model._layer_comm(m, ev.layer, g)
+        assert model._layer_comm_shared(m, ev.layer) == model._layer_comm(m, ev.layer, g)

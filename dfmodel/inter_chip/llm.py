@@ -162,13 +162,6 @@ _MEMORY_BLIND = frozenset(("placement", "tp_comm_overlap", "overlap_grad_reduce"
                            "overlap_moe_expert_parallel_comm", "cp_comm"))
 
 
-#: Mapping fields :meth:`LLMModel._layer_comm` never reads (its cp, ep and ZeRO-3 terms read the
-#: degrees, micro-batching, recompute, their own options and the tp, cp, ep, dp x cp groups, which
-#: :meth:`LLMModel._layer_comm_shared` keys on apart from the rest of the placement)
-_LAYER_COMM_BLIND = frozenset(("placement", "tp_comm_overlap", "overlap_grad_reduce", "interleave",
-                               "sequence_parallel", "offload_optimizer", "offload_activations", "offload_weights"))
-
-
 def _is_attention_core(kernel) -> bool:
     """Kernels selective recompute re-runs (Korthikanti et al. 2022, section 4.3): the attention
     score, softmax (and dropout) and attention-times-value, which hold the s^2 activations."""
@@ -636,8 +629,7 @@ class LLMModel:
         # layer's pass is never shorter than its host transfers (offload: they only hide behind it);
         # with the exposed communication evaluate() adds to each layer (cp exchange, MoE
         # all-to-alls, ZeRO-3's gathers: _layer_comm reads only the mapping and the solved layer)
-        dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))
-        extra = self._layer_comm_shared(m, layer, dp_group)
+        extra = self._layer_comm_shared(m, layer)
         total = self.num_moe_layers * max(sum(self._layer_phases_s(m, layer, extra)),
                                           sum(self._offload_layer_s(m, layer.params_per_chip)))
         if layer.onchip is not None:  # at most every layer keeps its stash on chip
@@ -645,7 +637,7 @@ class LLMModel:
             total -= self.num_moe_layers * (save_f * (2 if m.recompute == "full" else 1)
                                             + max(0.0, layer.bwd.time_s - layer.onchip.bwd_s))
         if self.num_dense_layers:
-            extra_d = self._layer_comm_shared(m, blocks[3], dp_group, experts=False)
+            extra_d = self._layer_comm_shared(m, blocks[3], experts=False)
             total += self.num_dense_layers * max(sum(self._layer_phases_s(m, blocks[3], extra_d)),
                                                  sum(self._offload_layer_s(m, blocks[3].params_per_chip)))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
@@ -1138,14 +1130,19 @@ class LLMModel:
             out["dp_comm"] = (f - layer.fwd.time_s, b - layer.backward_s(m.recompute))
         return out
 
-    def _layer_comm_shared(self, m: Mapping, layer: BlockTimes, dp_group, experts: bool = True) -> dict:
-        """:meth:`_layer_comm`, memoised on the block and the mapping fields it reads (the bounds
-        ask for it once per candidate: ~150k times on llama3_70b / dgx_h100). The dict is
-        shared: callers must not change it (``evaluate`` calls :meth:`_layer_comm` itself)."""
-        key = ((id(layer), dp_group, experts, m.group("tp"), m.group("cp"), m.group("ep"))
-               + tuple(v for k, v in vars(m).items() if k not in _LAYER_COMM_BLIND))
+    def _layer_comm_shared(self, m: Mapping, layer: BlockTimes, experts: bool = True) -> dict:
+        """:meth:`_layer_comm` on the mapping's dp x cp group, memoised on the block and the
+        mapping fields it reads (the refined bounds ask once per candidate: ~150k times on
+        llama3_70b / dgx_h100). The dict is shared: callers must not change it (``evaluate``
+        calls :meth:`_layer_comm` itself). Without cp, ep or ZeRO-3 there is nothing to add."""
+        if m.cp == 1 and m.ep == 1 and m.zero_stage != 3:
+            return {}
+        key = (id(layer), experts, m.placement, m.cp, m.cp_comm, m.recompute, m.micro_batch, m.tp, m.ep, m.etp,
+               m.overlap_moe_expert_parallel_comm, m.num_micro_batches, m.pp, m.zero_stage, m.dp,
+               m.overlap_param_gather)
         memo = self.__dict__.setdefault("_layer_comm_memo", {})
         if key not in memo:
+            dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))
             memo[key] = self._layer_comm(m, layer, dp_group, experts)
         return memo[key]
 
