@@ -580,9 +580,8 @@ class LLMModel:
                 continue
             if userbuffers:  # tp_comm_overlap: the collectives run under the layer's GEMMs
                 if comm and groups:
-                    cmemo = self.__dict__.setdefault("_collective_memo", {})
-                    kernels_s += count * min(fl.kernels_overlapped_s(k, brc, bf.forced_comm_s(
-                        fl, k, self.costs, tuple(g), brc, cmemo, launches=False)) for g in groups)
+                    kernels_s += count * min(fl.kernels_overlapped_s(k, brc, self._forced_comm_s(
+                        fl, k, tuple(g), brc, launches=False)) for g in groups)
                 else:
                     kernels_s += count * fl.kernels_overlapped_s(k, brc, 0.0)
                 continue
@@ -590,12 +589,23 @@ class LLMModel:
             forced.append((count, fl, brc))
         out = kernels_s
         if comm and forced and m.tp > 1 and groups:
-            cmemo = self.__dict__.setdefault("_collective_memo", {})
-            out += min(sum(count * bf.forced_comm_s(fl, k, self.costs, tuple(g), brc, cmemo) for count, fl, brc in forced)
+            out += min(sum(count * self._forced_comm_s(fl, k, tuple(g), brc) for count, fl, brc in forced)
                        for g in groups)
         if tp_groups is None:
             memo[key] = out
         return out
+
+    def _forced_comm_s(self, fl: "bf.BlockFloor", k: int, group: tuple, recompute: str, launches: bool = True) -> float:
+        """:func:`~dfmodel.inter_chip.block_floor.forced_comm_s` memoised on what it reads: the
+        block floor (one object per block key, kept by :meth:`_block_floor`), the micro-batch,
+        the TP group, full recompute or not, and the launches. Degree tuples that differ only in
+        pp or dp share their TP groups, so most calls are hits."""
+        memo = self.__dict__.setdefault("_forced_comm_memo", {})
+        key = (id(fl), k, group, recompute == "full", launches)
+        if key not in memo:
+            cmemo = self.__dict__.setdefault("_collective_memo", {})
+            memo[key] = bf.forced_comm_s(fl, k, self.costs, group, recompute, cmemo, launches=launches)
+        return memo[key]
 
     def _block_floor(self, which: str, tp: int, cp: int, sp: bool, ep: int, whole: bool) -> "bf.BlockFloor | None":
         """Memoised :func:`~dfmodel.inter_chip.block_floor.block_floor` of one block, built on
@@ -630,8 +640,8 @@ class LLMModel:
         # with the exposed communication evaluate() adds to each layer (cp exchange, MoE
         # all-to-alls, ZeRO-3's gathers: _layer_comm reads only the mapping and the solved layer)
         extra = self._layer_comm_shared(m, layer)
-        total = self.num_moe_layers * max(sum(self._layer_phases_s(m, layer, extra)),
-                                          sum(self._offload_layer_s(m, layer.params_per_chip)))
+        moe_layer_s = sum(self._layer_phases_s(m, layer, extra))  # (the MTP modules' layer too)
+        total = self.num_moe_layers * max(moe_layer_s, sum(self._offload_layer_s(m, layer.params_per_chip)))
         if layer.onchip is not None:  # at most every layer keeps its stash on chip
             save_f = max(0.0, layer.fwd.time_s - layer.onchip.fwd_s)
             total -= self.num_moe_layers * (save_f * (2 if m.recompute == "full" else 1)
@@ -642,8 +652,7 @@ class LLMModel:
                                                  sum(self._offload_layer_s(m, blocks[3].params_per_chip)))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         if self.num_mtp_layers:  # the MTP modules' layer and head (their projection left out: >= 0)
-            total += self.num_mtp_layers * (sum(self._layer_phases_s(m, layer, {}))
-                                            + (head.fwd.time_s + head.backward_s("none") if head else 0.0))
+            total += self.num_mtp_layers * (moe_layer_s + (head.fwd.time_s + head.backward_s("none") if head else 0.0))
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
         if m.pp > 1 and m.interleave == 1:  # plain 1F1B's exposed p2p on its own PP group (comm_floor)
@@ -739,7 +748,18 @@ class LLMModel:
         """Least memory per chip any choice of recompute / SP / optimizer sharding / layer split
         can reach for these degrees and micro-batching (valid: prunes before any inner solve).
         Memoised on the arguments it passes (the search asks for the same floor of many probes
-        that differ only in knobs it does not read)."""
+        that differ only in knobs it does not read), and first on the mapping fields those
+        arguments are built from (building them costs more than the look-up)."""
+        fast_key = (m.tp, m.pp, m.dp, m.cp, m.ep, m.etp, m.micro_batch, m.num_micro_batches, m.zero_stage,
+                    m.offload_optimizer, m.offload_activations, m.offload_weights)
+        fast = self.__dict__.setdefault("_memory_floor_fast", {})
+        hit = fast.get(fast_key)
+        if hit is None:
+            hit = fast[fast_key] = self._memory_floor_of(m)
+        return hit
+
+    def _memory_floor_of(self, m: Mapping) -> float:
+        """:meth:`memory_floor_bytes` computed (memoised on its arguments)."""
         kw = dict(
             num_layers=self.num_layers,
             # the fewest parameters a layer of either kind holds (MoE: experts split by ep)
@@ -1196,6 +1216,24 @@ class LLMModel:
             return [(params, group)]
         return [(params - expert_params_per_chip, group), (expert_params_per_chip, edp)]
 
+    def ep_pair_s(self, group: tuple, tokens: int) -> float:
+        """One dispatch + combine over the ep ``group`` for ``tokens`` tokens per rank (the
+        forward pair of :meth:`_ep_comm`; the backward sends the same pair transposed). It reads
+        the group and the token count only, so mappings that differ in anything else (pp, dp,
+        the other groups' placement, ZeRO...) share it: memoised on those two."""
+        memo = self.__dict__.setdefault("_ep_pair_memo", {})
+        key = (group, tokens)
+        if key not in memo:
+            moe, e = self.model.moe, self.training.activation_bytes
+            # the cost table's all_to_all takes the whole local buffer (S/p to each member): every
+            # routed row; node-limited routing and FP8 dispatch (DeepSeek-V3) in experts.token_a2a_s
+            a2a = partial(moe_terms.token_a2a_s, self.costs, group, self.system.network[0].name,
+                          rows=routed_rows(tokens, moe), hidden=self.model.hidden, moe=moe)
+            # forward: dispatch + combine; backward: the combine's transpose (sent as a dispatch) +
+            # the dispatch's transpose (as a combine)
+            memo[key] = a2a(bytes_per_element=moe_terms.dispatch_bytes_per_element(moe, e)) + a2a(bytes_per_element=e)
+        return memo[key]
+
     def _ep_comm(self, m: Mapping, layer: BlockTimes | None = None) -> tuple[float, float]:
         """Exposed MoE token all-to-alls of one layer and micro-batch over the ep group.
 
@@ -1218,14 +1256,7 @@ class LLMModel:
         DualPipe's own smaller bubble and its two parameter copies are not modelled (1F1B's bubble).
         """
         tokens = m.micro_batch * (self.model.seq_len // m.cp) // m.tp
-        moe, e = self.model.moe, self.training.activation_bytes
-        # the cost table's all_to_all takes the whole local buffer (S/p to each member): every
-        # routed row; node-limited routing and FP8 dispatch (DeepSeek-V3) in experts.token_a2a_s
-        a2a = partial(moe_terms.token_a2a_s, self.costs, m.group("ep"), self.system.network[0].name,
-                      rows=routed_rows(tokens, moe), hidden=self.model.hidden, moe=moe)
-        # forward: dispatch + combine; backward: the combine's transpose (sent as a dispatch) +
-        # the dispatch's transpose (as a combine); full recompute repeats the forward pair
-        pair_s = a2a(bytes_per_element=moe_terms.dispatch_bytes_per_element(moe, e)) + a2a(bytes_per_element=e)
+        pair_s = self.ep_pair_s(m.group("ep"), tokens)
         again = pair_s if m.recompute == "full" else 0.0
         fwd_s, bwd_s = pair_s, pair_s + again
         if (layer is not None and m.overlap_moe_expert_parallel_comm

@@ -423,7 +423,7 @@ class LLMSpace:
         # (mb, v) pairs; the optimizer step at its cheapest ZeRO stage / offload
         avg_s = f1 / (tp * cp * pp)
         probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], k, sp) for k in keys for sp in sps]
-        opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+        opt_s = min(self._opt_floor_s(p) for p in probes)
         # (compute only: the per-kernel floors of every root's blocks and micro-batches cost more
         # up front than they prune -- a 1 s limit needs the roots in ~0.1 s; the micro-batch
         # groups add them, _pass_floor_min)
@@ -438,6 +438,17 @@ class LLMSpace:
                          partial(self._expand_degrees, deg, mbs, rcs, sps, places_by, opts, relief),
                          relief=partial(self._relief, self._root, deg, opts, deg, mbs, rcs, sps, places_by)
                          if relief else None)
+
+    def _opt_floor_s(self, p: Mapping) -> float:
+        """``LLMModel.optimizer_s`` at the fewest parameters a chip holds, memoised on the fields
+        it reads (degrees, expert TP, ZeRO stage, offload): every micro-batch group of a degree
+        tuple asks it again for the same probes."""
+        key = (p.tp, p.pp, p.dp, p.cp, p.ep, p.etp, p.zero_stage, p.offload_optimizer, p.offload_activations,
+               p.offload_weights)
+        memo = self.__dict__.setdefault("_opt_memo", {})
+        if key not in memo:
+            memo[key] = self.model.optimizer_s(p, self.model.params_per_chip_floor(p))
+        return memo[key]
 
     def _pass_floor_min(self, deg, mb, m, rcs, sps, keys, comm: bool = True) -> float:
         """Least ``LLMModel.pass_floor_s / pp`` (per-kernel traffic and forced TP collectives) over
@@ -481,7 +492,7 @@ class LLMSpace:
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
         keys = list(dict.fromkeys(self._key(o) for o in opts))
         probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
-        opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+        opt_s = min(self._opt_floor_s(p) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
@@ -530,7 +541,7 @@ class LLMSpace:
         keys = list(dict.fromkeys(self._key(o) for o in mine))
         probes = [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys]
         compute_s = model.compute_floor_s(mb, rc) / (tp * cp * pp)
-        opt_s = min(model.optimizer_s(p, model.params_per_chip_floor(p)) for p in probes)
+        opt_s = min(self._opt_floor_s(p) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
@@ -609,16 +620,19 @@ class LLMSpace:
         key = (tuple(sorted(deg.items())), mb, tuple(rcs), overlap, tuple(sorted(places_by)))
         if key not in self._ep_memo:
             rc = next((r for r in rcs if r != "full"), rcs[0])  # full recompute repeats the forward pair
-            model = self.model
-            ep_s = min(sum(model._ep_comm(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, 1, rc, placement=place,
-                                                  cp=deg["cp"], ep=deg["ep"])))
-                       for place in places) if places else 0.0
+            # LLMModel._ep_comm without overlap: forward pair, backward pair (+ the forward again
+            # under full recompute); it reads the ep group and the tokens only, so the distinct
+            # ep groups of the placements stand for all of them
+            tokens = mb * (self.model.model.seq_len // deg["cp"]) // deg["tp"]
+            groups = dict.fromkeys(dict(place)["ep"] for place in places)
+            pairs = [self.model.ep_pair_s(g, tokens) for g in groups]
+            ep_s = min(p + (p + (p if rc == "full" else 0.0)) for p in pairs) if pairs else 0.0
             # overlapped, at least the share of the SMs the communication kernels hold stays
             # exposed (experts.overlapped_a2a_exposed_s: max(a - c, f a) >= f a), and the
             # unpaired warm-up / cool-down micro-batches whole (experts.with_unpaired, increasing)
             if overlap and moe_terms.a2a_overlap_applies(ep=deg["ep"], num_micro_batches=m):
                 ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=deg["pp"], num_micro_batches=m)
-            self._ep_memo[key] = model.num_moe_layers * ep_s / deg["pp"]
+            self._ep_memo[key] = self.model.num_moe_layers * ep_s / deg["pp"]
         return self._ep_memo[key]
 
     def _p2p_floor_s(self, deg, mb, m, vs) -> float:
