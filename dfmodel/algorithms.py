@@ -320,9 +320,12 @@ def balance_layers(
         return counts if end == 0 else None
 
     n = num_layers
-    candidates = sorted(
-        {seg(i, j) + e for e in set(extra) for i in range(n + 1) for j in range(i + min_layers_per_stage, n + 1)}
-    )
+    # every segment time plus each stage extra, sorted and distinct (numpy: the same IEEE
+    # differences and sums as seg(i, j) + e, built without a Python loop over the n^2 pairs)
+    pre = np.asarray(prefix)
+    i_idx, j_idx = np.triu_indices(n + 1, k=min_layers_per_stage)
+    segs = pre[j_idx] - pre[i_idx]
+    candidates = np.unique(np.concatenate([segs + e for e in set(extra)])).tolist()
     lo, hi = 0, len(candidates) - 1  # candidates[-1] (everything + largest extra) is feasible
     while lo < hi:
         mid = (lo + hi) // 2

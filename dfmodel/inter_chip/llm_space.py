@@ -742,18 +742,33 @@ class LLMSpace:
         """A mapping likely to fit in memory (an incumbent for a time-limited search): of the
         roots whose floor fits, the smallest micro-batch then floor, with full recompute, sequence
         parallelism and the most sharded ZeRO stage allowed."""
-        fits = [r for r in self.roots_built if r.floor_bytes <= capacity_bytes]
-        if not fits:
-            return None
-        root = min(fits, key=lambda r: r.floor_bytes)  # its floor is its smallest micro-batch's
         self._bounds_off = True  # (the groups built here only pick a mapping: no time bounds needed)
         try:
+            fits = [r for r in self.roots_built if r.floor_bytes <= capacity_bytes]
+            if not fits:
+                fits = self._relief_roots(capacity_bytes)
+            if not fits:
+                return None
+            root = min(fits, key=lambda r: r.floor_bytes)  # its floor is its smallest micro-batch's
             group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
             leaves = [c for node in leaf_nodes(group) for c in node.expand()]  # in the tree's order
         finally:
             self._bounds_off = False
         rank = {"full": 0, "selective": 1, "none": 2}
-        return min(leaves, key=lambda x: (rank.get(x.recompute, 3), -x.zero_stage, not x.sequence_parallel))
+        # (offloaded twins: the optimizer and activations on the host leave the least on the chip)
+        return min(leaves, key=lambda x: (rank.get(x.recompute, 3), x.offload_optimizer == "none",
+                                          not x.offload_activations, -x.zero_stage, not x.sequence_parallel))
+
+    def _relief_roots(self, capacity_bytes: float, tries: int = 8) -> list[SpaceNode]:
+        """When no degree group fits on the chip (a model too large for the chips without
+        offload, e.g. DeepSeek-V3 on 64 GPUs): the offloaded twins of the ``tries`` leanest
+        groups whose floor fits, for :meth:`leanest` to take an incumbent from."""
+        out = []
+        for r in sorted((r for r in self.roots_built if r.relief is not None), key=lambda r: r.floor_bytes)[:tries]:
+            twin = r.relief()
+            if twin is not None and twin.floor_bytes <= capacity_bytes:
+                out.append(twin)
+        return out
 
 
 def leaf_nodes(group: SpaceNode) -> list[SpaceNode]:

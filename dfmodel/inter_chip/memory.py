@@ -775,8 +775,16 @@ def llm_memory_per_chip(
     # multiplies anything, the micro-batches in flight) have the same breakdown: computed once
     # (a search's memory floors put all layers on one stage of up to ~100: the rest are alike)
     seen: set = set()
+    seen_middle: set = set()
     for stage, layers in enumerate(layers_per_stage):
         dense = dense_n[stage]
+        if offload is None and 0 < stage < pp - 1:
+            # a middle stage with the same layers as an earlier middle stage holds the same state
+            # and no more micro-batches in flight (in_flight_micro_batches never grows with the
+            # stage): it cannot be the (first) worst, so it is skipped -- the answer is the same
+            if (layers, dense) in seen_middle:
+                continue
+            seen_middle.add((layers, dense))
         extra_params = (first_params if stage == 0 else 0.0) + (last_params if stage == pp - 1 else 0.0)
         extra_act = (emb_act if stage == 0 else 0.0) + (head_act if stage == pp - 1 else 0.0)
         alike = (layers, dense, extra_params, extra_act,
