@@ -492,15 +492,45 @@ class LLMModel:
         return (with_recompute(gs.layer) * (self.num_moe_layers + mtp) + dense + floor(gs.embedding)
                 + floor(gs.head) * (1 + mtp))
 
-    def lower_bound_s(self, m: Mapping) -> float:
+    def presolve_bound_s(self, m: Mapping) -> float | None:
+        """A valid lower bound on ``evaluate(m).iteration_time_s`` of a MoE mapping before its
+        blocks are solved, tighter than its group's: the per-kernel / forced TP-collective floor
+        on ``m``'s own TP group (:meth:`pass_floor_s`; the group bound takes the cheapest group
+        of any placement) plus the token all-to-alls exposed on ``m``'s own ep group (the group
+        bound: its cheapest placement's, ``LLMSpace._exposed_ep_s``). The search asks it of a
+        mapping once, before solving its blocks (a TP group across slow links then never pays
+        a block solve). None for a dense model (its search is left as it was)."""
+        if self.num_experts <= 1 or m.ep <= 1:
+            return None
+        key = (tuple(v for k, v in vars(m).items() if k != "placement"), m.group("tp"), m.group("ep"))
+        memo = self.__dict__.setdefault("_presolve_memo", {})
+        if key not in memo:
+            memo[key] = (self.lower_bound_s(m, tp_groups=(m.group("tp"),))
+                         + (m.num_micro_batches + (m.pp - 1) / m.interleave) * self.num_moe_layers
+                         * self._ep_exposed_floor_s(m) / m.pp) * (1 - 1e-12)
+        return memo[key]
+
+    def _ep_exposed_floor_s(self, m: Mapping) -> float:
+        """Least exposed all-to-all time of one MoE layer and micro-batch of ``m`` before its
+        layer is solved: all of :meth:`_ep_comm` without the overlap option; with it, at least
+        the SM share of the communication kernels, and the unpaired warm-up / cool-down micro-
+        batches whole (:func:`~dfmodel.inter_chip.experts.with_unpaired`; the same floor as
+        ``LLMSpace._ep_layers_s``, on ``m``'s own ep group)."""
+        ep_s = sum(self._ep_comm(m))
+        if m.overlap_moe_expert_parallel_comm and moe_terms.a2a_overlap_applies(ep=m.ep, num_micro_batches=m.num_micro_batches):
+            ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=m.pp, num_micro_batches=m.num_micro_batches)
+        return ep_s
+
+    def lower_bound_s(self, m: Mapping, tp_groups=None) -> float:
         """Valid lower bound on ``evaluate(m).iteration_time_s``.
 
         Each chip does at least 1/tp of the compute floor of its stage, and a stage at least
         the average (a cp rank does exactly 1/cp of the FLOP: see :mod:`.context`); the 1F1B makespan ``m T* + (sum T - T*)/v`` grows with the bottleneck
         ``T* >= avg``, so it is at least ``(m + (pp - 1)/v) avg``. The optimizer step is added
-        with the fewest parameters a chip can hold."""
+        with the fewest parameters a chip can hold. ``tp_groups``: the TP groups the forced TP
+        collectives may run on (default: every one a placement of the degrees gives)."""
         avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.cp * m.pp)
-        kernels_s = self.pass_floor_s(m)  # per-kernel traffic and forced TP collectives (GPUs)
+        kernels_s = self.pass_floor_s(m, tp_groups)  # per-kernel traffic and forced TP collectives (GPUs)
         if kernels_s is not None:
             avg_stage_s = max(avg_stage_s, kernels_s / m.pp)
         if off.uses_offload(m):  # a layer's pass is never shorter than its host transfers

@@ -252,6 +252,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             share.publish(top)
 
     seeded: set = set()
+    presolve = None if exhaustive else getattr(model, "presolve_bound_s", None)
+    presolved: set = set()
     for ev in (space.seeds(capacity, partial(_try_evaluate, model)) if hasattr(space, "seeds") else ()):
         stats.evaluated += 1
         seeded.add(ev.mapping)
@@ -322,6 +324,14 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             if finer is not None and finer > bound:
                 heapq.heappush(queue, (finer, i, True, m))
                 continue
+            if finer is None and presolve is not None and m not in presolved:
+                # optional (LLM MoE): the mapping's own bound before its blocks are solved, once;
+                # re-queued unrefined, so solved blocks can still tighten it later
+                presolved.add(m)
+                pre = presolve(m)
+                if pre is not None and pre > bound:
+                    heapq.heappush(queue, (pre, i, False, m))
+                    continue
         try:
             t_eval = time.perf_counter()
             # (a space's groups were screened for memory already)
