@@ -218,3 +218,55 @@ def test_every_leaf_bound_is_below_its_mappings_with_overlap_and_pipelines():
             assert leaf.bound_s <= ev.iteration_time_s * (1 + 1e-12), (m, leaf.bound_s, ev.iteration_time_s)
             checked.add((m.pp, m.ep))
     assert {(2, 4), (1, 8)} <= checked or any(pp > 1 and ep > 1 for pp, ep in checked)
+
+
+@pytest.mark.parametrize("knobs", [Knobs(micro_batch=1, recompute="none"),
+                                   Knobs(micro_batch=1, recompute="full", overlap_moe_expert_parallel_comm=True)])
+def test_presolve_and_refined_bounds_are_below_every_moe_evaluation(knobs):
+    """Exhaustive oracle for the MoE mapping bounds: the pre-solve bound (forced TP reductions
+    on the mapping's own TP group, all-to-alls on its own ep group) and the refined bound (its
+    solved blocks plus its exact all-to-alls) of every mapping of a small space stay below its
+    evaluation, and the pre-solve bound is above the group bound somewhere (it prunes more)."""
+    w, s = load_workload(moe_workload(first_dense_layers=1)), load_system(small_system(4, 2))
+    model = LLMModel(w, s)
+    tighter = checked = 0
+    for m in LLMSpace(model, knobs):
+        pre = model.presolve_bound_s(m)
+        ev = model.evaluate(m)
+        if m.ep > 1:
+            assert pre is not None and pre <= ev.iteration_time_s * (1 + 1e-12), (m, pre, ev.iteration_time_s)
+            tighter += pre > model.lower_bound_s(m) * (1 + 1e-9)
+            checked += 1
+        else:
+            assert pre is None
+        assert model.refined_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12), m
+    assert checked and tighter
+
+
+def test_leanest_takes_an_offloaded_twin_when_nothing_fits_on_the_chip():
+    """A MoE model too large for the chips without offload (DeepSeek-V3 on 64 H100s): the early
+    incumbent of a time-limited search is an offloaded mapping, not none at all."""
+    from test_offload import with_host
+
+    w = load_workload(moe_workload(first_dense_layers=1))
+    model = LLMModel(w, load_system(with_host(small_system(4, 2))))
+    space = LLMSpace(model, Knobs(micro_batch=1))
+    space.roots()
+    need = min(r.floor_bytes for r in space.roots_built)
+    # the chips hold a little less than the leanest group needs on the chip
+    model.system = model.system.model_copy(update={"chip": model.system.chip.model_copy(update={
+        "memory": model.system.chip.memory.model_copy(update={"capacity_bytes": need * 0.999})})})
+    cap = model.system.chip.memory.capacity_bytes
+    assert not [r for r in space.roots_built if r.floor_bytes <= cap]
+    lean = space.leanest(cap)
+    assert lean is not None and lean.offload_optimizer != "none"
+    assert lean in set(x for r in space.roots_built if r.relief is not None and (t := r.relief()) is not None
+                       for x in _mappings_under(t))
+
+
+def _mappings_under(node):
+    for child in node.expand():
+        if node.leaf:
+            yield child
+        else:
+            yield from _mappings_under(child)

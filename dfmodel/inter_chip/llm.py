@@ -321,6 +321,11 @@ def _balance(num_layers: int, pp: int, interleave: int, layer_s: float, first_s:
     return tuple(pipe.balance_layers(num_layers, pp, interleave, layer_s, first_s, last_s))
 
 
+#: Mapping fields no pre-solve bound term reads (:meth:`LLMModel.presolve_bound_s`; it reads
+#: the TP and ep groups of the placement)
+_NOT_IN_PRESOLVE = frozenset(("placement", "cp_comm", "overlap_grad_reduce", "overlap_param_gather"))
+
+
 class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
@@ -502,7 +507,7 @@ class LLMModel:
         a block solve). None for a dense model (its search is left as it was)."""
         if self.num_experts <= 1 or m.ep <= 1:
             return None
-        key = (tuple(v for k, v in vars(m).items() if k != "placement"), m.group("tp"), m.group("ep"))
+        key = (tuple(v for k, v in vars(m).items() if k not in _NOT_IN_PRESOLVE), m.group("tp"), m.group("ep"))
         memo = self.__dict__.setdefault("_presolve_memo", {})
         if key not in memo:
             memo[key] = (self.lower_bound_s(m, tp_groups=(m.group("tp"),))
@@ -595,7 +600,9 @@ class LLMModel:
         ub = m.tp_comm_overlap and m.tp > 1
         key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
         memo = self.__dict__.setdefault("_pass_floor_memo", {})
-        if tp_groups is None and key in memo:
+        if tp_groups is not None:
+            key += (tuple(tp_groups),)
+        if key in memo:
             return memo[key]
         groups = self._tp_groups(m) if tp_groups is None else tp_groups
         k, rc = m.micro_batch, m.recompute
@@ -621,8 +628,7 @@ class LLMModel:
         if comm and forced and m.tp > 1 and groups:
             out += min(sum(count * self._forced_comm_s(fl, k, tuple(g), brc) for count, fl, brc in forced)
                        for g in groups)
-        if tp_groups is None:
-            memo[key] = out
+        memo[key] = out
         return out
 
     def _forced_comm_s(self, fl: "bf.BlockFloor", k: int, group: tuple, recompute: str, launches: bool = True) -> float:
@@ -917,7 +923,7 @@ class LLMModel:
             cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep_outside_tp,
             **({"dense_layers_per_stage": dense_n, "dense_layer_params_per_chip": dense_layer_params}
                if dense_per_stage is not None else {}),
-            offload=self.offload_plan(m))
+            offload=self.offload_plan(m), act_memo=self.__dict__.setdefault("_act_memo", {}))
 
     # -- the full evaluation ----------------------------------------------------------------------
     #: :func:`dfmodel.inter_chip.search.search` may pass ``cutoff_s`` and ``screen_memory``

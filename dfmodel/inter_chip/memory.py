@@ -710,6 +710,7 @@ def llm_memory_per_chip(
     dense_layers_per_stage: list[int] | None = None,
     dense_layer_params_per_chip: float = 0.0,
     offload=None,
+    act_memo: dict | None = None,
 ) -> MemoryBreakdown:
     """The worst stage's memory per chip of LLM training, every term wired as Megatron lays it out.
 
@@ -736,26 +737,35 @@ def llm_memory_per_chip(
     An MoE model's dense layers (``moe.first_dense_layers``; DeepSeek-V3: 3) are counted apart:
     ``layers_per_stage`` are then the MoE layers, ``dense_layers_per_stage`` the dense ones, each
     with ``dense_layer_params_per_chip`` parameters (no experts) and a dense MLP's activations.
+
+    ``act_memo``: a dict the caller keeps per (model, training) in which the per-layer
+    activation bytes are memoised (the search asks for the same layer shapes many times).
     """
     m, t = model, tp
     e = training.activation_bytes
     s_local = m.seq_len // cp
-    def layer_act(model, rc):
-        return llm_layer_activation_bytes(model=model, training=training, attention=attention, tp=t, cp=cp,
-                                          micro_batch=micro_batch, sequence_parallel=sequence_parallel, recompute=rc)
+    def layer_act(dense: bool, rc):
+        key = (dense, attention, t, cp, micro_batch, sequence_parallel, rc)
+        if act_memo is not None and key in act_memo:
+            return act_memo[key]
+        value = llm_layer_activation_bytes(model=m.model_copy(update={"moe": None}) if dense else m, training=training,
+                                           attention=attention, tp=t, cp=cp, micro_batch=micro_batch,
+                                           sequence_parallel=sequence_parallel, recompute=rc)
+        if act_memo is not None:
+            act_memo[key] = value
+        return value
 
-    def working_of(model, params):
+    def working_of(dense: bool, params):
         """One layer's working buffer: its activations rebuilt under full recompute, ZeRO-3's gathers."""
-        return ((layer_act(model, "none") if recompute == "full" else 0.0)
+        return ((layer_act(dense, "none") if recompute == "full" else 0.0)
                 + (3 * params * e if zero_stage == 3 else 0.0))
 
-    act_layer = layer_act(m, recompute)
-    working_moe = working_of(m, layer_params_per_chip)
+    act_layer = layer_act(False, recompute)
+    working_moe = working_of(False, layer_params_per_chip)
     dense_n = dense_layers_per_stage or [0] * len(layers_per_stage)
     act_dense = working_dense = 0.0
-    if any(dense_n):
-        dense_model = m.model_copy(update={"moe": None})
-        act_dense, working_dense = layer_act(dense_model, recompute), working_of(dense_model, dense_layer_params_per_chip)
+    if any(dense_n):  # (an MoE model's dense layers: the model without its moe block)
+        act_dense, working_dense = layer_act(True, recompute), working_of(True, dense_layer_params_per_chip)
     fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
     rem = getattr(training, "param_remainders", False)
     layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
@@ -811,9 +821,9 @@ def llm_memory_per_chip(
                                    bytes_per_param_weights=layer_state.weights,
                                    bytes_per_param_grads=layer_state.gradients,
                                    bytes_per_param_optimizer=layer_state.optimizer)
-            state = replace(state, weights_bytes=state.weights_bytes + xs.weights_bytes,
-                            gradients_bytes=state.gradients_bytes + xs.gradients_bytes,
-                            optimizer_bytes=state.optimizer_bytes + xs.optimizer_bytes)
+            state = ModelState(weights_bytes=state.weights_bytes + xs.weights_bytes,
+                               gradients_bytes=state.gradients_bytes + xs.gradients_bytes,
+                               optimizer_bytes=state.optimizer_bytes + xs.optimizer_bytes)
         extra = model_state_bytes(extra_params, dp=dp, distributed_optimizer=distributed_optimizer,
                                   zero_stage=zero_stage,
                                   bytes_per_param_weights=other_state.weights,
