@@ -224,9 +224,10 @@ def test_every_leaf_bound_is_below_its_mappings_with_overlap_and_pipelines():
                                    Knobs(micro_batch=1, recompute="full", overlap_moe_expert_parallel_comm=True)])
 def test_presolve_and_refined_bounds_are_below_every_moe_evaluation(knobs):
     """Exhaustive oracle for the MoE mapping bounds: the pre-solve bound (forced TP reductions
-    on the mapping's own TP group, all-to-alls on its own ep group) and the refined bound (its
-    solved blocks plus its exact all-to-alls) of every mapping of a small space stay below its
-    evaluation, and the pre-solve bound is above the group bound somewhere (it prunes more)."""
+    on the mapping's own TP group, all-to-alls on its own ep group), the refined bound (its
+    solved blocks plus its exact all-to-alls) and the pre-solve memory screen of every mapping
+    of a small space stay below its evaluation, and the pre-solve bound is above the group
+    bound somewhere (it prunes more)."""
     w, s = load_workload(moe_workload(first_dense_layers=1)), load_system(small_system(4, 2))
     model = LLMModel(w, s)
     tighter = checked = 0
@@ -240,6 +241,8 @@ def test_presolve_and_refined_bounds_are_below_every_moe_evaluation(knobs):
         else:
             assert pre is None
         assert model.refined_bound_s(m) <= ev.iteration_time_s * (1 + 1e-12), m
+        # the pre-solve memory screen (with the MoE-layers-alone split) stays below the evaluation
+        assert model.memory_before_blocks(m).total_bytes <= ev.memory.total_bytes * (1 + 1e-12), m
     assert checked and tighter
 
 

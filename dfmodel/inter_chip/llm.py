@@ -850,8 +850,9 @@ class LLMModel:
         stages ``i``, of the split with those ``ceil(L / pp)`` layers on stage ``i`` and none
         elsewhere. MoE models with dense layers: a stage's memory is the sum of its layers'
         terms, so it is at least that of the same number of layers all of the cheaper kind
-        (the least of the all-MoE and the all-dense split). test_search.py checks it against
-        ``evaluate`` on every candidate."""
+        (the least of the all-MoE and the all-dense split), and at least that of
+        ``ceil(L_moe / pp)`` MoE layers alone (some stage holds that many). test_search.py checks
+        it against ``evaluate`` on every candidate."""
         key = tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND)
         if key not in self._memory_floors:
             layer_all, layer_experts, emb_all, head_all, dense_all = self._screen_params
@@ -863,27 +864,45 @@ class LLMModel:
             head += mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp,
                                                    pp=m.pp, tie_embeddings=self.model.tie_embeddings)
             dense = dense_all / m.tp if self.num_dense_layers else None
-            k = -(-self.num_layers // m.pp)
-            best, host = None, float("inf")
-            # a middle stage i holds no embedding or head and fewer micro-batches in flight the
-            # later it is (memory.in_flight_micro_batches), so of the middle stages the last one
-            # (pp - 2) gives the least: three splits instead of pp (each costs O(pp))
-            for i in sorted({0, max(0, m.pp - 2), m.pp - 1}):
-                stages = [0] * m.pp
-                stages[i] = k
-                for kind_dense in (False, True) if dense is not None else (False,):
-                    per = dense if kind_dense else layer
-                    params = [n * per for n in stages]
-                    params[0] += emb
-                    params[-1] += head
-                    b = self.memory_check(m, params, [0] * m.pp if kind_dense else stages, layer,
-                                          layer_expert_params=experts, dense_per_stage=stages if kind_dense else None,
-                                          dense_layer_params=dense or 0.0)
-                    host = min(host, b.host_bytes)  # offload: the host's floor is its own least split
-                    if best is None or b.total_bytes < best.total_bytes:
-                        best = b
+            parts = (layer, experts, emb, head, dense)
+            best, host = self._least_split(m, -(-self.num_layers // m.pp), (False, True) if dense is not None else (False,),
+                                           parts)
+            if dense is not None and self.num_moe_layers:
+                # MoE: the MoE layers alone are spread over the stages too, so some stage holds at
+                # least ceil(L_moe / pp) of them (its dense layers only add): a second valid floor,
+                # far above the all-dense one when experts dominate (DeepSeek-V3: 58 of 61 layers)
+                moe_best, moe_host = self._least_split(m, -(-self.num_moe_layers // m.pp), (False,), parts)
+                host = max(host, moe_host)
+                if moe_best.total_bytes > best.total_bytes:
+                    best = moe_best
             self._memory_floors[key] = best if best.host_capacity_bytes is None else replace(best, host_bytes=host)
         return self._memory_floors[key]
+
+    def _least_split(self, m: Mapping, k: int, kinds: tuple, parts: tuple) -> tuple:
+        """(least worst-stage memory, least host bytes) over the splits with ``k`` layers of one
+        kind (``kinds``: MoE False, dense True) on one stage and none elsewhere
+        (:meth:`memory_before_blocks`). ``parts``: per-chip parameters of a layer, its experts,
+        the embedding, the head (+ tied copy) and a dense layer (None without)."""
+        layer, experts, emb, head, dense = parts
+        best, host = None, float("inf")
+        # a middle stage i holds no embedding or head and fewer micro-batches in flight the
+        # later it is (memory.in_flight_micro_batches), so of the middle stages the last one
+        # (pp - 2) gives the least: three splits instead of pp (each costs O(pp))
+        for i in sorted({0, max(0, m.pp - 2), m.pp - 1}):
+            stages = [0] * m.pp
+            stages[i] = k
+            for kind_dense in kinds:
+                per = dense if kind_dense else layer
+                params = [n * per for n in stages]
+                params[0] += emb
+                params[-1] += head
+                b = self.memory_check(m, params, [0] * m.pp if kind_dense else stages, layer,
+                                      layer_expert_params=experts, dense_per_stage=stages if kind_dense else None,
+                                      dense_layer_params=dense or 0.0)
+                host = min(host, b.host_bytes)  # offload: the host's floor is its own least split
+                if best is None or b.total_bytes < best.total_bytes:
+                    best = b
+        return best, host
 
     @cached_property
     def _screen_params(self) -> tuple:

@@ -741,15 +741,24 @@ class LLMSpace:
     def leanest(self, capacity_bytes: float) -> Mapping | None:
         """A mapping likely to fit in memory (an incumbent for a time-limited search): of the
         roots whose floor fits, the smallest micro-batch then floor, with full recompute, sequence
-        parallelism and the most sharded ZeRO stage allowed."""
+        parallelism and the most sharded ZeRO stage allowed; when no root fits, or that mapping's
+        pre-solve memory screen does not, the same pick among the offloaded twins of the leanest
+        roots (:meth:`_relief_roots`), the most offloaded first."""
+        fits = [r for r in self.roots_built if r.floor_bytes <= capacity_bytes]
+        lean = self._leanest_of(fits) if fits else None
+        if lean is None or not self.model.memory_before_blocks(lean).fits:
+            # nothing fits on the chip by the floors (a model too large for the chips without
+            # offload, e.g. DeepSeek-V3 on 64 GPUs): the leanest of the offloaded twins
+            lean = self._leanest_of(self._relief_roots(capacity_bytes)) or lean
+        return lean
+
+    def _leanest_of(self, roots: list[SpaceNode]) -> Mapping | None:
+        """:meth:`leanest`'s pick among ``roots``."""
+        if not roots:
+            return None
         self._bounds_off = True  # (the groups built here only pick a mapping: no time bounds needed)
         try:
-            fits = [r for r in self.roots_built if r.floor_bytes <= capacity_bytes]
-            if not fits:
-                fits = self._relief_roots(capacity_bytes)
-            if not fits:
-                return None
-            root = min(fits, key=lambda r: r.floor_bytes)  # its floor is its smallest micro-batch's
+            root = min(roots, key=lambda r: r.floor_bytes)  # its floor is its smallest micro-batch's
             group = min(root.expand(), key=lambda g: (dict(g.knobs)["micro_batch"], g.floor_bytes))
             leaves = [c for node in leaf_nodes(group) for c in node.expand()]  # in the tree's order
         finally:
@@ -764,8 +773,13 @@ class LLMSpace:
         offload, e.g. DeepSeek-V3 on 64 GPUs): the offloaded twins of the ``tries`` leanest
         groups whose floor fits, for :meth:`leanest` to take an incumbent from."""
         out = []
-        for r in sorted((r for r in self.roots_built if r.relief is not None), key=lambda r: r.floor_bytes)[:tries]:
-            twin = r.relief()
+        self._bounds_off = True
+        try:
+            twins = [r.relief() for r in sorted((r for r in self.roots_built if r.relief is not None),
+                                                key=lambda r: r.floor_bytes)[:tries]]
+        finally:
+            self._bounds_off = False
+        for twin in twins:
             if twin is not None and twin.floor_bytes <= capacity_bytes:
                 out.append(twin)
         return out
