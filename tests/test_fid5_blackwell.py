@@ -9,20 +9,18 @@
 
 from __future__ import annotations
 
-import copy
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from dfmodel.graph.workload import load_workload
 from dfmodel.inter_chip.config import Mapping
-from dfmodel.inter_chip.llm import LLMModel, _fp8_prep_s
+from dfmodel.inter_chip.llm import _fp8_prep_s
 from dfmodel.system.loader import load_system
 from dfmodel.system.processor import FP8_CAST_BYTES, fp8_operand_prep_s
 
-from test_inter_chip import SMALL_LLM, small_system
+from test_calibrate_factors import _calibrate
+from test_fid4_host_floor import _model
+from test_inter_chip import small_system
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,13 +33,6 @@ def _system(*, graph_us=None, any_layout=False):
         s["chip"]["efficiency"]["graph_kernel_overhead_s"] = f"{graph_us} us"
     s["chip"]["fp8_gemm_any_layout"] = any_layout
     return load_system(s)
-
-
-def _model(precision, system, **training):
-    w = copy.deepcopy(SMALL_LLM)
-    w["training"]["precision"] = precision
-    w["training"].update(training)
-    return LLMModel(load_workload(w), system)
 
 
 def _layer(model):
@@ -87,17 +78,6 @@ def test_blackwell_fp8_operands_are_cast_never_transposed():
     assert sum(_fp8_prep_s(layer_b, chip)) == pytest.approx(expect)
     assert sum(_fp8_prep_s(layer_b, chip)) < sum(_fp8_prep_s(layer_h, hopper.chip))
     assert fp8_operand_prep_s(chip, 1e9, 0.0, cast=False) == 0.0  # nothing to do: no kernel at all
-
-
-def _calibrate():
-    spec = importlib.util.spec_from_file_location("calibrate_script", ROOT / "benchmarks" / "calibrate.py")
-    mod = importlib.util.module_from_spec(spec)
-    argv, sys.argv = sys.argv, ["calibrate.py"]
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.argv = argv
-    return mod
 
 
 def test_b200_matmul_factors_are_the_hopper_fit_times_the_published_gemm_ratio():

@@ -12,7 +12,7 @@ from dfmodel.inter_chip import experts as X
 from dfmodel.inter_chip.config import Knobs
 from dfmodel.inter_chip.llm import LLMModel
 from dfmodel.inter_chip.llm_family import solve_llm
-from dfmodel.inter_chip.llm_space import LLMSpace
+from dfmodel.inter_chip.llm_space import LLMSpace, mappings_under
 
 from test_inter_chip import SMALL_LLM, small_system
 from test_moe_physics import moe_workload
@@ -264,12 +264,5 @@ def test_leanest_takes_an_offloaded_twin_when_nothing_fits_on_the_chip():
     lean = space.leanest(cap)
     assert lean is not None and lean.offload_optimizer != "none"
     assert lean in set(x for r in space.roots_built if r.relief is not None and (t := r.relief()) is not None
-                       for x in _mappings_under(t))
+                       for x in mappings_under(t))
 
-
-def _mappings_under(node):
-    for child in node.expand():
-        if node.leaf:
-            yield child
-        else:
-            yield from _mappings_under(child)

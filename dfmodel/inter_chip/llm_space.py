@@ -293,15 +293,8 @@ class LLMSpace:
     def __iter__(self):
         """Every mapping of the space (what ``search(..., exhaustive=True)`` enumerates), relief
         groups aside."""
-        def walk(node):
-            for child in node.expand():
-                if node.leaf:
-                    yield child
-                else:
-                    yield from walk(child)
-
         for root in self.roots():
-            yield from walk(root)
+            yield from mappings_under(root)
 
     # -- pieces shared by a degree tuple ---------------------------------------------------------
     def placements(self, deg: dict[str, int], etp: int = 0) -> list[tuple]:
@@ -796,6 +789,15 @@ def leaf_nodes(group: SpaceNode) -> list[SpaceNode]:
         else:
             todo[:0] = node.expand()
     return found
+
+
+def mappings_under(node: SpaceNode):
+    """Every mapping under ``node`` (a group of the space), in the tree's order."""
+    for child in node.expand():
+        if node.leaf:
+            yield child
+        else:
+            yield from mappings_under(child)
 
 
 def validate_knobs(knobs: Knobs, num_chips: int) -> None:
