@@ -78,6 +78,16 @@ def test_cli_time_limit_caps_the_command():
     assert wall_s < 2.0 + 1.5
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_cut_search_with_nothing_fitting_says_what_the_leanest_needs(workers):
+    """GPT-3 1T on 64 H100s: no mapping evaluated in 3 s fits (the leanest offloaded ones
+    overflow the host), so the time-limit error names the leanest one's memory, not only time."""
+    with pytest.raises(TimeLimitError, match="none fitting yet") as exc:
+        optimize("gpt3_1t", "dgx_h100", num_chips=64, time_limit_s=3.0, workers=workers)
+    assert "the leanest mapping evaluated needs" in str(exc.value) and "GiB" in str(exc.value)
+    assert exc.value.exit_code == 4
+
+
 def test_limit_too_short_for_any_mapping_says_so():
     with pytest.raises(TimeLimitError, match="before any mapping") as exc:
         optimize("gpt3_1t", "dgx_h100", time_limit_s=1e-4)

@@ -31,7 +31,8 @@ import time
 from multiprocessing.connection import wait
 
 from dfmodel.errors import InfeasibleError, TimeLimitError
-from dfmodel.inter_chip.search import Progress, SearchStats, _better, _insert, _Ledger, _Reporter, _search
+from dfmodel.inter_chip.search import (Progress, SearchStats, _better, _insert, _Ledger, _Reporter, _search,
+                                       no_incumbent_error)
 from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.parallel import fork_available
 from dfmodel.solvers.deadline import deadline_scope, time_left_s
@@ -181,8 +182,8 @@ def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, ke
                 best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share), exhaustive=False,
                                       keep=keep, progress=share.report, limit_s=limit_s, share=share)
             top = [best] + list(stats.runners_up)
-        except TimeLimitError as exc:
-            kind, detail, top, stats = "time", str(exc), [], None
+        except TimeLimitError as exc:  # (detail: the least memory of its non-fitting evaluations)
+            kind, detail, top, stats = "time", getattr(exc, "leanest", None), [], None
         except InfeasibleError as exc:
             kind, detail, top, stats = "infeasible", str(exc), [], share.stats
         except Exception:  # noqa: BLE001
@@ -327,9 +328,8 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
             # nothing fits anywhere: the serial search states why (its smallest floor, its
             # inner failure), the same message as without workers; the floors make it quick
             return serial()
-        raise TimeLimitError(
-            "time limit reached before any mapping was evaluated to completion (search on "
-            f"{len(replies)} workers, none fitting yet); allow more time")
+        leanest = [r[1] for r in replies.values() if r[0] == "time" and isinstance(r[1], tuple)]
+        raise no_incumbent_error(f"search on {len(replies)} workers", min(leanest) if leanest else None)
     top: list = []
     seen: set = set()
     for r in ok:

@@ -378,10 +378,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
     best = top[0] if top else None
     stats.wall_s = time.perf_counter() - t0
     if best is None and (stats.timed_out or enumeration_cut):
-        raise TimeLimitError(
-            f"time limit reached before any mapping was evaluated to completion ({stats.candidates} candidates "
-            f"enumerated, {stats.evaluated} evaluated, none fitting yet); allow more time"
-        )
+        leanest = None if worst_memory is None else (worst_memory.memory.total_bytes, worst_memory.memory.summary())
+        raise no_incumbent_error(f"{stats.candidates} candidates enumerated, {stats.evaluated} evaluated", leanest)
     if best is None and worst_memory is None:
         smallest_floor = floors["smallest"]  # (groups screened out during the search count too)
         if inner_failure is not None:
@@ -415,6 +413,24 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
     stats.why_not = ledger.why_not(best.mapping, best.iteration_time_s)
     reporter.final(stats, best.iteration_time_s)
     return best, stats
+
+
+def no_incumbent_error(counts: str, leanest: tuple[float, str] | None) -> TimeLimitError:
+    """The error of a search cut before any mapping fitted: what it did (``counts``) and, when
+    it evaluated mappings that did not fit, what the leanest of them needs (``leanest``: its
+    chip memory and its :meth:`~dfmodel.inter_chip.memory.MemoryBreakdown.summary`; memory, not
+    time, may be what stands in the way), kept on the error for the parallel search to compare.
+
+    >>> str(no_incumbent_error("9 evaluated", (1.0, "needs 90 GiB per chip, a chip has 80 GiB"))).split("; ")[1]
+    'the leanest mapping evaluated needs 90 GiB per chip, a chip has 80 GiB: allow more time, or more chips or host memory'
+    """
+    hint = "allow more time"
+    if leanest is not None:
+        hint = f"the leanest mapping evaluated {leanest[1]}: allow more time, or more chips or host memory"
+    exc = TimeLimitError(f"time limit reached before any mapping was evaluated to completion ({counts}, none "
+                         f"fitting yet); {hint}")
+    exc.leanest = leanest
+    return exc
 
 
 def _count(items) -> int:
