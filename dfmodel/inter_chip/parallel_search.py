@@ -182,7 +182,7 @@ def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, ke
                 best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share), exhaustive=False,
                                       keep=keep, progress=share.report, limit_s=limit_s, share=share)
             top = [best] + list(stats.runners_up)
-        except TimeLimitError as exc:  # (detail: the least memory of its non-fitting evaluations)
+        except TimeLimitError as exc:  # detail: (chip bytes, summary) of its leanest non-fitting evaluation
             kind, detail, top, stats = "time", getattr(exc, "leanest", None), [], None
         except InfeasibleError as exc:
             kind, detail, top, stats = "infeasible", str(exc), [], share.stats
@@ -365,7 +365,7 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
                 if not math.isnan(row[0]):
                     stats.candidates += int(row[0]) - (fit_count if me > 0 else 0)
                     stats.evaluated += int(row[1])
-                    stats.pruned_bound += int(row[2])
+                    stats.pruned_bound += int(row[2])  # (the snapshot counts bound and memory prunes together)
             mine = [r.bound_s for i, r in enumerate(roots) if owners[i] == me]
             if me == 0 and not all(fits):  # worker 0 also held the offloaded twins of roots that did not fit
                 mine.append(getattr(model, "global_lower_bound_s", lambda: 0.0)())
