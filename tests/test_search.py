@@ -299,3 +299,18 @@ def test_deepseek_v3_that_cannot_fit_is_proven_infeasible_at_once():
     with pytest.raises(InfeasibleError, match="no mapping fits in memory"):
         optimize("deepseek_v3", "pcie_ddr", time_limit_s=30)
     assert time.process_time() - t0 < 10
+
+
+def test_a_finished_search_keeps_no_model_alive():
+    """A design-space sweep runs thousands of searches in one process (a notebook, the sweep
+    runner, bench_matrix): a model and its memos must die with its search. A method-level
+    functools.lru_cache on LLMModel once kept every model alive (its cache is the class's)."""
+    import gc
+
+    from dfmodel import optimize
+    from dfmodel.inter_chip.llm import LLMModel
+
+    for workload, system, chips in (("gpt3_13b", "dgx_a100", 64), ("mixtral_8x7b", "dgx_h100", None)):
+        optimize(workload, system, num_chips=chips, workers=1)
+    gc.collect()
+    assert [o for o in gc.get_objects() if isinstance(o, LLMModel)] == []

@@ -467,10 +467,17 @@ class LLMModel:
         moe = getattr(self.model, "moe", None)
         return moe.num_experts if moe is not None else 0
 
-    @lru_cache(maxsize=None)  # noqa: B019 -- one model per search; keys are small ints/strings
     def compute_floor_s(self, micro_batch: int, recompute: str) -> float:
         """Per-chip-group compute time of one micro-batch through the whole model on ONE chip:
         every kernel's FLOP at the chip's achieved peak (no padding), plus recompute."""
+        # A memo on the instance, not functools.lru_cache on the method: that cache is the
+        # class's and keeps every model (and its memos) alive for the life of the process.
+        memo = self.__dict__.setdefault("_compute_floor_memo", {})
+        if (micro_batch, recompute) not in memo:
+            memo[micro_batch, recompute] = self._compute_floor_s(micro_batch, recompute)
+        return memo[micro_batch, recompute]
+
+    def _compute_floor_s(self, micro_batch: int, recompute: str) -> float:
         gs = self.graphs(micro_batch)
         chip = self.system.chip
 
