@@ -84,3 +84,16 @@ def test_cli_validate(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "small" in proc.stdout and "mean absolute error" in proc.stdout
+
+
+def test_validate_help_names_every_shipped_data_set():
+    """`dfmodel validate --help` is how a user finds the data sets: it must name each one shipped."""
+    from typer.testing import CliRunner
+
+    from dfmodel.cli import app
+    from dfmodel.presets import list_presets
+
+    help_text = " ".join(CliRunner().invoke(app, ["validate", "--help"], env={"COLUMNS": "400"}).output.split())
+    shipped = [p.stem for p in list_presets("calibration") if p.stem != "hardware_specs"]
+    assert len(shipped) >= 4
+    assert [s for s in shipped if s not in help_text] == []
