@@ -157,3 +157,29 @@ def test_tp_comm_overlap_outside_its_dimensions_is_named():
     # a system with no such dimension offers the overlap nowhere
     assert not any(c.tp_comm_overlap for c in llm_candidates(model_of(w, system(4, 2), Knobs()), Knobs()))
     assert "none on this system" in diagnose(context_of(model_of(w, system(4, 2), Knobs(tp=2, tp_comm_overlap=True))))
+
+
+def test_suggested_cp_ep_and_interleave_values_admit_a_mapping():
+    """The suggestions for a fixed cp, ep or interleave come from their own valid values (an
+    unfixed cp/ep used to be enumerated at 1 only, so `--ep 7` on 256 experts suggested only
+    `--ep 1`): the nearest below and above are offered, and each admits a mapping (the
+    enumeration is the oracle)."""
+    from test_moe_physics import moe_workload  # 8 experts
+
+    s = system(4, 2)
+    short = tiny()
+    short["model"]["seq_len"] = 24  # 2 x cp 8 = 16 chunks do not split it; 2 x cp 4 do
+    cases = [
+        (moe_workload(), Knobs(ep=3), "ep 3 must divide the 8 experts", "--ep 2 or 4"),
+        (tiny(layers=8, batch=8), Knobs(pp=2, interleave=3), "interleave 3", "--interleave 2 or 4"),
+        (short, Knobs(cp=8), "cp 8 must split the 24-token sequence", "--cp 4"),
+    ]
+    for w, knobs, why, suggestion in cases:
+        m = model_of(w, s, knobs)
+        assert not admits_a_mapping(m, knobs)
+        msg = diagnose(context_of(m))
+        assert why in msg and suggestion in msg, msg
+        knob = next(k for k in ("ep", "interleave", "cp") if getattr(knobs, k) not in (None, 1) and k in suggestion)
+        for v in map(int, suggestion.split(f"--{knob} ")[1].split(" or ")):
+            fixed = Knobs(**{**knobs.__dict__, knob: v})
+            assert admits_a_mapping(model_of(w, s, fixed), fixed), (knob, v)

@@ -5,7 +5,7 @@ only when every structural constraint holds. When it yields nothing, :func:`no_m
 re-checks those constraints one at a time over the user's fixed knobs, names the first that
 leaves no candidate, and, for each fixed knob, the nearest values that would admit a mapping.
 
-Extending it: a new knob or constraint (context / expert parallelism, ZeRO stage) is one more
+Extending it: a new knob or constraint is one more
 :class:`Check` in :data:`CHECKS` (and, for a knob, one more entry in :data:`KNOBS`).
 
 >>> from dfmodel.inter_chip.config import Knobs
@@ -27,7 +27,13 @@ from dfmodel.algorithms import interleaved_split_accounts
 # the knobs the enumeration takes as fixed, with their CLI spelling
 KNOBS = {"tp": "--tp", "cp": "--cp", "pp": "--pp", "dp": "--dp", "micro_batch": "--micro-batch",
          "interleave": "--interleave", "ep": "--ep"}
-INTERLEAVES = (1, 2, 3, 4, 6, 8)  # as in llm_candidates
+
+
+def interleave_options(layers: int) -> list[int]:
+    """Every interleave a pipeline split of ``layers`` may take (``llm_space.interleaves``: ``v``
+    divides the layers per stage, or with the embedding and loss counted as layers); the checks
+    keep those that split evenly for a candidate's pp."""
+    return sorted(set(divisors(layers)) | set(divisors(layers + 1)) | set(divisors(layers + 2)))
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,8 @@ class Context:
     # chips of the dimensions where TP collectives can hide under GEMMs (NetworkDim.comm_gemm_overlap)
     overlap_chips: int | None = None
     overlap_dims: str = ""
+    num_experts: int = 0  # routed experts per MoE layer (0: a dense model)
+    seq_len: int = 0  # tokens per sequence (0: unknown, cp unconstrained)
 
     def fixed(self) -> dict[str, int]:
         return {k: getattr(self.knobs, k) for k in KNOBS if getattr(self.knobs, k) is not None}
@@ -124,6 +132,12 @@ CHECKS: list[Check] = [
                         f"degrees give tp {_one(cs, 'tp')}{_cp(cs)} x pp {_one(cs, 'pp')} x dp {_one(cs, 'dp')} = "
                         f"{_one_product(cs)}"),
     # expert TP = TP: ep divides dp x cp; expert TP 1 (etp): ep = tp x a divisor of dp x cp
+    Check("cp", lambda x, c: c.cp == 1 or not x.seq_len or x.seq_len % (2 * c.cp) == 0,
+          lambda x, cs: f"cp {_one(cs, 'cp')} must split the {x.seq_len}-token sequence into 2 x cp equal chunks "
+                        f"(Megatron-Core's load-balanced causal split)"),
+    Check("experts", lambda x, c: c.ep == 1 or (x.num_experts > 1 and x.num_experts % c.ep == 0),
+          lambda x, cs: (f"ep {_one(cs, 'ep')} must divide the {x.num_experts} experts" if x.num_experts > 1
+                         else "ep > 1 needs experts to split (the workload has no model.moe block)")),
     Check("ep", lambda x, c: (c.dp * c.cp) % c.ep == 0 or (c.tp > 1 and c.ep % c.tp == 0
                                                              and (c.dp * c.cp) % (c.ep // c.tp) == 0),
           lambda x, cs: f"ep {_one(cs, 'ep')} must divide dp x cp (the ranks experts are split over), "
@@ -152,8 +166,10 @@ CHECKS: list[Check] = [
 ]
 
 
-def space(x: Context, knobs: Knobs) -> list[Candidate]:
-    """Every (tp, pp, dp, micro-batch, interleave) the fixed ``knobs`` allow, valid or not."""
+def space(x: Context, knobs: Knobs, free: tuple[str, ...] = ()) -> list[Candidate]:
+    """Every (tp, cp, pp, dp, ep, micro-batch, interleave) the fixed ``knobs`` allow, valid or not.
+    An unfixed cp, ep or interleave is 1 unless named in ``free`` (the knob whose valid values are
+    sought): 1 always passes their checks, and enumerating them costs."""
     n, B = x.num_chips, x.batch
 
     def opts(name: str, default) -> list[int]:
@@ -161,12 +177,14 @@ def space(x: Context, knobs: Knobs) -> list[Candidate]:
         return [v] if v is not None else list(default)
 
     out = []
-    for tp, pp, cp in itertools.product(opts("tp", divisors(n)), opts("pp", divisors(n)), opts("cp", [1])):
+    cps, eps = (opts(k, divisors(n) if k in free else [1]) for k in ("cp", "ep"))
+    for tp, pp, cp in itertools.product(opts("tp", divisors(n)), opts("pp", divisors(n)), cps):
         model_chips = tp * pp * cp
         dps = opts("dp", [n // model_chips] if n % model_chips == 0 else [max(1, n // model_chips)])
-        for dp, ep in itertools.product(dps, opts("ep", [1])):
+        for dp, ep in itertools.product(dps, eps):
             per_dp = B // dp if B % dp == 0 else B / dp
-            for mb, v in itertools.product(opts("micro_batch", divisors(B)), opts("interleave", INTERLEAVES)):
+            for mb, v in itertools.product(opts("micro_batch", divisors(B)),
+                                           opts("interleave", interleave_options(x.layers) if "interleave" in free else [1])):
                 out.append(Candidate(tp, pp, dp, mb, v, int(per_dp) if per_dp == int(per_dp) else 0, cp, ep))
     return out
 
@@ -185,7 +203,7 @@ def first_failure(x: Context, knobs: Knobs) -> tuple[Check, list[Candidate]] | N
 def feasible_values(x: Context, knob: str) -> list[int]:
     """Values of ``knob`` that admit a mapping when it alone is freed (the other fixed knobs kept)."""
     relaxed = replace(x.knobs, **{knob: None})
-    return sorted({getattr(c, knob) for c in space(x, relaxed) if all(ch.ok(x, c) for ch in CHECKS)})
+    return sorted({getattr(c, knob) for c in space(x, relaxed, free=(knob,)) if all(ch.ok(x, c) for ch in CHECKS)})
 
 
 def nearest(value: int, valid: list[int]) -> list[int]:
@@ -236,7 +254,8 @@ def context_of(model) -> Context | None:
     overlap = [d for d in system.network if d.comm_gemm_overlap]
     return Context(system.num_chips, heads, getattr(w.model, "num_kv_heads", None) or heads, w.model.num_layers,
                    w.training.global_batch, replace(knobs, micro_batch=fixed_mb), placeable,
-                   math.prod(d.size for d in overlap), " x ".join(f"{d.name} of {d.size}" for d in overlap))
+                   math.prod(d.size for d in overlap), " x ".join(f"{d.name} of {d.size}" for d in overlap),
+                   num_experts=model.num_experts, seq_len=w.model.seq_len)
 
 
 GENERIC = "no valid mapping: the fixed knobs, chip count and batch admit none"
