@@ -16,6 +16,7 @@ published (expert) mapping.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import math
 from collections.abc import Callable
@@ -106,8 +107,11 @@ class CaseMeasured(Strict):
 
 
 class Case(Strict):
-    model_config = Strict.model_config | {"extra": "ignore"}  # source, notes
+    model_config = Strict.model_config | {"extra": "ignore"}  # config_source, ...
     id: str
+    #: where the numbers come from; also names the framework that ran (:func:`framework_of`)
+    source: str = ""
+    notes: str = ""
     model: CaseModel
     training: CaseTraining
     system: CaseSystem
@@ -263,6 +267,7 @@ def workload_of(case: Case) -> dict[str, Any]:
         model.setdefault("position_embedding", "rotary")
     precision = "bf16" if "bf16" in case.training.precision or "fp16" in case.training.precision else case.training.precision
     training = {"global_batch": case.training.global_batch, "precision": precision}
+    training.update(framework_defaults(case))
     if case.training.grad_reduce is not None:
         training["grad_reduce"] = case.training.grad_reduce
     if case.training.param_remainders is not None:
@@ -272,6 +277,38 @@ def workload_of(case: Case) -> dict[str, Any]:
     if case.training.fp8_weights is not None and precision == "fp8":
         training["fp8"] = {"fp8_weights": case.training.fp8_weights}
     return {"kind": "llm", "name": case.id, "model": model, "training": training}
+
+
+#: Sources of runs made with NVIDIA NeMo recipes: NeMo itself, NVIDIA's dgxc-benchmarking (its
+#: 'Expected Performance' tables run NeMo recipes) and MLPerf Training (the GPU LLM submissions,
+#: NVIDIA's and its partners', run NVIDIA's NeMo / Megatron-Core implementation).
+_NEMO_SOURCE = re.compile(r"nemo|dgxc-benchmarking|mlperf", re.IGNORECASE)
+
+
+def framework_of(case: Case) -> str:
+    """``nemo`` when the case's source or notes name a NeMo-recipe run, else ``megatron_lm``
+    (Megatron-LM's own training script: the A100 papers)."""
+    return "nemo" if _NEMO_SOURCE.search(f"{case.source} {case.notes}") else "megatron_lm"
+
+
+def framework_defaults(case: Case) -> dict[str, Any]:
+    """Training fields the case's framework sets where the case is silent (a field the case
+    gives wins). NeMo's performance recipes reduce gradients in bf16 (``grad_reduce_in_fp32 =
+    False`` in every ``pretrain_performance_optimizations`` of nemo/collections/llm/recipes, e.g.
+    llama3_70b.py, llama31_405b.py, nemotron4_340b.py, gpt3_175b.py, and for every run of
+    scripts/performance/helpers.py ``set_precision_configs``; NeMo 1.x's distributed_fused_adam
+    ``grad_sync_dtype: bf16`` in the dgxc-benchmarking configs). Megatron-LM's default, fp32
+    main gradients for bf16 (megatron/training/arguments.py without ``--grad-reduce-in-bf16``),
+    is the workload's own default. 16-bit runs only: an fp32 run reduces in fp32."""
+    if framework_of(case) == "nemo" and any(p in case.training.precision for p in ("bf16", "fp8")):
+        return {"grad_reduce": "bf16"}
+    return {}
+
+
+def framework_defaults_used(case: Case) -> dict[str, str]:
+    """The :func:`framework_defaults` the case did not override, for the table's picked column."""
+    return {k: f"{v} ({framework_of(case)} default)" for k, v in framework_defaults(case).items()
+            if getattr(case.training, k) is None}
 
 
 #: Knobs a case may leave out, and the values the range of predictions covers.
@@ -407,7 +444,8 @@ def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges:
     except DFModelError as exc:
         return Row(case.id, n, "", 0, None, measured, None, message=str(exc), system=sname)
     row = Row(case.id, n, describe(r.parallelism), r.parallelism.micro_batch, r.iteration_time_s, measured,
-              r.iteration_time_s / measured - 1, system=sname, chosen=chosen_values(knobs, r.parallelism))
+              r.iteration_time_s / measured - 1, system=sname,
+              chosen=chosen_values(knobs, r.parallelism) | framework_defaults_used(case))
     if ranges:
         row.range_s = prediction_range(w, system, n, knobs, r.parallelism.micro_batch)
     if free:

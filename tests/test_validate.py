@@ -97,3 +97,27 @@ def test_validate_help_names_every_shipped_data_set():
     shipped = [p.stem for p in list_presets("calibration") if p.stem != "hardware_specs"]
     assert len(shipped) >= 4
     assert [s for s in shipped if s not in help_text] == []
+
+
+@pytest.mark.parametrize("source,given,expected", [
+    ("NVIDIA/dgxc-benchmarking 'Expected Performance' tables (NeMo 24.09)", None, "bf16"),
+    ("MLPerf Training v5.1 results", None, "bf16"),
+    ("MLPerf Training v5.1 results", "fp32", "fp32"),  # what the case says wins
+    ("Narayanan et al. 2021 (Megatron-LM)", None, None),  # the workload default: fp32 main grads
+])
+def test_a_nemo_run_reduces_gradients_in_bf16_unless_the_case_says_otherwise(tmp_path, source, given, expected):
+    """Published runs of NeMo recipes (dgxc-benchmarking, MLPerf) reduce gradients in bf16
+    (NeMo grad_reduce_in_fp32 = False); a case in the shared format does not say so. The default
+    follows the framework its source names, is shown as picked, and changes the prediction."""
+    from dfmodel.validate import workload_of
+
+    case = {**SMALL_CASE, "source": source, "training": {**SMALL_CASE["training"], "precision": "bf16"}}
+    if given:
+        case["training"]["grad_reduce"] = given
+    c = load_cases(write(tmp_path, [case]))[0]
+    assert workload_of(c)["training"].get("grad_reduce") == expected
+    row = evaluate_case(c)
+    assert ("grad_reduce" in row.chosen) == (given is None and expected is not None)
+    if expected == "bf16":
+        fp32 = evaluate_case(load_cases(write(tmp_path, [{**case, "training": {**case["training"], "grad_reduce": "fp32"}}]))[0])
+        assert row.predicted_s < fp32.predicted_s  # half the bytes in the DP gradient sync
