@@ -35,14 +35,14 @@ def _layer(precision, system, tp=2):
 def test_closed_form_one_operand():
     chip = _system().chip
     rate = chip.memory.bandwidth_Bps * chip.efficiency.memory
-    t = fp8_operand_prep_s(chip, 4e6, 1e6, cast=True)
+    t = fp8_operand_prep_s(chip, 4e6, 1e6, from_norm=False)
     assert t == pytest.approx((FP8_TRANSPOSE_BYTES * 4e6 + FP8_CAST_BYTES * 1e6) / rate + chip.efficiency.kernel_overhead_s)
-    assert fp8_operand_prep_s(chip, 4e6, 1e6, cast=False) < t  # a producer that writes FP8 saves the cast
+    assert fp8_operand_prep_s(chip, 4e6, 1e6, from_norm=True) < t  # a layer norm that writes FP8 saves the cast
 
 
 def test_layer_sum_matches_its_fp8_gemms():
-    """Forward: qkv, fc1 (after layer norm) and fc2 (after the activation) are only transposed;
-    out_proj is cast and transposed. Backward: every data-gradient GEMM's incoming gradient is
+    """Forward: qkv and fc1 (after TE's LayerNormLinear) are only transposed; out_proj and fc2
+    (Megatron-Core's 16-bit activation kernel before it) are cast and transposed. Backward: every data-gradient GEMM's incoming gradient is
     cast and transposed; weight-gradient GEMMs need nothing more."""
     system = _system()
     layer = _layer("fp8", system)
@@ -53,8 +53,7 @@ def test_layer_sum_matches_its_fp8_gemms():
             continue
         gathered = k.dims["m"] * k.dims["k"]
         shard = k.extra_memory_bytes / 2
-        cast = k.name not in ("fwd.qkv", "fwd.fc1", "fwd.fc2")
-        t = fp8_operand_prep_s(chip, gathered, shard, cast=cast)
+        t = fp8_operand_prep_s(chip, gathered, shard, from_norm=k.name in ("fwd.qkv", "fwd.fc1"))
         if k.phase.value == "forward":
             fwd += t
         else:

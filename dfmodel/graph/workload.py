@@ -28,7 +28,8 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       data: {...}                      # optional input pipeline (dfmodel.graph.data_pipeline)
       checkpoint: {...}                # optional checkpointing (same module)
       grad_reduce: null                # fp32 | bf16 | fp16 (null: fp32 for bf16/fp8, Megatron)
-      fp8: {attention: false, fp8_allgather: false, fp8_weights: false, amax_history_len: 1024}
+      fp8: {attention: false, fp8_allgather: false, fp8_weights: false, amax_history_len: 1024,
+            recipe: delayed}                 # delayed | current | mxfp8 | blockwise (TE recipes)
       param_remainders: false          # fp32 master kept as bf16 weight + 16-bit remainder (Apex)
 
     kind: dlrm
@@ -86,6 +87,7 @@ from pydantic import (
 
 from dfmodel.errors import InputError
 from dfmodel.graph.data_pipeline import Checkpointing, DataPipeline
+from dfmodel.graph.fp8 import RecipeName
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.presets import resolve
 from dfmodel.system.schema import Precision, Strict
@@ -141,13 +143,20 @@ class FP8Recipe(Strict):
     - ``fp8_weights``: the model keeps its parameters only in FP8 (TE ``fp8_model_init`` /
       Megatron ``--fp8-param-gather``): 1 byte/param instead of a 16-bit weight plus a cached
       FP8 copy and its transpose (2 + 2 bytes/param); default off;
-    - ``amax_history_len``: the per-tensor amax history TE keeps (fp32 each) for delayed scaling.
+    - ``amax_history_len``: the per-tensor amax history TE keeps (fp32 each) for delayed scaling;
+    - ``recipe``: how the FP8 scales are found (TE's recipe classes; costs and sources in
+      :mod:`dfmodel.graph.fp8`): ``delayed`` (``DelayedScaling``, the default: amax history of
+      earlier steps), ``current`` (``Float8CurrentScaling``: an amax pass over each tensor before
+      its cast), ``mxfp8`` (``MXFP8BlockScaling``, Blackwell only: E8M0 scales per 32 elements,
+      row- and column-wise copies) or ``blockwise`` (``Float8BlockScaling``: fp32 scales per 1x128
+      / 128x128 tile, DeepSeek-V3 style).
     """
 
     attention: bool = False
     fp8_allgather: bool = True
     fp8_weights: bool = False
     amax_history_len: PositiveInt = 1024
+    recipe: RecipeName = "delayed"
 
 
 class Training(Strict):

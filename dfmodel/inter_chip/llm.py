@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache, partial
 
+from dfmodel.errors import InputError
 from dfmodel.graph.build import build_graphs
 from dfmodel.graph.builders.moe import expert_params, routed_rows
 from dfmodel.graph.graph import DataflowGraph
@@ -247,27 +248,32 @@ def _layer_times_s(layer: BlockTimes, m: Mapping, sms: int = nccl.H100_SMS) -> t
     return layer.fwd.time_s, layer.backward_s(m.recompute)
 
 
-#: FP8 GEMMs whose input operand its producer already writes in FP8 (Transformer Engine's
-#: LayerNormLinear / LayerNormMLP: the layer norm before QKV and FC1 and the MLP activation before
-#: FC2 emit FP8), so TE only transposes it; every other FP8 operand is cast as well.
-FP8_FUSED_CAST = ("fwd.qkv", "fwd.fc1", "fwd.fc2")
+#: FP8 GEMMs whose input operand is a layer norm's output that Transformer Engine's
+#: LayerNormLinear quantises itself (Megatron-Core's TELayerNormColumnParallelLinear before QKV
+#: and FC1; how much that saves is the recipe's ``norm_bytes``, :mod:`dfmodel.graph.fp8`). FC2 is
+#: not one: Megatron-Core's MLP runs the activation as its own 16-bit kernel
+#: (megatron/core/transformer/mlp.py ``MLP.forward``: ``bias_swiglu_impl`` / ``bias_gelu_impl``
+#: on ``linear_fc1``'s output, then ``linear_fc2``, a TERowParallelLinear that casts its input;
+#: the same in the experts, moe/experts.py), and MoE experts' FC1 reads the 16-bit permuted tokens.
+FP8_NORM_INPUT = ("fwd.qkv", "fwd.fc1")
 
 
-def _fp8_prep_s(layer: BlockTimes, chip) -> tuple[float, float]:
+def _fp8_prep_s(layer: BlockTimes, chip, recipe: str = "delayed") -> tuple[float, float]:
     """(forward, backward) seconds per micro-batch of Transformer Engine's FP8 operand cast and
-    transpose kernels in one layer (:func:`dfmodel.system.processor.fp8_operand_prep_s`), 0 for a
-    layer without FP8 GEMMs or on a chip that does not run kernel by kernel.
+    transpose kernels in one layer under FP8 ``recipe``
+    (:func:`dfmodel.system.processor.fp8_operand_prep_s`), 0 for a layer without FP8 GEMMs or on
+    a chip that does not run kernel by kernel.
 
     Every forward and data-gradient FP8 GEMM's A operand (the activation, or the incoming
-    gradient: ``m x k`` as the rank's GEMM reads it) is transposed for the weight-gradient GEMM
-    and, unless its producer writes FP8 (:data:`FP8_FUSED_CAST`; MoE experts' FC1 reads the
-    16-bit permuted tokens), cast on the rank's shard (the elements the builder charges its cast
+    gradient: ``m x k`` as the rank's GEMM reads it) is prepared for the weight-gradient GEMM
+    (transposed, or a second copy quantised) and quantised on the rank's shard, from a layer
+    norm's output (:data:`FP8_NORM_INPUT`) or from a 16-bit tensor (the elements the builder charges its cast
     bytes for, ``extra_memory_bytes / FP8_CAST_EXTRA_BYTES``). These kernels ran inside the GEMM's
     roofline before (hidden under its arithmetic); TE runs them on their own, before the GEMM.
     """
     cached = layer.__dict__.get("_fp8_prep_s")
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] == recipe:
+        return cached[1]
     fwd = bwd = 0.0
     if chip.execution == "kernel_by_kernel":
         for k in layer.sharded.graph.kernels:
@@ -276,13 +282,13 @@ def _fp8_prep_s(layer: BlockTimes, chip) -> tuple[float, float]:
             d = k.dims
             gathered = d.get("b", 1) * d.get("m", 0) * d.get("k", 0)
             shard = k.extra_memory_bytes / FP8_CAST_EXTRA_BYTES
-            fused = k.name.split("/")[-1] in FP8_FUSED_CAST and not (k.expert and k.name.endswith("fc1"))
-            t = fp8_operand_prep_s(chip, gathered, shard, cast=not fused)
+            from_norm = k.name.split("/")[-1] in FP8_NORM_INPUT and not k.expert
+            t = fp8_operand_prep_s(chip, gathered, shard, from_norm=from_norm, recipe=recipe)
             if k.phase == Phase.forward:
                 fwd += t
             else:
                 bwd += t
-    layer.__dict__["_fp8_prep_s"] = (fwd, bwd)
+    layer.__dict__["_fp8_prep_s"] = (recipe, (fwd, bwd))
     return fwd, bwd
 
 
@@ -326,6 +332,16 @@ def _balance(num_layers: int, pp: int, interleave: int, layer_s: float, first_s:
 _NOT_IN_PRESOLVE = frozenset(("placement", "cp_comm", "overlap_grad_reduce", "overlap_param_gather"))
 
 
+def _check_fp8_recipe(training, system: System) -> None:
+    """One-line error for an FP8 recipe the chip cannot run: MXFP8 needs block-scaled FP8 tensor
+    cores, compute capability 10.x (TE quantization.py ``_compute_mxfp8_support``), the same
+    generation as FP8 GEMMs in any layout (TE utils.py ``is_non_tn_fp8_gemm_supported``: 10.x-11.x),
+    which is what :attr:`~dfmodel.system.schema.Chip.fp8_gemm_any_layout` records."""
+    if training.precision == "fp8" and training.fp8.recipe == "mxfp8" and not system.chip.fp8_gemm_any_layout:
+        raise InputError(f"training.fp8.recipe: mxfp8 needs a Blackwell-class chip (chip.fp8_gemm_any_layout), "
+                         f"not {system.chip.name}; use delayed, current or blockwise")
+
+
 class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
@@ -340,6 +356,7 @@ class LLMModel:
         self.model = self.workload.model
         self.training = self.workload.training
         self.precision = Precision(self.training.precision)
+        _check_fp8_recipe(self.training, system)
         self._graphs: dict[int, object] = {}
         self._blocks: dict[tuple, BlockTimes | None] = {}
         self._memory_floors: dict[tuple, "mem.MemoryBreakdown"] = {}
@@ -781,7 +798,8 @@ class LLMModel:
                 precision=self.training.precision.value, grad_bytes=self.training.grad_bytes,
                 optimizer=self.training.optimizer, linear=True,
                 fp8_weights=self.training.precision.value == "fp8" and self.training.fp8.fp8_weights,
-                param_remainders=getattr(self.training, "param_remainders", False))
+                param_remainders=getattr(self.training, "param_remainders", False),
+                fp8_recipe=self.training.fp8.recipe)
             plans[key] = off.OffloadPlan.of(m, self.system, self.training, weight_bytes_per_param=state.weights,
                                             optimizer_bytes_per_param=state.optimizer)
         return plans[key]
@@ -1138,7 +1156,7 @@ class LLMModel:
         """(forward, backward) time of one layer and micro-batch with its exposed communication
         ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles)
-        c_f, c_b = _fp8_prep_s(layer, self.system.chip)  # TE's FP8 cast/transpose kernels (serial)
+        c_f, c_b = _fp8_prep_s(layer, self.system.chip, self.training.fp8.recipe)  # TE's FP8 cast/transpose kernels (serial)
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts
         redo_f += self._mla_up_redo_s(m)
         f = t_f + c_f + sum(f for f, _ in extra.values())
@@ -1172,7 +1190,7 @@ class LLMModel:
             parts = {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
         else:
             parts = layer.parts(m.recompute)
-        c_f, c_b = _fp8_prep_s(layer, self.system.chip)  # memory-bound kernels of their own
+        c_f, c_b = _fp8_prep_s(layer, self.system.chip, self.training.fp8.recipe)  # memory-bound kernels of their own
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
         parts["compute"] += self._mla_up_redo_s(m)
         # the GPU waiting on the host (_layer_phases_s's floor; the layer's exposed communication

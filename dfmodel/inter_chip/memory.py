@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from dfmodel.graph.fp8 import recipe_cost
 from dfmodel.inter_chip.pipeline import warmup_forwards
 
 Recompute = Literal["none", "selective", "full"]
@@ -590,8 +591,20 @@ OPTIMIZER_STATE_BYTES = {"adam": 8, "sgd": 4, "adagrad": 4}
 #: Transformer Engine keeps, next to each 16-bit linear weight, its FP8 copy and the FP8
 #: transpose the data-gradient GEMM reads (1 + 1 bytes/param), cached across micro-batches
 #: (TE Linear ``is_first_microbatch``); with FP8 parameters (``fp8_model_init``) the weight is the
-#: FP8 copy and only the transpose is extra.
+#: FP8 copy and only the transpose is extra. Delayed / current scaling; the block-scaled recipes
+#: add their scales to each copy (:func:`fp8_weight_cache_bytes`).
 FP8_WEIGHT_CACHE_BYTES = 2
+
+
+def fp8_weight_cache_bytes(recipe: str = "delayed") -> float:
+    """Bytes per parameter of the two cached FP8 copies of a linear weight (row-wise, and the
+    transpose or column-wise copy) under FP8 ``recipe``, scales included
+    (:data:`dfmodel.graph.fp8.RECIPES` ``weight_copy_bytes``: MXFP8 adds one E8M0 scale per 32).
+
+    >>> fp8_weight_cache_bytes(), fp8_weight_cache_bytes("mxfp8")
+    (2.0, 2.0625)
+    """
+    return FP8_WEIGHT_CACHE_BYTES * recipe_cost(recipe).weight_copy_bytes
 
 
 @dataclass(frozen=True)
@@ -604,7 +617,7 @@ class StateBytesPerParam:
 
     @classmethod
     def of(cls, *, precision: str, grad_bytes: float, optimizer: str = "adam", fp8_weights: bool = False,
-           linear: bool = True, param_remainders: bool = False) -> "StateBytesPerParam":
+           linear: bool = True, param_remainders: bool = False, fp8_recipe: str = "delayed") -> "StateBytesPerParam":
         """Megatron-LM's mixed-precision layout (theoretical_memory_usage.py: "bf16 model params,
         fp32 main gradients, fp32 main params, and fp32 Adam states", 18 bytes/param, or
         ``6 + 12/d`` with the distributed optimizer).
@@ -616,7 +629,7 @@ class StateBytesPerParam:
         >>> StateBytesPerParam.of(precision="bf16", grad_bytes=4)
         StateBytesPerParam(weights=2, gradients=4, optimizer=12)
         >>> StateBytesPerParam.of(precision="fp8", grad_bytes=4).weights
-        4
+        4.0
 
         ``param_remainders`` (Apex DistributedFusedAdam ``store_param_remainders``, NeMo 1.x with
         bf16 weights): the master copy is the 16-bit weight plus a 16-bit remainder, 2 bytes.
@@ -626,7 +639,8 @@ class StateBytesPerParam:
         """
         weights = 4 if precision == "fp32" else 2
         if precision == "fp8" and linear:
-            weights = FP8_WEIGHT_CACHE_BYTES if fp8_weights else weights + FP8_WEIGHT_CACHE_BYTES
+            cache = fp8_weight_cache_bytes(fp8_recipe)
+            weights = cache if fp8_weights else weights + cache
         master = 0 if precision == "fp32" else (REMAINDER_BYTES if param_remainders else 4)
         return cls(weights, grad_bytes, master + OPTIMIZER_STATE_BYTES[optimizer])
 
@@ -647,9 +661,14 @@ def fp8_linear_input_bytes(training) -> float | None:
 
     >>> from types import SimpleNamespace as N
     >>> fp8_linear_input_bytes(N(precision=N(value="fp8"))), fp8_linear_input_bytes(N(precision=N(value="bf16")))
-    (1, None)
+    (1.0, None)
+
+    Block-scaled recipes keep the copy's scales too (MXFP8: one byte per 32 elements).
     """
-    return FP8_SAVED_INPUT_BYTES if training.precision.value == "fp8" else None
+    if training.precision.value != "fp8":
+        return None
+    fp8 = getattr(training, "fp8", None)
+    return FP8_SAVED_INPUT_BYTES * recipe_cost(fp8.recipe if fp8 is not None else "delayed").copy_bytes
 
 
 def tied_embedding_copy_params(*, vocab: int, hidden: int, tp: int, pp: int, tie_embeddings: bool) -> float:
@@ -770,7 +789,7 @@ def llm_memory_per_chip(
     rem = getattr(training, "param_remainders", False)
     layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
                                         optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True,
-                                        param_remainders=rem)
+                                        param_remainders=rem, fp8_recipe=training.fp8.recipe)
     other_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
                                         optimizer=training.optimizer, linear=False, param_remainders=rem)
     sbt = s_local * micro_batch

@@ -9,6 +9,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
+from dfmodel.graph.fp8 import RECIPES, recipe_cost
 from dfmodel.graph.kernel import Kernel, KernelKind
 from dfmodel.system.schema import Chip, Precision, System
 
@@ -132,38 +133,46 @@ def fused_compute_time_s(times_s: Sequence[float], tiles: int) -> float | None:
 #:   "TN" layout (cuBLASLt FP8 requirement; TE keeps a transposed FP8 copy of every GEMM input for
 #:   the weight-gradient GEMM: ``fp8_transpose`` / ``fp8_cast_transpose_fused`` in
 #:   transformer_engine/pytorch/module/{linear,layernorm_linear,layernorm_mlp}.py, TE v1.11), over
-#:   the operand as the GEMM reads it (the gathered tensor under sequence parallelism);
-#: - ``FP8_CAST_BYTES`` (read 2 + write 1): the 16-bit -> FP8 cast with its amax, on the rank's
-#:   un-gathered shard (TE casts before the FP8 userbuffers all-gather). Layer norm and the MLP
-#:   activation write their output in FP8 themselves (TE ``layernorm_fwd_fp8``, fused FP8 GELU /
-#:   SwiGLU), so the operands they produce are only transposed.
+#:   the operand as the GEMM reads it (the gathered tensor under sequence parallelism), for the
+#:   per-tensor recipes (:data:`dfmodel.graph.fp8.RECIPES` ``transposes``);
+#: - ``FP8_CAST_BYTES`` (read 2 + write 1): the delayed-scaling cast on the rank's un-gathered
+#:   shard (TE casts before the FP8 userbuffers all-gather); the other recipes' casts are in
+#:   :data:`dfmodel.graph.fp8.RECIPES`.
 FP8_TRANSPOSE_BYTES = 2.0
-FP8_CAST_BYTES = 3.0
+FP8_CAST_BYTES = RECIPES["delayed"].cast_bytes
 
 
-def fp8_operand_prep_s(chip: Chip, gathered_elements: float, shard_elements: float, *, cast: bool) -> float:
+def fp8_operand_prep_s(chip: Chip, gathered_elements: float, shard_elements: float, *, from_norm: bool,
+                       recipe: str = "delayed") -> float:
     """Time of Transformer Engine's cast / transpose kernels for one FP8 GEMM operand of
     ``gathered_elements`` (as the GEMM reads it) whose rank holds ``shard_elements`` before any
-    all-gather: ``FP8_TRANSPOSE_BYTES x gathered (+ FP8_CAST_BYTES x shard when the producer does
-    not write FP8 itself)`` at the achieved DRAM bandwidth, plus one kernel launch. Memory-bound
-    kernels run alone (kernel-by-kernel), so this adds to the step; bf16 GEMMs need none of it.
-    On a chip whose FP8 GEMMs take any layout (``chip.fp8_gemm_any_layout``, Blackwell) there is
-    no transpose, and nothing at all (no kernel) for an operand its producer wrote in FP8.
+    all-gather, under FP8 ``recipe`` (:data:`dfmodel.graph.fp8.RECIPES`): the recipe's cast bytes
+    x shard (its ``norm_bytes`` when the operand is a layer norm's output that TE's
+    LayerNormLinear quantises, ``from_norm``) plus, for a per-tensor recipe on a chip whose FP8
+    GEMMs take only the TN layout, ``FP8_TRANSPOSE_BYTES`` x gathered, at the achieved DRAM
+    bandwidth, plus one launch per kernel (the transpose shares the cast's). Memory-bound kernels run alone (kernel-by-kernel), so
+    this adds to the step; bf16 GEMMs need none of it. Nothing at all (no kernel) when there is
+    nothing to do (delayed scaling after a layer norm on Blackwell).
 
     >>> from dfmodel.system.schema import Chip
     >>> chip = Chip.model_validate({"name": "c", "peak_flops": "1 TFLOPS", "sram_bytes": "1 MB", "memory": {"kind": "HBM",
     ...     "capacity_bytes": "1 GB", "bandwidth_Bps": "1 TB/s"}, "efficiency": {"memory": 1.0, "kernel_overhead_s": 0}})
-    >>> fp8_operand_prep_s(chip, 1e9, 0.25e9, cast=False), fp8_operand_prep_s(chip, 1e9, 0.25e9, cast=True)
+    >>> fp8_operand_prep_s(chip, 1e9, 0.25e9, from_norm=True), fp8_operand_prep_s(chip, 1e9, 0.25e9, from_norm=False)
     (0.002, 0.00275)
     >>> blackwell = chip.model_copy(update={"fp8_gemm_any_layout": True})
-    >>> fp8_operand_prep_s(blackwell, 1e9, 0.25e9, cast=False), fp8_operand_prep_s(blackwell, 1e9, 0.25e9, cast=True)
+    >>> fp8_operand_prep_s(blackwell, 1e9, 0.25e9, from_norm=True), fp8_operand_prep_s(blackwell, 1e9, 0.25e9, from_norm=False)
     (0.0, 0.00075)
+    >>> fp8_operand_prep_s(blackwell, 1e9, 0.25e9, from_norm=False, recipe="current")  # + the amax pass
+    0.00125
     """
-    transpose = 0.0 if chip.fp8_gemm_any_layout else FP8_TRANSPOSE_BYTES * gathered_elements
-    num_bytes = transpose + (FP8_CAST_BYTES * shard_elements if cast else 0.0)
+    cost = recipe_cost(recipe)
+    transpose = FP8_TRANSPOSE_BYTES * gathered_elements if cost.transposes and not chip.fp8_gemm_any_layout else 0.0
+    num_bytes = transpose + (cost.norm_bytes if from_norm else cost.cast_bytes) * shard_elements
+    # TE fuses the transpose into the cast when there is one (``fp8_cast_transpose_fused``)
+    kernels = (cost.norm_kernels if from_norm else cost.cast_kernels) or int(transpose > 0)
     if num_bytes == 0:
         return 0.0
-    return memory_time_s(chip, num_bytes) + chip.efficiency.kernel_overhead_s
+    return memory_time_s(chip, num_bytes) + kernels * chip.efficiency.kernel_overhead_s
 
 
 def graph_launched(system: System) -> System:
