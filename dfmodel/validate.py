@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from dfmodel.errors import DFModelError, InputError
+from dfmodel.graph.fp8 import RecipeName
 from dfmodel.graph.workload import MLAConfig, MoEConfig
 from dfmodel.system.schema import Strict
 from dfmodel.yamlio import field_path, validation_message
@@ -60,6 +61,9 @@ class CaseTraining(Strict):
     grad_reduce: Literal["fp32", "bf16", "fp16"] | None = None
     #: FP8 runs that kept their parameters in FP8 (NeMo ``fp8_params`` / TE ``fp8_model_init``)
     fp8_weights: bool | None = None
+    #: the FP8 recipe the run used (:mod:`dfmodel.graph.fp8`); None on an FP8 run: unknown, the
+    #: workload default (TE's ``delayed``) is shown as picked and ``--range`` covers the others
+    fp8_recipe: RecipeName | None = None
     #: NeMo 1.x distributed_fused_adam with bf16 weights keeps fp32 masters as 16-bit remainders
     param_remainders: bool | None = None
     #: the run replayed its layers as CUDA graphs (no host floor: chip ``efficiency.host_linear_s``)
@@ -274,8 +278,9 @@ def workload_of(case: Case) -> dict[str, Any]:
         training["param_remainders"] = case.training.param_remainders
     if case.training.cuda_graphs is not None:
         training["cuda_graphs"] = case.training.cuda_graphs
-    if case.training.fp8_weights is not None and precision == "fp8":
-        training["fp8"] = {"fp8_weights": case.training.fp8_weights}
+    if precision == "fp8":
+        fp8 = {"fp8_weights": case.training.fp8_weights, "recipe": case.training.fp8_recipe}
+        training["fp8"] = {k: v for k, v in fp8.items() if v is not None}
     return {"kind": "llm", "name": case.id, "model": model, "training": training}
 
 
@@ -317,6 +322,27 @@ UNKNOWN_KNOB_VALUES = {
     "sequence_parallel": (False, True),
     "distributed_optimizer": (False, True),
 }
+
+
+#: FP8 recipes the range of an FP8 run that does not name its recipe covers (``mxfp8`` drops out
+#: on a chip that cannot run it: the model refuses it with an InputError).
+UNKNOWN_FP8_RECIPES = ("delayed", "current", "blockwise", "mxfp8")
+
+
+def unknown_workload_knobs(case: Case) -> dict[str, Any]:
+    """Workload fields the case leaves out that change the prediction, with the value the
+    workload defaults to (shown as picked): the FP8 recipe of an FP8 run (TE's ``delayed``)."""
+    if case.training.precision == "fp8" and case.training.fp8_recipe is None:
+        return {"fp8_recipe": "delayed"}
+    return {}
+
+
+def workload_variants(case: Case, w: dict) -> list[dict]:
+    """``w`` once per value of the case's unknown workload fields (:func:`unknown_workload_knobs`)."""
+    if "fp8_recipe" not in unknown_workload_knobs(case):
+        return [w]
+    return [{**w, "training": {**w["training"], "fp8": {**w["training"].get("fp8", {}), "recipe": r}}}
+            for r in UNKNOWN_FP8_RECIPES]
 
 
 def knobs_of(case: Case) -> dict[str, Any]:
@@ -368,8 +394,10 @@ def chosen_values(knobs: dict[str, Any], parallelism) -> dict[str, Any]:
     return {k: getattr(parallelism, attr[k]) for k, v in knobs.items() if v is None and k in attr}
 
 
-def prediction_range(w: dict, system: Any, n: int, knobs: dict[str, Any], picked_mb: int) -> tuple[float, float] | None:
-    """(best, worst) iteration time over every value of the unknown knobs that fits.
+def prediction_range(w: dict | list[dict], system: Any, n: int, knobs: dict[str, Any],
+                     picked_mb: int) -> tuple[float, float] | None:
+    """(best, worst) iteration time over every value of the unknown knobs that fits, and over
+    the workload variants ``w`` when it is a list (:func:`workload_variants`).
 
     The micro-batch is held at the optimizer's pick when the case leaves it out (it is an
     optimizer choice, not an unknown of the published run's physics, in every case file here).
@@ -380,12 +408,13 @@ def prediction_range(w: dict, system: Any, n: int, knobs: dict[str, Any], picked
 
     unknown = [k for k in UNKNOWN_KNOB_VALUES if knobs.get(k) is None]
     times = []
-    for values in itertools.product(*(UNKNOWN_KNOB_VALUES[k] for k in unknown)):
+    for wv, values in itertools.product(w if isinstance(w, list) else [w],
+                                        itertools.product(*(UNKNOWN_KNOB_VALUES[k] for k in unknown))):
         fixed = {**knobs, **dict(zip(unknown, values))}
         if fixed.get("micro_batch") is None:
             fixed["micro_batch"] = picked_mb
         try:
-            times.append(optimize(w, system, num_chips=n, alternatives=0, **fixed).iteration_time_s)
+            times.append(optimize(wv, system, num_chips=n, alternatives=0, **fixed).iteration_time_s)
         except DFModelError:
             continue
     return (min(times), max(times)) if times else None
@@ -445,9 +474,9 @@ def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges:
         return Row(case.id, n, "", 0, None, measured, None, message=str(exc), system=sname)
     row = Row(case.id, n, describe(r.parallelism), r.parallelism.micro_batch, r.iteration_time_s, measured,
               r.iteration_time_s / measured - 1, system=sname,
-              chosen=chosen_values(knobs, r.parallelism) | framework_defaults_used(case))
-    if ranges:
-        row.range_s = prediction_range(w, system, n, knobs, r.parallelism.micro_batch)
+              chosen=chosen_values(knobs, r.parallelism) | framework_defaults_used(case) | unknown_workload_knobs(case))
+    if ranges or unknown_workload_knobs(case):  # an unknown recipe always shows what it spans
+        row.range_s = prediction_range(workload_variants(case, w), system, n, knobs, r.parallelism.micro_batch)
     if free:
         try:
             best = optimize(w, system, num_chips=n, alternatives=0)  # only the optimum is shown
