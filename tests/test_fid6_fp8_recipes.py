@@ -41,11 +41,11 @@ ORACLE = {  # recipe -> (kernels for a 16-bit operand, kernels for a LayerNormLi
 PER_TENSOR = ("delayed", "current")  # the recipes that transpose their FP8 copy on a TN-only chip
 
 
-def _system(any_layout=False, bw="2 TB/s"):
+def _system(any_layout=False, bw="2 TB/s", overhead="4 us"):
     s = small_system(4, 1)
     s["chip"]["peak_flops"] = {"bf16": "312 TFLOPS", "fp8": "624 TFLOPS"}
     s["chip"]["memory"]["bandwidth_Bps"] = bw
-    s["chip"]["efficiency"]["kernel_overhead_s"] = "4 us"
+    s["chip"]["efficiency"]["kernel_overhead_s"] = overhead
     s["chip"]["fp8_gemm_any_layout"] = any_layout
     return load_system(s)
 
@@ -137,3 +137,55 @@ def test_case_recipe_reaches_the_workload_and_unknown_recipe_is_a_knob():
     lo, hi = row.range_s  # printed without --range: the recipe is an unknown of the run
     cur = evaluate_case(named)
     assert lo <= row.predicted_s <= hi and lo < hi and hi >= cur.predicted_s - 1e-12
+
+
+# FP8 dispatch (DeepSeek-V3 sec. 3.3.3 / 3.5.1): the sender casts one row-wise copy of its tokens;
+# the receiver reads the FP8 rows out and writes the other copy (read + write one copy each)
+def _oracle_dispatched_s(chip, recipe, gathered, shard):
+    plain = ORACLE[recipe][0]
+    if recipe in PER_TENSOR:
+        sender = plain
+        receiver = [] if chip.fp8_gemm_any_layout else [("requant", 1, 1, True)]
+    else:
+        _, r, w, k = plain[-1]
+        copy = w / 2  # one copy with its scales
+        sender = [("cast one copy", r, copy, k)]
+        receiver = [("requant", copy, copy, True)]
+    num_bytes = sum((r + w) * shard for _, r, w, _ in sender) + sum((r + w) * gathered for _, r, w, _ in receiver)
+    kernels = sum(k for *_, k in sender + receiver)
+    return num_bytes / (chip.memory.bandwidth_Bps * chip.efficiency.memory) + kernels * chip.efficiency.kernel_overhead_s
+
+
+@pytest.mark.parametrize("recipe", list(ORACLE))
+@pytest.mark.parametrize("any_layout", [False, True])
+def test_dispatched_operand_matches_deepseek_sequence(recipe, any_layout):
+    chip = _system(any_layout).chip
+    got = fp8_operand_prep_s(chip, 8e6, 1e6, from_norm=False, recipe=recipe, dispatched=True)
+    assert got == pytest.approx(_oracle_dispatched_s(chip, recipe, 8e6, 1e6))
+
+
+def test_fp8_dispatch_casts_each_token_once_not_each_routed_copy():
+    """With top-k 4 the expert GEMMs compute on 4 rows per token; an FP8 dispatch casts the token
+    once at the sender, so the expert inputs' cast elements drop 4x and the layer's preparation
+    moves fewer bytes (blockwise, as DeepSeek-V3 runs it; launches left out: at this toy size the
+    receiver's extra kernel would outweigh the bytes)."""
+    from dfmodel.graph.build import build_graphs
+
+    def model(dispatch_fp8):
+        w = copy.deepcopy(SMALL_LLM)
+        w["model"]["moe"] = {"num_experts": 8, "top_k": 4, "expert_ffn_hidden": 256, "dispatch_fp8": dispatch_fp8}
+        w["training"].update(precision="fp8", fp8={"recipe": "blockwise"})
+        return load_workload(w)
+
+    def cast_elements(w):
+        g = build_graphs(w, batch=1).layer
+        return {k.name: k.extra_memory_bytes / 2 for k in g.kernels if k.name in ("fwd.fc1", "bwd.fc2")}
+
+    plain, fp8 = cast_elements(model(False)), cast_elements(model(True))
+    tokens_h = 512 * 1024
+    assert plain == {"fwd.fc1": 4 * tokens_h, "bwd.fc2": 4 * tokens_h}
+    assert fp8 == {"fwd.fc1": tokens_h, "bwd.fc2": tokens_h}
+    system = _system(overhead="0 us")
+    prep = [sum(_fp8_prep_s(LLMModel(model(d), system).block("layer", 1, 1, (), True), system.chip, "blockwise", d))
+            for d in (False, True)]
+    assert prep[1] < prep[0]

@@ -258,7 +258,13 @@ def _layer_times_s(layer: BlockTimes, m: Mapping, sms: int = nccl.H100_SMS) -> t
 FP8_NORM_INPUT = ("fwd.qkv", "fwd.fc1")
 
 
-def _fp8_prep_s(layer: BlockTimes, chip, recipe: str = "delayed") -> tuple[float, float]:
+#: Expert GEMMs whose FP8 input crosses the all-to-all when ``moe.dispatch_fp8`` (the tokens before
+#: the up-projection, the gradients before the down-projection's data gradient; DeepSeek-V3 sec. 3.3.3)
+FP8_DISPATCHED = ("fwd.fc1", "bwd.fc2")
+
+
+def _fp8_prep_s(layer: BlockTimes, chip, recipe: str = "delayed",
+                dispatch_fp8: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds per micro-batch of Transformer Engine's FP8 operand cast and
     transpose kernels in one layer under FP8 ``recipe``
     (:func:`dfmodel.system.processor.fp8_operand_prep_s`), 0 for a layer without FP8 GEMMs or on
@@ -267,12 +273,14 @@ def _fp8_prep_s(layer: BlockTimes, chip, recipe: str = "delayed") -> tuple[float
     Every forward and data-gradient FP8 GEMM's A operand (the activation, or the incoming
     gradient: ``m x k`` as the rank's GEMM reads it) is prepared for the weight-gradient GEMM
     (transposed, or a second copy quantised) and quantised on the rank's shard, from a layer
-    norm's output (:data:`FP8_NORM_INPUT`) or from a 16-bit tensor (the elements the builder charges its cast
-    bytes for, ``extra_memory_bytes / FP8_CAST_EXTRA_BYTES``). These kernels ran inside the GEMM's
+    norm's output (:data:`FP8_NORM_INPUT`), from a 16-bit tensor, or (``dispatch_fp8``, the expert
+    GEMMs of :data:`FP8_DISPATCHED`) by the sender before the all-to-all; the shard is the
+    elements the builder charges its cast bytes for, ``extra_memory_bytes / FP8_CAST_EXTRA_BYTES``
+    (the sender's tokens for a dispatched operand). These kernels ran inside the GEMM's
     roofline before (hidden under its arithmetic); TE runs them on their own, before the GEMM.
     """
     cached = layer.__dict__.get("_fp8_prep_s")
-    if cached is not None and cached[0] == recipe:
+    if cached is not None and cached[0] == (recipe, dispatch_fp8):
         return cached[1]
     fwd = bwd = 0.0
     if chip.execution == "kernel_by_kernel":
@@ -282,13 +290,14 @@ def _fp8_prep_s(layer: BlockTimes, chip, recipe: str = "delayed") -> tuple[float
             d = k.dims
             gathered = d.get("b", 1) * d.get("m", 0) * d.get("k", 0)
             shard = k.extra_memory_bytes / FP8_CAST_EXTRA_BYTES
-            from_norm = k.name.split("/")[-1] in FP8_NORM_INPUT and not k.expert
-            t = fp8_operand_prep_s(chip, gathered, shard, from_norm=from_norm, recipe=recipe)
+            name = k.name.split("/")[-1]
+            t = fp8_operand_prep_s(chip, gathered, shard, from_norm=name in FP8_NORM_INPUT and not k.expert,
+                                   recipe=recipe, dispatched=dispatch_fp8 and k.expert and name in FP8_DISPATCHED)
             if k.phase == Phase.forward:
                 fwd += t
             else:
                 bwd += t
-    layer.__dict__["_fp8_prep_s"] = (recipe, (fwd, bwd))
+    layer.__dict__["_fp8_prep_s"] = ((recipe, dispatch_fp8), (fwd, bwd))
     return fwd, bwd
 
 
@@ -1156,7 +1165,7 @@ class LLMModel:
         """(forward, backward) time of one layer and micro-batch with its exposed communication
         ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles)
-        c_f, c_b = _fp8_prep_s(layer, self.system.chip, self.training.fp8.recipe)  # TE's FP8 cast/transpose kernels (serial)
+        c_f, c_b = _fp8_prep_s(layer, self.system.chip, *self._fp8_kind)  # TE's FP8 cast/transpose kernels (serial)
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts
         redo_f += self._mla_up_redo_s(m)
         f = t_f + c_f + sum(f for f, _ in extra.values())
@@ -1164,6 +1173,12 @@ class LLMModel:
         # an eager framework's host queues the layer no faster than _host_floor_s: the GPU's wait
         # shows in the backward (the CPU runs ahead once the forward's kernels are queued)
         return f, max(b, self._host_floor_s(layer) - f)
+
+    @property
+    def _fp8_kind(self) -> tuple[str, bool]:
+        """(FP8 recipe, whether MoE tokens are dispatched in FP8): what :func:`_fp8_prep_s` reads."""
+        moe = getattr(self.model, "moe", None)
+        return self.training.fp8.recipe, bool(moe is not None and moe.dispatch_fp8)
 
     def _host_floor_s(self, layer: BlockTimes) -> float:
         """:func:`_host_floor_s` of this run (0 when its layers run as CUDA graphs)."""
@@ -1190,7 +1205,7 @@ class LLMModel:
             parts = {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
         else:
             parts = layer.parts(m.recompute)
-        c_f, c_b = _fp8_prep_s(layer, self.system.chip, self.training.fp8.recipe)  # memory-bound kernels of their own
+        c_f, c_b = _fp8_prep_s(layer, self.system.chip, *self._fp8_kind)  # memory-bound kernels of their own
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
         parts["compute"] += self._mla_up_redo_s(m)
         # the GPU waiting on the host (_layer_phases_s's floor; the layer's exposed communication

@@ -143,7 +143,7 @@ FP8_CAST_BYTES = RECIPES["delayed"].cast_bytes
 
 
 def fp8_operand_prep_s(chip: Chip, gathered_elements: float, shard_elements: float, *, from_norm: bool,
-                       recipe: str = "delayed") -> float:
+                       recipe: str = "delayed", dispatched: bool = False) -> float:
     """Time of Transformer Engine's cast / transpose kernels for one FP8 GEMM operand of
     ``gathered_elements`` (as the GEMM reads it) whose rank holds ``shard_elements`` before any
     all-gather, under FP8 ``recipe`` (:data:`dfmodel.graph.fp8.RECIPES`): the recipe's cast bytes
@@ -164,14 +164,37 @@ def fp8_operand_prep_s(chip: Chip, gathered_elements: float, shard_elements: flo
     (0.0, 0.00075)
     >>> fp8_operand_prep_s(blackwell, 1e9, 0.25e9, from_norm=False, recipe="current")  # + the amax pass
     0.00125
+
+    ``dispatched``: the operand crossed an FP8 all-to-all (an MoE expert GEMM's input with
+    ``moe.dispatch_fp8``): the sender cast one row-wise copy of its ``shard_elements`` tokens, and
+    the receiver makes the other copy of the ``gathered_elements`` rows it computes on by reading
+    the FP8 rows out, transposing and re-quantising them (DeepSeek-V3, arXiv:2412.19437 sec. 3.5.1:
+    "read out, dequantized, transposed, re-quantized into 128x1 tiles, and stored in HBM"): read
+    and write one copy per element, the transpose of the per-tensor recipes.
+
+    >>> fp8_operand_prep_s(blackwell, 1e9, 0.25e9, from_norm=False, recipe="blockwise", dispatched=True)
+    0.0028203125
     """
     cost = recipe_cost(recipe)
+    if dispatched:
+        return _dispatched_prep_s(chip, cost, gathered_elements, shard_elements)
     transpose = FP8_TRANSPOSE_BYTES * gathered_elements if cost.transposes and not chip.fp8_gemm_any_layout else 0.0
     num_bytes = transpose + (cost.norm_bytes if from_norm else cost.cast_bytes) * shard_elements
     # TE fuses the transpose into the cast when there is one (``fp8_cast_transpose_fused``)
     kernels = (cost.norm_kernels if from_norm else cost.cast_kernels) or int(transpose > 0)
     if num_bytes == 0:
         return 0.0
+    return memory_time_s(chip, num_bytes) + kernels * chip.efficiency.kernel_overhead_s
+
+
+def _dispatched_prep_s(chip: Chip, cost, gathered_elements: float, shard_elements: float) -> float:
+    """:func:`fp8_operand_prep_s` of an operand the sender quantised before an FP8 dispatch:
+    the sender's cast without the second copy, plus the receiver's re-quantised second copy
+    (none for a per-tensor recipe on a chip whose FP8 GEMMs take any layout)."""
+    one_copy = cost.cast_bytes - (0.0 if cost.transposes else cost.copy_bytes)
+    second = 0.0 if cost.transposes and chip.fp8_gemm_any_layout else 2 * cost.copy_bytes * gathered_elements
+    num_bytes = one_copy * shard_elements + second
+    kernels = cost.cast_kernels + int(second > 0)
     return memory_time_s(chip, num_bytes) + kernels * chip.efficiency.kernel_overhead_s
 
 

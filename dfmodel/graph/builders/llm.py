@@ -175,6 +175,10 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     # routed rows on this rank (T for a dense MLP): the FLOP and bytes; they do not depend on
     # ep (every rank computes as many rows as its tokens send), only the padding dims R do
     TR = math.ceil(routed_rows(T, moe) - 1e-9) if moe is not None else T
+    # rows of the expert GEMMs' FP8 inputs (tokens before fc1, gradients before fc2's dgrad) this
+    # rank casts: with an FP8 dispatch the sender quantises each token once before the all-to-all
+    # (DeepSeek-V3 sec. 3.3.3), not each of its top-k routed copies
+    TQ = T if moe is not None and moe.dispatch_fp8 else TR
     f_in = 2 * f if m.ffn_type == "swiglu" else f  # swiglu: gate and up projections fused
     act, act_bwd = m.ffn_type, f"{m.ffn_type}_bwd"
     qkv_p, out_p = (mla_up_params(mla, a) if mla else linear_params(h, nqkv)), linear_params(a * dv, h)
@@ -235,7 +239,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     if routed:
         _moe_forward(g, w, T, TR, pr)
     g.kernel("fwd.fc1", MM, mm(R, f_in, h), flop=matmul_flop(1, TR, f_in, h),
-             output_bytes=TR * f_in * p, group="mlp", **weights(fc1_p), **cast(TR * h), **xk)
+             output_bytes=TR * f_in * p, group="mlp", **weights(fc1_p), **cast(TQ * h), **xk)
     g.kernel("fwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act, TR * f) + vector_flop("bias", TR * f_in),
              output_bytes=TR * f * p, group="mlp", **vec)
     g.kernel("fwd.fc2", MM, mm(R, h, f), flop=matmul_flop(1, TR, h, f), output_bytes=TR * h * p,
@@ -255,7 +259,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     if routed:
         _moe_combine_backward(g, w, T, TR, pr)
     g.kernel("bwd.fc2", MM, mm(R, f, h), flop=matmul_flop(1, TR, f, h), output_bytes=TR * f * p,
-             phase=BWD, group="mlp", weight_bytes=fc2_p * pw, **lin, **cast(TR * h), **xk)
+             phase=BWD, group="mlp", weight_bytes=fc2_p * pw, **lin, **cast(TQ * h), **xk)
     g.kernel("wgrad.fc2", MM, {"b": nE, "m": f, "n": h, "k": R} if nE > 1 else {"m": f, "n": h, "k": R},
              flop=matmul_flop(1, f, h, TR), output_bytes=fc2_p * gb, phase=WG, group="mlp", **wgrad(fc2_p), **xk)
     g.kernel("bwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act_bwd, TR * f) + vector_flop("bias_grad", TR * f_in),
