@@ -269,7 +269,7 @@ def workload_of(case: Case) -> dict[str, Any]:
     model.setdefault("tie_embeddings", gpt)
     if case.model.ffn_type != "gelu":
         model.setdefault("position_embedding", "rotary")
-    precision = "bf16" if "bf16" in case.training.precision or "fp16" in case.training.precision else case.training.precision
+    precision, _ = case_precision(case)
     training = {"global_batch": case.training.global_batch, "precision": precision}
     training.update(framework_defaults(case))
     if case.training.grad_reduce is not None:
@@ -279,35 +279,77 @@ def workload_of(case: Case) -> dict[str, Any]:
     if case.training.cuda_graphs is not None:
         training["cuda_graphs"] = case.training.cuda_graphs
     if precision == "fp8":
-        fp8 = {"fp8_weights": case.training.fp8_weights, "recipe": case.training.fp8_recipe}
+        fp8 = {"fp8_weights": case.training.fp8_weights, "recipe": fp8_recipe_of(case)}
         training["fp8"] = {k: v for k, v in fp8.items() if v is not None}
     return {"kind": "llm", "name": case.id, "model": model, "training": training}
 
 
-#: Sources of runs made with NVIDIA NeMo recipes: NeMo itself, NVIDIA's dgxc-benchmarking (its
-#: 'Expected Performance' tables run NeMo recipes) and MLPerf Training (the GPU LLM submissions,
-#: NVIDIA's and its partners', run NVIDIA's NeMo / Megatron-Core implementation).
-_NEMO_SOURCE = re.compile(r"nemo|dgxc-benchmarking|mlperf", re.IGNORECASE)
+#: How published tables spell an FP8 recipe inside the precision ("FP8-CS", "fp8_ds", "MXFP8":
+#: the Megatron Bridge performance summary's and NeMo performance scripts' compute_dtype names).
+_RECIPE_SPELLINGS = (("mxfp8", re.compile(r"mxfp8|fp8[-_ ]?mx")),
+                     ("current", re.compile(r"fp8[-_ ]?cs\b|current|tensorwise")),
+                     ("delayed", re.compile(r"fp8[-_ ]?ds\b|delayed")),
+                     ("blockwise", re.compile(r"block|fp8[-_ ]?sc\b|subchannel")))
+
+
+def case_precision(case: Case) -> tuple[str, str | None]:
+    """(workload precision, FP8 recipe the text names or None) of a case's ``training.precision``.
+
+    Mixed 16-bit ("bf16/fp16 mixed") is modelled as bf16; any FP8 spelling is ``fp8``; other
+    text is passed on for the workload schema to accept or reject.
+
+    >>> [case_precision(Case.model_construct(training=CaseTraining.model_construct(precision=p)))
+    ...  for p in ("FP8-CS", "bf16/fp16 mixed", "MXFP8", "fp8")]
+    [('fp8', 'current'), ('bf16', None), ('fp8', 'mxfp8'), ('fp8', None)]
+    """
+    text = case.training.precision.lower()
+    if "fp8" in text:
+        return "fp8", next((name for name, spelled in _RECIPE_SPELLINGS if spelled.search(text)), None)
+    if "bf16" in text or "fp16" in text:
+        return "bf16", None
+    return case.training.precision, None
+
+
+#: Sources of runs made with NVIDIA's NeMo recipes: NeMo itself, NVIDIA's dgxc-benchmarking (its
+#: 'Expected Performance' tables run NeMo recipes), MLPerf Training (the GPU LLM submissions,
+#: NVIDIA's and its partners', run NVIDIA's NeMo / Megatron-Core implementation), and Megatron
+#: Bridge, NeMo's successor (its performance summary runs its perf_recipes).
+_NEMO_SOURCE = re.compile(r"nemo|dgxc-benchmarking|mlperf|megatron[- ]bridge", re.IGNORECASE)
+_BRIDGE_SOURCE = re.compile(r"megatron[- ]bridge", re.IGNORECASE)
 
 
 def framework_of(case: Case) -> str:
-    """``nemo`` when the case's source or notes name a NeMo-recipe run, else ``megatron_lm``
-    (Megatron-LM's own training script: the A100 papers)."""
-    return "nemo" if _NEMO_SOURCE.search(f"{case.source} {case.notes}") else "megatron_lm"
+    """``megatron_bridge`` or ``nemo`` when the case's source or notes name such a run, else
+    ``megatron_lm`` (Megatron-LM's own training script: the A100 papers)."""
+    text = f"{case.source} {case.notes}"
+    if _BRIDGE_SOURCE.search(text):
+        return "megatron_bridge"
+    return "nemo" if _NEMO_SOURCE.search(text) else "megatron_lm"
 
 
 def framework_defaults(case: Case) -> dict[str, Any]:
     """Training fields the case's framework sets where the case is silent (a field the case
-    gives wins). NeMo's performance recipes reduce gradients in bf16 (``grad_reduce_in_fp32 =
-    False`` in every ``pretrain_performance_optimizations`` of nemo/collections/llm/recipes, e.g.
-    llama3_70b.py, llama31_405b.py, nemotron4_340b.py, gpt3_175b.py, and for every run of
-    scripts/performance/helpers.py ``set_precision_configs``; NeMo 1.x's distributed_fused_adam
-    ``grad_sync_dtype: bf16`` in the dgxc-benchmarking configs). Megatron-LM's default, fp32
-    main gradients for bf16 (megatron/training/arguments.py without ``--grad-reduce-in-bf16``),
-    is the workload's own default. 16-bit runs only: an fp32 run reduces in fp32."""
-    if framework_of(case) == "nemo" and any(p in case.training.precision for p in ("bf16", "fp8")):
+    gives wins). NVIDIA's performance recipes reduce gradients in bf16: NeMo's
+    (``grad_reduce_in_fp32 = False`` in every ``pretrain_performance_optimizations`` of
+    nemo/collections/llm/recipes, e.g. llama3_70b.py, llama31_405b.py, nemotron4_340b.py,
+    gpt3_175b.py, and for every run of scripts/performance/helpers.py ``set_precision_configs``;
+    NeMo 1.x's distributed_fused_adam ``grad_sync_dtype: bf16`` in the dgxc-benchmarking configs)
+    and Megatron Bridge's (perf_recipes/_common.py: "benchmark-mode default" ``grad_reduce_in_fp32
+    = False``; its ordinary recipes keep fp32). Megatron-LM's default, fp32 main gradients for
+    bf16 (megatron/training/arguments.py without ``--grad-reduce-in-bf16``), is the workload's
+    own default. 16-bit runs only: an fp32 run reduces in fp32."""
+    if framework_of(case) != "megatron_lm" and case_precision(case)[0] in ("bf16", "fp8"):
         return {"grad_reduce": "bf16"}
     return {}
+
+
+def fp8_recipe_of(case: Case) -> str | None:
+    """The FP8 recipe of an FP8 case: its ``fp8_recipe``, else the one its precision text names,
+    else its framework's default (:func:`unknown_workload_knobs`); None for other precisions."""
+    precision, named = case_precision(case)
+    if precision != "fp8":
+        return None
+    return case.training.fp8_recipe or named or unknown_workload_knobs(case)["fp8_recipe"]
 
 
 def framework_defaults_used(case: Case) -> dict[str, str]:
@@ -332,8 +374,13 @@ UNKNOWN_FP8_RECIPES = ("delayed", "current", "blockwise", "mxfp8")
 def unknown_workload_knobs(case: Case) -> dict[str, Any]:
     """Workload fields the case leaves out that change the prediction, with the value the
     workload defaults to (shown as picked): the FP8 recipe of an FP8 run (TE's ``delayed``)."""
-    if case.training.precision == "fp8" and case.training.fp8_recipe is None:
-        return {"fp8_recipe": "delayed"}
+    precision, named = case_precision(case)
+    if precision == "fp8" and case.training.fp8_recipe is None and named is None:
+        # Megatron Bridge's H100/B200 performance recipes run FP8 with current scaling
+        # (perf_recipes/llama/h100/llama3.py ``_perf_precision("fp8_cs")``); NeMo's use delayed
+        # scaling (bf16_with_fp8_mixed ``fp8_recipe = "delayed"``; helpers.py: "ds" by default),
+        # as TE does by default
+        return {"fp8_recipe": "current" if framework_of(case) == "megatron_bridge" else "delayed"}
     return {}
 
 

@@ -121,3 +121,24 @@ def test_a_nemo_run_reduces_gradients_in_bf16_unless_the_case_says_otherwise(tmp
     if expected == "bf16":
         fp32 = evaluate_case(load_cases(write(tmp_path, [{**case, "training": {**case["training"], "grad_reduce": "fp32"}}]))[0])
         assert row.predicted_s < fp32.predicted_s  # half the bytes in the DP gradient sync
+
+
+@pytest.mark.parametrize("source,precision,recipe,grad", [
+    ("NVIDIA Megatron Bridge Performance Summary (H100)", "FP8-CS", "current", "bf16"),
+    ("NVIDIA Megatron Bridge Performance Summary (H100)", "fp8", "current", "bf16"),  # the Bridge default
+    ("NVIDIA/dgxc-benchmarking (NeMo 24.09)", "fp8", "delayed", "bf16"),  # NeMo's default
+    ("NVIDIA/dgxc-benchmarking (NeMo 24.09)", "FP8-DS", "delayed", "bf16"),
+    ("Megatron-LM README, H100 weak scaling", "fp8", "delayed", None),  # Megatron-LM: fp32 main grads
+    ("Megatron Bridge performance summary", "BF16", None, "bf16"),
+])
+def test_published_precision_spellings_and_framework_defaults(tmp_path, source, precision, recipe, grad):
+    """Published tables write the FP8 recipe into the precision ("FP8-CS", "FP8-DS"); a case
+    says what it ran, and where it is silent its framework's performance recipes decide
+    (Megatron Bridge: FP8 current scaling, bf16 gradient reduction; NeMo: delayed scaling)."""
+    from dfmodel.validate import workload_of
+
+    case = {**SMALL_CASE, "source": source, "training": {**SMALL_CASE["training"], "precision": precision}}
+    t = workload_of(load_cases(write(tmp_path, [case]))[0])["training"]
+    assert t["precision"] == ("fp8" if "fp8" in precision.lower() else "bf16")
+    assert t.get("fp8", {}).get("recipe") == recipe
+    assert t.get("grad_reduce") == grad
