@@ -25,6 +25,7 @@ from dfmodel.inter_chip.config import (
 from dfmodel.algorithms import interleaved_split_accounts
 from dfmodel.inter_chip import offload
 from dfmodel.inter_chip.offload import OFFLOAD_OPTIONS
+from dfmodel.inter_chip import host_floor
 from dfmodel.inter_chip import experts as moe_terms
 from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.netmodels import inner_group, merge_groups, split_dims
@@ -289,6 +290,9 @@ class LLMSpace:
         self.upfront = offload.host_step_can_win(self.system)
         self.relief_on = self.system.host is not None and not self.upfront
         self._bounds_off = False  # leanest(): groups built to pick a mapping, not to be searched
+        #: (least host floor, host share per chip) of the offloaded twins dropped because their
+        #: state cannot fit the host (None: none dropped): what an infeasibility message adds
+        self.host_short: tuple[float, float] | None = None
 
     def __iter__(self):
         """Every mapping of the space (what ``search(..., exhaustive=True)`` enumerates), relief
@@ -364,10 +368,21 @@ class LLMSpace:
             for twin in offload.variants(probe, self.knobs, self.system):
                 t = {**o, **{n: getattr(twin, n) for n in OFFLOAD_OPTIONS}}
                 k = tuple(sorted(t.items()))
-                if k not in seen:
+                if k not in seen and self._host_may_fit(twin):
                     seen.add(k)
                     out.append(t)
         return out
+
+    def _host_may_fit(self, twin: Mapping) -> bool:
+        """Whether ``twin``'s offloaded state may fit its host share (:mod:`host_floor`); the
+        least host floor of the twins dropped is kept for the no-mapping message."""
+        need = host_floor.host_floor_bytes(self.model, twin)
+        share = host_floor.host_share_bytes(self.system)
+        if share is None or need <= share:
+            return True
+        if self.host_short is None or need < self.host_short[0]:
+            self.host_short = (need, share)
+        return False
 
     def _relief(self, build, deg, opts, *args):
         """``build`` (a node builder taking ``opts`` and ``relief``) on the offloaded twins, or

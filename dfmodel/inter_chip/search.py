@@ -388,7 +388,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             raise InfeasibleError(
                 f"no mapping fits in memory: even the leanest needs at least {smallest_floor / 2**30:.1f} GiB "
                 f"per chip but a chip has {capacity / 2**30:.1f} GiB, short by "
-                f"{(smallest_floor - capacity) / 2**30:.1f} GiB"
+                f"{(smallest_floor - capacity) / 2**30:.1f} GiB{_host_note(candidates)}"
             )
     if best is None:
         if not hasattr(worst_memory, "breakdown_s"):  # a screened memory floor: report exact figures
@@ -413,6 +413,17 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
     stats.why_not = ledger.why_not(best.mapping, best.iteration_time_s)
     reporter.final(stats, best.iteration_time_s)
     return best, stats
+
+
+def _host_note(space) -> str:
+    """What an infeasibility message adds when offloaded twins were dropped because their state
+    cannot fit the host (``space.host_short``: least host floor, share per chip), else ''."""
+    short = getattr(space, "host_short", None)
+    if short is None:
+        return ""
+    need, share = short
+    return (f"; offloaded to host memory, the model state needs at least {need / 2**30:.1f} GiB of host "
+            f"memory per chip, its share of the host is {share / 2**30:.1f} GiB")
 
 
 def no_incumbent_error(counts: str, leanest: tuple[float, str] | None) -> TimeLimitError:
