@@ -103,4 +103,4 @@ def test_gpt3_1t_on_64_h100_is_proven_infeasible_for_the_host():
     with pytest.raises(InfeasibleError) as exc:
         optimize("gpt3_1t", "dgx_h100", num_chips=64, time_limit_s=10, workers=1)
     msg = str(exc.value)
-    assert "at least 234.7 GiB of host memory per chip" in msg and "216.8 GiB" in msg
+    assert "needs at least 234.7 GiB of host memory per chip" in msg and "216.8 GiB" in msg

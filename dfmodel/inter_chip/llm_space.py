@@ -380,8 +380,7 @@ class LLMSpace:
         share = host_floor.host_share_bytes(self.system)
         if share is None or need <= share:
             return True
-        if self.host_short is None or need < self.host_short[0]:
-            self.host_short = (need, share)
+        self._note_host_short(need, share)
         return False
 
     def _relief(self, build, deg, opts, *args):
@@ -601,6 +600,8 @@ class LLMSpace:
                  ("ep", deg["ep"]))
         return SpaceNode(bound, floor, count, fixed, partial(self._mappings, deg, mb, m, v, rc, pairs),
                          leaf=True, screen=partial(self._screen, deg, mb, m, v, rc, key, bool(spar)),
+                         host_screen=partial(self._host_screen, deg, mb, m, v, rc, key, bool(spar))
+                         if any(key[2:5]) and not self._bounds_off else None,
                          relief=partial(self._relief_leaf, deg, mb, m, v, rc, spar, places_by, mine)
                          if relief else None)
 
@@ -667,6 +668,20 @@ class LLMSpace:
     def _screen(self, deg, mb, m, v, rc, key, sp) -> float:
         """``memory_before_blocks`` of the group's mappings (it reads no other option)."""
         return self.model.memory_before_blocks(self._probe(deg, mb, m, v, rc, key, sp)).total_bytes
+
+    def _host_screen(self, deg, mb, m, v, rc, key, sp) -> bool:
+        """False when ``memory_before_blocks``' host bytes (a floor of every mapping of the
+        group, test_host_floor.py) exceed the chip's host share: what activation offload moves
+        at 128K context can be the host's limit where the model state is not."""
+        b = self.model.memory_before_blocks(self._probe(deg, mb, m, v, rc, key, sp))
+        if b.host_fits:
+            return True
+        self._note_host_short(b.host_bytes, b.host_capacity_bytes)
+        return False
+
+    def _note_host_short(self, need: float, share: float) -> None:
+        if self.host_short is None or need < self.host_short[0]:
+            self.host_short = (need, share)
 
     @staticmethod
     def _mappings(deg, mb, m, v, rc, pairs) -> list[Mapping]:

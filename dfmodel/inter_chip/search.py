@@ -307,6 +307,10 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
                 if need > capacity:
                     prune_group(m, bound, need)
                     continue
+            if getattr(m, "host_screen", None) is not None and not m.host_screen():
+                stats.pruned_memory += m.count  # its host cannot hold what it offloads
+                ledger.ruled_out(m, bound, "memory", None, m.count)
+                continue
             children = m.expand()
             if m.leaf:  # mappings with exactly this bound and floor
                 for child in children:
@@ -390,6 +394,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
                 f"per chip but a chip has {capacity / 2**30:.1f} GiB, short by "
                 f"{(smallest_floor - capacity) / 2**30:.1f} GiB{_host_note(candidates)}"
             )
+        if _host_note(candidates):
+            raise InfeasibleError(f"no mapping fits in memory{_host_note(candidates)}")
     if best is None:
         if not hasattr(worst_memory, "breakdown_s"):  # a screened memory floor: report exact figures
             worst_memory = model.evaluate(worst_memory.mapping)
@@ -422,8 +428,8 @@ def _host_note(space) -> str:
     if short is None:
         return ""
     need, share = short
-    return (f"; offloaded to host memory, the model state needs at least {need / 2**30:.1f} GiB of host "
-            f"memory per chip, its share of the host is {share / 2**30:.1f} GiB")
+    return (f"; offloaded to host memory, what a mapping moves there needs at least {need / 2**30:.1f} GiB of "
+            f"host memory per chip, its share of the host is {share / 2**30:.1f} GiB")
 
 
 def no_incumbent_error(counts: str, leanest: tuple[float, str] | None) -> TimeLimitError:

@@ -42,6 +42,10 @@ class SpaceNode:
     #: first reaches the top of the queue below the cutoff, and re-queues the group under it when
     #: it is larger (lazy bound tightening: groups the cutoff prunes never pay for it)
     refine: Callable[[], float] | None = None
+    #: optional: False when a floor proves that the host DRAM cannot hold the group's offloaded
+    #: state (:mod:`dfmodel.inter_chip.host_floor`); asked with ``screen``, the group is then
+    #: pruned for memory (no relief: its state is offloaded already)
+    host_screen: Callable[[], bool] | None = None
 
 
 __all__ = ["SpaceNode"]
