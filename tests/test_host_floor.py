@@ -104,3 +104,67 @@ def test_gpt3_1t_on_64_h100_is_proven_infeasible_for_the_host():
         optimize("gpt3_1t", "dgx_h100", num_chips=64, time_limit_s=10, workers=1)
     msg = str(exc.value)
     assert "needs at least 234.7 GiB of host memory per chip" in msg and "216.8 GiB" in msg
+
+
+# -- the leaf screen: host bytes of activation offload --------------------------------------------
+
+
+#: activations dominate the state (16K tokens, hidden 512): activation offload is what fits
+LONG = {**SMALL_LLM, "name": "long", "model": {**SMALL_LLM["model"], "hidden": 512, "num_heads": 8, "seq_len": 16384},
+        "training": {**SMALL_LLM["training"], "global_batch": 8}}
+CHIP = small_system(2, 2, capacity="0.3 GiB")  # nothing fits without the optimizer on the host
+
+
+@pytest.mark.parametrize("name,per_node,nodes", [("small", 4, 2), ("long", 2, 2)])
+def test_leaf_host_screen_is_below_every_evaluated_host_bytes(name, per_node, nodes):
+    """``memory_before_blocks``' host bytes (what the leaf groups' host screen reads) against
+    every offloaded mapping's evaluation, pp > 1 and activation offload included."""
+    w = load_workload(SMALL_LLM if name == "small" else LONG)
+    s = load_system(with_host(small_system(per_node, nodes), capacity_bytes="64 GB"))
+    model = LLMModel(w, s)
+    seen = 0
+    for v in offloaded(model, ("none", "host")):
+        if not off.uses_offload(v):
+            continue
+        host = model.evaluate(v).memory.host_bytes
+        assert LLMModel(w, s).memory_before_blocks(v).host_bytes <= host * (1 + 1e-12), v
+        seen += 1
+    assert seen >= 200
+
+
+@pytest.fixture(scope="module")
+def long_oracle():
+    """(time, chip bytes, host bytes) of every mapping of LONG on CHIP, offloaded or not; the
+    host's size changes none of them, only whether they fit."""
+    w = load_workload(LONG)
+    model = LLMModel(w, load_system(with_host(CHIP, capacity_bytes="64 GB")))
+    out = []
+    for m in list(llm_candidates(model, Knobs())) + list(offloaded(model, ("none", "host"))):
+        try:
+            e = model.evaluate(m)
+        except InfeasibleError:  # an inner pass cannot fit the chip's DRAM: no time
+            continue
+        out.append((e.iteration_time_s, e.memory.total_bytes,
+                    e.memory.host_bytes if e.memory.host_capacity_bytes else 0.0))
+    return out
+
+
+@pytest.mark.parametrize("quantile", [0.0, 0.1, 0.5])
+def test_search_with_an_activation_bound_host_equals_exhaustive(long_oracle, quantile, monkeypatch):
+    """A host sized at quantiles of what the chip-fitting offloaded mappings move: leaf groups
+    are pruned by their host screen (counted), and the search finds the oracle's best."""
+    from dfmodel.inter_chip import llm_space
+
+    capacity = 0.3 * 2**30
+    moved = sorted(h for _, chip, h in long_oracle if chip <= capacity and h > 0)
+    share = moved[int(quantile * (len(moved) - 1))] * (1 + 1e-9)
+    best = min(t for t, chip, h in long_oracle if chip <= capacity and h <= share)
+    s = load_system(with_host(CHIP, capacity_bytes=f"{share * 4:.0f} B"))
+    screened = []
+    real = llm_space.LLMSpace._host_screen
+    monkeypatch.setattr(llm_space.LLMSpace, "_host_screen", lambda self, *a: screened.append(real(self, *a))
+                        or screened[-1])
+    r = solve_llm(load_workload(LONG), s, Knobs())
+    assert r.iteration_time_s == pytest.approx(best, rel=1e-12)
+    assert r.solver.status == "optimal"
+    assert False in screened  # some leaf group was pruned by its host floor
