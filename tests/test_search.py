@@ -79,9 +79,16 @@ def test_cli_time_limit_caps_the_command():
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_cut_search_with_nothing_fitting_says_what_the_leanest_needs(workers):
-    """GPT-3 1T on 64 H100s: no mapping evaluated in 3 s fits (the leanest offloaded ones
-    overflow the host), so the time-limit error names the leanest one's memory, not only time."""
+def test_a_cut_search_with_nothing_fitting_says_what_the_leanest_needs(workers, monkeypatch):
+    """GPT-3 1T on 64 H100s, with the host-memory floors switched off (with them the search
+    proves at once that nothing fits: test_host_floor.py): every offloaded mapping is
+    evaluated and overflows the host, so a search cut at 3 s names the leanest one's memory in
+    its time-limit error, not only time."""
+    from dfmodel.inter_chip import host_floor
+    from dfmodel.inter_chip.llm_space import LLMSpace
+
+    monkeypatch.setattr(host_floor, "host_floor_bytes", lambda model, m: 0.0)
+    monkeypatch.setattr(LLMSpace, "_host_screen", lambda self, *args: True)
     with pytest.raises(TimeLimitError, match="none fitting yet") as exc:
         optimize("gpt3_1t", "dgx_h100", num_chips=64, time_limit_s=3.0, workers=workers)
     assert "the leanest mapping evaluated needs" in str(exc.value) and "GiB" in str(exc.value)
