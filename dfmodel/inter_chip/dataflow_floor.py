@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
+from dfmodel.inter_chip.fused_floor import PlanFloor, plan_floor
 from dfmodel.inter_chip.sharding import is_weight_gradient
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S
 from dfmodel.system.processor import achieved_rate_Fps, memory_time_s
@@ -65,6 +66,10 @@ class PhaseFloor:
     act_bytes: float
     fixed_bytes: float
     kernels: int
+    # the cheapest plan of the unsharded phase under a relaxed cost (:mod:`.fused_floor`: chips
+    # with fewer tiles than the phase has kernels), divided by the TP degree ``tp``
+    plan: PlanFloor | None = None
+    tp: int = 1
 
     def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool, network_s: float = 0.0,
                hidden: bool = False) -> float:
@@ -77,9 +82,13 @@ class PhaseFloor:
             return 0.0
         c = k * self.compute_s
         m = (k * self.act_bytes + self.fixed_bytes) * s_per_byte
+        busy = max(c, m) if overlap else c + m
+        if self.plan is not None:  # sum_p max(c_p, m_p) over the best relaxed plan, its partitions
+            busy = max(busy, self.plan.best_s(k, s_per_byte, overlap) / self.tp)
+            overhead_s *= max(1, self.plan.min_partitions)
         if hidden:
-            return max((max(c, m) if overlap else c + m) + overhead_s, network_s)
-        return (max(c, m, network_s) if overlap else c + m + network_s) + overhead_s
+            return max(busy + overhead_s, network_s)
+        return (max(busy, network_s) if overlap else busy + network_s) + overhead_s
 
 
 @dataclass(frozen=True)
@@ -176,7 +185,7 @@ def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int,
             fixed += b
         else:
             act += b
-    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count)
+    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count, plan_floor(graph, system, names, stash_free), tp)
 
 
 def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core) -> DataflowBlockFloor:
