@@ -128,16 +128,23 @@ class DataflowBlockFloor:
         extra = {"none": 0.0, "selective": self.phase_s(self.core, k), "full": f}[recompute]
         return f + self.phase_s(self.bwd_dram, k, net[1], hidden) + extra
 
-    def max_layers_on_chip(self, k: int, sram_bytes: float, layers: int, stages: int, recompute: str) -> int:
+    def max_layers_on_chip(self, k: int, sram_bytes: float, layers: int, stages: int, recompute: str,
+                           checkpoint_bytes: float = 0.0) -> int:
         """At most this many of ``layers`` (over ``stages`` pipeline stages) keep their stash in
         SRAM (``OnChipStash.layers_on_chip``: ``floor(free / (S in_flight))`` per stage with
-        ``free <= sram`` and ``in_flight >= 1``; full recompute: all or none, none when one
-        stash exceeds the SRAM). ``S`` grows at least ``k``-fold with the micro-batch."""
+        ``free <= sram`` and ``in_flight >= 1``; full recompute: all or none per stage, all only
+        when ``S + n ckpt`` fits, ``n`` the stage's layers and ``ckpt`` their input each, so at
+        most ``stages * floor((SRAM - S) / ckpt)``). ``S`` grows at least ``k``-fold with the
+        micro-batch."""
         stash = k * self.stash_bytes
         if stash <= 0:
             return layers
-        if recompute == "full":
-            return layers if stash <= sram_bytes else 0
+        if recompute == "full":  # a stage of n layers keeps them on chip only if S + n ckpt fits
+            if stash > sram_bytes:
+                return 0
+            if checkpoint_bytes <= 0:
+                return layers
+            return min(layers, stages * int((sram_bytes - stash) // checkpoint_bytes))
         return min(layers, stages * int(sram_bytes // stash))
 
 
@@ -256,7 +263,7 @@ def _pass_floor_on_s(model, m, is_core, group) -> float:
                                            model.__dict__.setdefault("_collective_memo", {}))
                 hidden = ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
-            on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc)
+            on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc, model._checkpoint_bytes(m))
             total += min(on * fl.kernels_s(m.micro_batch, rc, net, hidden)
                          + (count - on) * fl.dram_kernels_s(m.micro_batch, rc, net, hidden) for net in nets)
         else:
