@@ -41,6 +41,7 @@ phase of the shipped layers on the dragonfly chip.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,10 +115,30 @@ def phase_graph(graph: DataflowGraph, names: set[str], stash_free: bool) -> Data
 def plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
                max_pairs: int = MAX_FLOOR_PAIRS) -> PlanFloor | None:
     """:class:`PlanFloor` of the phase ``names`` of ``graph`` (one micro-batch, unsharded), or
-    None when its kernels fit one partition (nothing to gain) or its ideals are too many."""
+    None when its kernels fit one partition (nothing to gain) or its ideals are too many.
+    Memoised per (graph, phase, chip): the search asks again at every TP degree."""
     chip = system.chip
     if chip.execution != "dataflow" or len(names) <= chip.compute_tiles:
         return None
+    key = (id(graph), frozenset(names), stash_free, max_pairs, chip.model_dump_json())
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is graph:  # (the graph is held: its id is not reused meanwhile)
+        _PLANS.move_to_end(key)
+        return hit[1]
+    out = _plan_floor(graph, system, names, stash_free, max_pairs)
+    _PLANS[key] = (graph, out)
+    while len(_PLANS) > _PLANS_KEPT:
+        _PLANS.popitem(last=False)
+    return out
+
+
+#: recent plan floors, oldest first: key -> (graph, PlanFloor or None)
+_PLANS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_PLANS_KEPT = 256
+
+
+def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
+                max_pairs: int) -> PlanFloor | None:
     sub = phase_graph(graph, names, stash_free)
     cm = CostModel(sub, system)
     try:
