@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
+from dfmodel.inter_chip.fused_floor import PlanFloor, plan_floor
 from dfmodel.inter_chip.sharding import is_weight_gradient
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S
 from dfmodel.system.processor import achieved_rate_Fps, memory_time_s
@@ -65,6 +66,10 @@ class PhaseFloor:
     act_bytes: float
     fixed_bytes: float
     kernels: int
+    # the cheapest plan of the unsharded phase under a relaxed cost (:mod:`.fused_floor`: chips
+    # with fewer tiles than the phase has kernels), divided by the TP degree ``tp``
+    plan: PlanFloor | None = None
+    tp: int = 1
 
     def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool, network_s: float = 0.0,
                hidden: bool = False) -> float:
@@ -77,9 +82,13 @@ class PhaseFloor:
             return 0.0
         c = k * self.compute_s
         m = (k * self.act_bytes + self.fixed_bytes) * s_per_byte
+        busy = max(c, m) if overlap else c + m
+        if self.plan is not None:  # sum_p max(c_p, m_p) over the best relaxed plan, its partitions
+            busy = max(busy, self.plan.best_s(k, s_per_byte, overlap) / self.tp)
+            overhead_s *= max(1, self.plan.min_partitions)
         if hidden:
-            return max((max(c, m) if overlap else c + m) + overhead_s, network_s)
-        return (max(c, m, network_s) if overlap else c + m + network_s) + overhead_s
+            return max(busy + overhead_s, network_s)
+        return (max(busy, network_s) if overlap else busy + network_s) + overhead_s
 
 
 @dataclass(frozen=True)
@@ -119,16 +128,23 @@ class DataflowBlockFloor:
         extra = {"none": 0.0, "selective": self.phase_s(self.core, k), "full": f}[recompute]
         return f + self.phase_s(self.bwd_dram, k, net[1], hidden) + extra
 
-    def max_layers_on_chip(self, k: int, sram_bytes: float, layers: int, stages: int, recompute: str) -> int:
+    def max_layers_on_chip(self, k: int, sram_bytes: float, layers: int, stages: int, recompute: str,
+                           checkpoint_bytes: float = 0.0) -> int:
         """At most this many of ``layers`` (over ``stages`` pipeline stages) keep their stash in
         SRAM (``OnChipStash.layers_on_chip``: ``floor(free / (S in_flight))`` per stage with
-        ``free <= sram`` and ``in_flight >= 1``; full recompute: all or none, none when one
-        stash exceeds the SRAM). ``S`` grows at least ``k``-fold with the micro-batch."""
+        ``free <= sram`` and ``in_flight >= 1``; full recompute: all or none per stage, all only
+        when ``S + n ckpt`` fits, ``n`` the stage's layers and ``ckpt`` their input each, so at
+        most ``stages * floor((SRAM - S) / ckpt)``). ``S`` grows at least ``k``-fold with the
+        micro-batch."""
         stash = k * self.stash_bytes
         if stash <= 0:
             return layers
-        if recompute == "full":
-            return layers if stash <= sram_bytes else 0
+        if recompute == "full":  # a stage of n layers keeps them on chip only if S + n ckpt fits
+            if stash > sram_bytes:
+                return 0
+            if checkpoint_bytes <= 0:
+                return layers
+            return min(layers, stages * int((sram_bytes - stash) // checkpoint_bytes))
         return min(layers, stages * int(sram_bytes // stash))
 
 
@@ -176,7 +192,7 @@ def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int,
             fixed += b
         else:
             act += b
-    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count)
+    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count, plan_floor(graph, system, names, stash_free), tp)
 
 
 def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core) -> DataflowBlockFloor:
@@ -247,7 +263,7 @@ def _pass_floor_on_s(model, m, is_core, group) -> float:
                                            model.__dict__.setdefault("_collective_memo", {}))
                 hidden = ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
-            on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc)
+            on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc, model._checkpoint_bytes(m))
             total += min(on * fl.kernels_s(m.micro_batch, rc, net, hidden)
                          + (count - on) * fl.dram_kernels_s(m.micro_batch, rc, net, hidden) for net in nets)
         else:

@@ -1,0 +1,191 @@
+"""A phase's floor on a dataflow chip with few compute tiles: the cheapest partition plan of the
+*unsharded* phase under a relaxed cost (search bounds, issue 12).
+
+:mod:`.dataflow_floor` bounds a phase by its compute and the DRAM traffic no plan avoids
+(weights once, the phase's inputs and outputs). On a chip whose partitions hold few kernels
+(``compute_tiles``: 4 on the Groq-like dragonfly chip, ``intra_chip.cost``: a partition needs
+``|S| <= compute_tiles``) most tensors between kernels must cross DRAM too, and that floor was
+below half of the solved phases (Llama-3 70B on 512 dragonfly chips: bound / evaluation 0.41 at
+the median, 75 % of the evaluated candidates' time in memory).
+
+This floor solves the partition problem itself, exactly, on a relaxation:
+
+- the phase's kernels before sharding, one micro-batch: a sharded chip runs a copy of every
+  kernel (``sharding.shard``) plus communication kernels, so restricting a plan of the sharded
+  phase to the original kernels gives a plan of the unsharded one with no more kernels per
+  partition (communication kernels take tiles too). A tensor ``u -> v`` internal to a sharded
+  partition is internal to the restricted one (the kernels between ``u`` and ``v`` in the
+  sharded graph sit between them in every topological order, so in the same partition);
+  one that crosses in the unsharded plan crosses in the sharded one (directly or on one side
+  of its conversion kernel), at no less than ``1 / tp`` of its bytes
+  (``strategies.local_fraction``); weights (one read per name per partition) likewise;
+- each partition costs ``max(k C, s (k A + F)) / tp`` (``C + s (k A + F)`` without overlap):
+  ``C`` its FLOP at the achieved rate without tile padding, ``A`` the activation bytes it
+  reads and writes (``CostModel._terms``' crossing tensors and ``extra_memory_bytes``), which
+  grow at least ``k``-fold with the micro-batch, ``F`` its weights and weight gradients,
+  which do not (as :class:`.dataflow_floor.PhaseFloor`); SRAM, tile fractions, streaming
+  re-reads and DRAM capacity are dropped (they only add time or remove plans);
+- plus at least ``ceil(n / compute_tiles)`` partitions' fixed overheads (kernel overhead and
+  one tile's start-up), and the phase's TP collectives ``N`` as :class:`PhaseFloor` takes
+  them: ``sum_p max(c_p, m_p, n_p) >= max(sum_p max(c_p, m_p), N)``.
+
+The minimum over plans is a shortest path over the ideals of the phase's DAG
+(:mod:`dfmodel.intra_chip.ideals`, DESIGN.md section 5), edges limited to ``compute_tiles``
+kernels: built once per (block, phase) and re-costed per micro-batch (a few milliseconds).
+It is used only where the phase has more kernels than the chip has tiles (otherwise one
+partition holds everything and the relaxation equals the old floor) and the lattice is small.
+tests/test_fused_floor.py checks it against brute force on small graphs and below every solved
+phase of the shipped layers on the dragonfly chip.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dfmodel.algorithms import TooLarge
+from dfmodel.graph.graph import DataflowGraph
+from dfmodel.graph.kernel import KernelKind, Phase, Tensor
+from dfmodel.inter_chip.sharding import is_weight_gradient
+from dfmodel.intra_chip import ideals as _dp
+from dfmodel.intra_chip.cost import CostModel
+from dfmodel.system.processor import achieved_rate_Fps
+from dfmodel.system.schema import System
+
+#: (ideal, superset) pairs a floor may keep: beyond, the phase keeps the closed-form floor
+MAX_FLOOR_PAIRS = 400_000
+
+
+@dataclass
+class PlanFloor:
+    """Distinct candidate partitions of one unsharded phase (one micro-batch) and the ideal
+    pairs that use them: ``C`` seconds, ``A`` activation bytes, ``F`` fixed bytes per set."""
+
+    C: np.ndarray
+    A: np.ndarray
+    F: np.ndarray
+    src: np.ndarray  # ideal index of each pair's start
+    dst: np.ndarray
+    inverse: np.ndarray  # set index of each pair
+    level: np.ndarray  # size of each ideal (ideals sorted by size)
+    min_partitions: int
+    _memo: dict = field(default_factory=dict)
+
+    def best_s(self, k: int, s_per_byte: float, overlap: bool) -> float:
+        """Least ``sum_p max(k C_p, s (k A_p + F_p))`` (the sum without overlap) over every plan
+        of partitions of at most ``compute_tiles`` kernels (before dividing by ``tp``)."""
+        key = (k, s_per_byte, overlap)
+        if key not in self._memo:
+            mem = (k * self.A + self.F) * s_per_byte
+            per_set = np.maximum(k * self.C, mem) if overlap else k * self.C + mem
+            self._memo[key] = _shortest_s(self.level, self.src, self.dst, per_set[self.inverse])
+        return self._memo[key]
+
+
+def _shortest_s(level: np.ndarray, src: np.ndarray, dst: np.ndarray, cost: np.ndarray) -> float:
+    """Shortest path from ideal 0 (empty) to the last (full) over edges from a smaller ideal to
+    a larger one: relax level by level (``level``: each ideal's size; every edge's source lies
+    on a lower level than its destination, so it is final when its level is relaxed)."""
+    dist = np.full(level.size, np.inf)
+    dist[0] = 0.0
+    edge_level = level[dst]
+    for lv in range(1, int(level[-1]) + 1):
+        sel = edge_level == lv
+        np.minimum.at(dist, dst[sel], dist[src[sel]] + cost[sel])
+    return float(dist[-1])
+
+
+def phase_graph(graph: DataflowGraph, names: set[str], stash_free: bool) -> DataflowGraph:
+    """The phase ``names`` of ``graph`` as a graph of its own (as ``DataflowGraph.subgraph``);
+    ``stash_free``: tensors from a forward kernel to a later-phase one are left out (the on-chip
+    stash keeps them in SRAM: neither written nor read)."""
+    kinds = {k.name: k for k in graph.kernels}
+
+    def stash(t: Tensor) -> bool:
+        p, c = kinds.get(t.producer), kinds.get(t.consumer)
+        return p is not None and c is not None and p.phase == Phase.forward and c.phase != Phase.forward
+
+    kept = [t for t in graph.tensors if not (stash_free and stash(t))]
+    return DataflowGraph(graph.kernels, kept, name=graph.name, meta=graph.meta, check=False).subgraph(names)
+
+
+def plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
+               max_pairs: int = MAX_FLOOR_PAIRS) -> PlanFloor | None:
+    """:class:`PlanFloor` of the phase ``names`` of ``graph`` (one micro-batch, unsharded), or
+    None when its kernels fit one partition (nothing to gain) or its ideals are too many.
+    Memoised per (graph, phase, chip): the search asks again at every TP degree."""
+    chip = system.chip
+    if chip.execution != "dataflow" or len(names) <= chip.compute_tiles:
+        return None
+    key = (id(graph), frozenset(names), stash_free, max_pairs, chip.model_dump_json())
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is graph:  # (the graph is held: its id is not reused meanwhile)
+        _PLANS.move_to_end(key)
+        return hit[1]
+    out = _plan_floor(graph, system, names, stash_free, max_pairs)
+    _PLANS[key] = (graph, out)
+    while len(_PLANS) > _PLANS_KEPT:
+        _PLANS.popitem(last=False)
+    return out
+
+
+#: recent plan floors, oldest first: key -> (graph, PlanFloor or None)
+_PLANS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_PLANS_KEPT = 256
+
+
+def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
+                max_pairs: int) -> PlanFloor | None:
+    sub = phase_graph(graph, names, stash_free)
+    cm = CostModel(sub, system)
+    try:
+        lat = _dp.enumerate_ideals(cm, max_ideals=20_000)
+    except TooLarge:
+        return None
+    st = _dp._structure(lat, cm.tiles, max_pairs // 4)
+    if st is None or st[0].size > max_pairs:
+        return None
+    src, dst, sets, inverse = st
+    C, A, F = _set_terms(cm, sub, sets)
+    return PlanFloor(C, A, F, src, dst, inverse, lat.bits.sum(axis=1), math.ceil(cm.n / cm.tiles))
+
+
+def _set_terms(cm: CostModel, graph: DataflowGraph, S: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per set: compute seconds at the achieved rate without padding, activation bytes and fixed
+    bytes crossing its boundary (``CostModel._terms_of``'s crossing rule, split)."""
+    precision = graph.meta.get("precision", "bf16")
+    rate_free = np.array([0.0 if k.kind == KernelKind.comm or not k.flop else k.flop / achieved_rate_Fps(cm.chip, k, precision)
+                          for k in cm.kernels])
+    Sf = S.astype(float)
+    C = Sf @ rate_free
+    A = Sf @ cm.extra_bytes
+    F = np.zeros(S.shape[0])
+    fixed_names = set()
+    for t in graph.tensors:
+        pk = graph.kernel(t.producer) if t.producer is not None else None
+        if pk is not None and (pk.phase == Phase.weight_grad or is_weight_gradient(pk, t)):
+            fixed_names.add((t.name, cm.index[t.producer]))
+    none = np.zeros(S.shape[0], dtype=bool)
+    for t in cm.tensors:
+        prod_in = S[:, t.producer] if t.producer >= 0 else none
+        any_c, all_c = none, ~none
+        for c in t.consumers:
+            any_c = any_c | S[:, c]
+            all_c = all_c & S[:, c]
+        crossing = (any_c & ~prod_in) | (prod_in & (t.is_output | ~all_c))
+        if (t.name, t.producer) in fixed_names:
+            F += t.bytes * crossing
+        else:
+            A += t.bytes * crossing
+    for w in cm.weights:
+        used = none
+        for k in w.kernels:
+            used = used | S[:, k]
+        F += w.bytes * used
+    return C, A, F
+
+
+__all__ = ["PlanFloor", "plan_floor", "phase_graph"]
