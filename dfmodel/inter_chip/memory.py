@@ -318,16 +318,33 @@ def model_state_bytes(
     """
     if params_per_chip < 0:
         raise ValueError(f"params_per_chip must be >= 0, got {params_per_chip}")
+    shards = state_shards(dp=dp, distributed_optimizer=distributed_optimizer, zero_stage=zero_stage)
+    return sharded_state(params_per_chip, shards, bytes_per_param_weights, bytes_per_param_grads,
+                         bytes_per_param_optimizer)
+
+
+def state_shards(*, dp: int, distributed_optimizer: bool, zero_stage: int | None = None) -> tuple[int, int, int]:
+    """How many ways (weights, gradients, optimizer state) are sharded: ZeRO stage >= 1 shards
+    the optimizer over the ``dp`` ranks, >= 2 the gradients, 3 the weights (Rajbhandari et al.
+    2020, sec. 5.1-5.3; :func:`model_state_bytes`).
+
+    >>> state_shards(dp=8, distributed_optimizer=False, zero_stage=2)
+    (1, 8, 8)
+    """
     _positive(dp=dp)
     stage = (1 if distributed_optimizer else 0) if zero_stage is None else zero_stage
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    shard = dp if stage >= 1 else 1
-    return ModelState(
-        weights_bytes=params_per_chip * bytes_per_param_weights / (dp if stage >= 3 else 1),
-        gradients_bytes=params_per_chip * bytes_per_param_grads / (dp if stage >= 2 else 1),
-        optimizer_bytes=params_per_chip * bytes_per_param_optimizer / shard,
-    )
+    return (dp if stage >= 3 else 1, dp if stage >= 2 else 1, dp if stage >= 1 else 1)
+
+
+def sharded_state(params: float, shards: tuple[int, int, int], bytes_per_param_weights: float,
+                  bytes_per_param_grads: float, bytes_per_param_optimizer: float) -> ModelState:
+    """:func:`model_state_bytes` of ``params`` parameters with the shard counts of
+    :func:`state_shards` (computed once by a caller that asks for many parameter counts)."""
+    return ModelState(weights_bytes=params * bytes_per_param_weights / shards[0],
+                      gradients_bytes=params * bytes_per_param_grads / shards[1],
+                      optimizer_bytes=params * bytes_per_param_optimizer / shards[2])
 
 
 @dataclass
@@ -799,6 +816,12 @@ def llm_memory_per_chip(
     head_act = head_activation_bytes(seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden,
                                      vocab=m.vocab_size, tp=t, sequence_parallel=sequence_parallel,
                                      bytes_per_element=e) if m.vocab_size else 0.0
+    # (model_state_bytes per stage, its shard counts and bytes per parameter computed once)
+    shards = state_shards(dp=dp, distributed_optimizer=distributed_optimizer, zero_stage=zero_stage)
+    expert_shards = state_shards(dp=max(1, dp // ep), distributed_optimizer=distributed_optimizer,
+                                 zero_stage=zero_stage)
+    layer_bytes = (layer_state.weights, layer_state.gradients, layer_state.optimizer)
+    other_bytes = (other_state.weights, other_state.gradients, other_state.optimizer)
     worst, host = None, 0.0
     # stages alike in what the terms read (layers, dense layers, the ends' extras and, when it
     # multiplies anything, the micro-batches in flight) have the same breakdown: computed once
@@ -807,10 +830,12 @@ def llm_memory_per_chip(
     seen_middle: set = set()
     for stage, layers in enumerate(layers_per_stage):
         dense = dense_n[stage]
-        if offload is None and 0 < stage < pp - 1:
+        if 0 < stage < pp - 1:
             # a middle stage with the same layers as an earlier middle stage holds the same state
             # and no more micro-batches in flight (in_flight_micro_batches never grows with the
-            # stage): it cannot be the (first) worst, so it is skipped -- the answer is the same
+            # stage): it cannot be the (first) worst, so it is skipped -- the answer is the same.
+            # With offload too: its chip and host bytes (offload.stage_memory) only grow with the
+            # activations in flight, so it cannot raise the host's maximum either
             if (layers, dense) in seen_middle:
                 continue
             seen_middle.add((layers, dense))
@@ -818,36 +843,25 @@ def llm_memory_per_chip(
         extra_act = (emb_act if stage == 0 else 0.0) + (head_act if stage == pp - 1 else 0.0)
         alike = (layers, dense, extra_params, extra_act,
                  in_flight_micro_batches(pp, stage, num_micro_batches, interleave)
-                 if layers or dense or extra_act or offload is not None else None)
+                 if layers or dense or extra_act else None)  # (offload moves only layers' activations)
         if alike in seen:
             continue
         seen.add(alike)
         # the largest working buffer among the layer kinds this stage runs
         working = (max(working_moe if layers else 0.0, working_dense if dense else 0.0) if any(dense_n)
                    else working_moe)
-        state = model_state_bytes(layers * (layer_params_per_chip - layer_expert_params_per_chip)
-                                  + dense * dense_layer_params_per_chip, dp=dp,
-                                  distributed_optimizer=distributed_optimizer,
-                                  zero_stage=zero_stage,
-                                  bytes_per_param_weights=layer_state.weights,
-                                  bytes_per_param_grads=layer_state.gradients,
-                                  bytes_per_param_optimizer=layer_state.optimizer)
+        own = layers * (layer_params_per_chip - layer_expert_params_per_chip) + dense * dense_layer_params_per_chip
+        if min(own, layers * layer_expert_params_per_chip, extra_params) < 0:
+            raise ValueError(f"params_per_chip must be >= 0, got {min(own, extra_params)}")
+        state = sharded_state(own, shards, *layer_bytes)
         if layer_expert_params_per_chip:
             # MoE experts (already split by ep): their state is sharded over the expert data
             # parallel ranks, dp x cp / ep (Megatron-Core expert_data_parallel group)
-            xs = model_state_bytes(layers * layer_expert_params_per_chip, dp=max(1, dp // ep),
-                                   distributed_optimizer=distributed_optimizer, zero_stage=zero_stage,
-                                   bytes_per_param_weights=layer_state.weights,
-                                   bytes_per_param_grads=layer_state.gradients,
-                                   bytes_per_param_optimizer=layer_state.optimizer)
+            xs = sharded_state(layers * layer_expert_params_per_chip, expert_shards, *layer_bytes)
             state = ModelState(weights_bytes=state.weights_bytes + xs.weights_bytes,
                                gradients_bytes=state.gradients_bytes + xs.gradients_bytes,
                                optimizer_bytes=state.optimizer_bytes + xs.optimizer_bytes)
-        extra = model_state_bytes(extra_params, dp=dp, distributed_optimizer=distributed_optimizer,
-                                  zero_stage=zero_stage,
-                                  bytes_per_param_weights=other_state.weights,
-                                  bytes_per_param_grads=other_state.gradients,
-                                  bytes_per_param_optimizer=other_state.optimizer)
+        extra = sharded_state(extra_params, shards, *other_bytes)
         in_flight = alike[4] if alike[4] is not None else 1.0  # (None: it multiplies no activations)
         b = MemoryBreakdown(
             weights_bytes=state.weights_bytes + extra.weights_bytes,

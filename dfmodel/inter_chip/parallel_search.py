@@ -18,7 +18,8 @@ worker left open; counts are summed (each root counted once); the why-not ledger
 the workers' records. The deadline (:mod:`dfmodel.solvers.deadline`) is inherited by the forked
 workers, so the time limit holds for the whole call.
 
-Where ``fork`` is unavailable, or the space has fewer than two roots that fit, the serial search
+Where ``fork`` is unavailable, or the roots that fit (the offloaded twins of those that cannot, when a
+model fits only offloaded) fall in fewer than two classes, the serial search
 runs (``workers=1`` is always exactly the serial path).
 """
 
@@ -145,11 +146,20 @@ class _ShardSpace:
     serial order); the roots that cannot fit (pruned at once, then relieved by their offloaded
     twins), the recipe seeds and the early leanest incumbent go to worker 0 alone."""
 
-    def __init__(self, space, roots: list, fits: list[bool], homes: list[int], share: _Share):
+    def __init__(self, space, roots: list, fits: list[bool], homes: list[int], share: _Share,
+                 twin_of: dict[int, int] | None = None):
         self.space, self.share = space, share
         me = share.me
-        self._roots = [_RootProxy(r, i, share, homes[i]) if ok else r for i, (r, ok) in enumerate(zip(roots, fits))
-                       if ok or me == 0]
+        twin_of = twin_of or {}
+        proxies = {i: _RootProxy(r, i, share, homes[i]) for i, (r, ok) in enumerate(zip(roots, fits)) if ok}
+        twins = set(twin_of.values())
+        if me == 0:
+            # worker 0 prunes the roots that cannot fit (counting them, as the serial search
+            # does) and admits their offloaded twins from the pruning, as claimable proxies
+            self._roots = [proxies[i] if i in proxies else _with_relief(r, proxies.get(twin_of.get(i)))
+                           for i, r in enumerate(roots) if i not in twins]
+        else:
+            self._roots = [proxies[i] for i in sorted(proxies)]
         if hasattr(space, "seeds"):
             self.seeds = space.seeds if me == 0 else (lambda *args, **kw: ())
         if me > 0:
@@ -164,13 +174,40 @@ class _ShardSpace:
         return getattr(self.space, name)
 
 
+def _with_relief(root: SpaceNode, twin: SpaceNode | None) -> SpaceNode:
+    """``root`` (a root that cannot fit), its relief being ``twin`` (its offloaded twin built
+    before the fork, a claimable proxy) when there is one."""
+    if twin is None:
+        return root
+    return SpaceNode(root.bound_s, root.floor_bytes, root.count, root.knobs, root.expand, root.leaf, root.screen,
+                     lambda: twin, root.refine)
+
+
+def _relief_twins(roots: list, fits: list[bool], capacity: float) -> tuple[list, dict[int, int]]:
+    """The offloaded twins of the roots that cannot fit in a chip's memory (``root.relief()``,
+    what the serial search admits when it prunes such a root), those whose own floor fits, as
+    extra roots numbered after ``roots``; and root index -> its twin's index. Built before the
+    fork so that the workers share them: a model too large for the chips without offload
+    (DeepSeek-V3 on 64 GPUs) has no root that fits, and its whole search lies in the twins."""
+    twins, twin_of = [], {}
+    for i, (r, ok) in enumerate(zip(roots, fits)):
+        if ok or r.count <= 0 or r.relief is None:
+            continue
+        twin = r.relief()
+        if twin is not None and twin.count > 0 and twin.floor_bytes <= capacity:
+            twin_of[i] = len(roots) + len(twins)
+            twins.append(twin)
+    return twins, twin_of
+
+
 def _entry_knobs(entry) -> tuple:
     from dfmodel.inter_chip.search import _knob_items
 
     return _knob_items(entry[3])
 
 
-def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s) -> None:
+def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s,
+            twin_of: dict[int, int] | None = None) -> None:
     """Run the search on this worker's share; send back what the parent merges."""
     share = _Share(shared, me, conn)
     try:
@@ -179,7 +216,7 @@ def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, ke
         own_limit_s = None if left is None else max(0.0, left - min(_WRAP_UP_S, 0.05 * (limit_s or left)))
         try:
             with deadline_scope(own_limit_s):
-                best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share), exhaustive=False,
+                best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share, twin_of), exhaustive=False,
                                       keep=keep, progress=share.report, limit_s=limit_s, share=share)
             top = [best] + list(stats.runners_up)
         except TimeLimitError as exc:  # detail: (chip bytes, summary) of its leanest non-fitting evaluation
@@ -232,6 +269,9 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     capacity = model.system.chip.memory.capacity_bytes
     roots = list(space.roots())
     fits = [r.count > 0 and r.floor_bytes <= capacity for r in roots]
+    chip_fits = list(fits)  # (which roots fit without offload: worker 0 prunes the others)
+    twins, twin_of = _relief_twins(roots, fits, capacity)
+    roots, fits = roots + twins, fits + [True] * len(twins)
     homes, n_classes = _homes(roots, fits)
     workers = min(workers, n_classes)
     if workers < 2:
@@ -243,7 +283,7 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     procs, conns = [], {}
     for me in range(workers):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s),
+        p = ctx.Process(target=_worker, args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s, twin_of),
                         daemon=True)
         p.start()
         send.close()
@@ -257,7 +297,7 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     failed = [r for r in replies.values() if r[0] == "error"]
     if failed:
         raise failed[0][1]
-    return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0)
+    return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0, all(chip_fits))
 
 
 #: the knobs that decide a root's inner block solves (the sharding and intra-chip results are
@@ -321,7 +361,8 @@ def _report(reporter: _Reporter, shared: _Shared, workers: int, fit_count: int) 
                    min(bounds) if bounds else None)
 
 
-def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _Shared, keep: int, progress, t0):
+def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _Shared, keep: int, progress, t0,
+           all_fit: bool = True):
     ok = [replies[w] for w in sorted(replies) if replies[w][0] in ("ok", "time") and replies[w][2]]
     if not ok:
         if all(r[0] in ("infeasible", "empty") for r in replies.values()):
@@ -367,7 +408,7 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
                     stats.evaluated += int(row[1])
                     stats.pruned_bound += int(row[2])  # (the snapshot counts bound and memory prunes together)
             mine = [r.bound_s for i, r in enumerate(roots) if owners[i] == me]
-            if me == 0 and not all(fits):  # worker 0 also held the offloaded twins of roots that did not fit
+            if me == 0 and not all_fit:  # worker 0 also held the offloaded twins of roots that did not fit
                 mine.append(getattr(model, "global_lower_bound_s", lambda: 0.0)())
             lb = min([lb] + mine)
         counted_unclaimed += n_unclaimed
