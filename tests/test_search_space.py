@@ -65,7 +65,7 @@ def test_tree_holds_exactly_the_flat_space_with_valid_group_bounds(workload, sys
                 assert group.bound_s == model.lower_bound_s(m)
             else:  # plus the exposed MoE all-to-alls of the group's cheapest placement
                 assert model.lower_bound_s(m) < group.bound_s <= model.evaluate(m).iteration_time_s * (1 + 1e-12)
-            assert group.floor_bytes == model.memory_floor_bytes(m)
+            assert group.floor_bytes == model.leaf_floor_bytes(m)  # (its own recompute and SP)
             assert screen == model.memory_before_blocks(m).total_bytes
             assert all(dict(group.knobs)[k] == getattr(m, k) for k, _ in group.knobs)
     for m in flat[::7]:  # and the screens are floors of the evaluated memory

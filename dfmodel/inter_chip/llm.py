@@ -912,6 +912,43 @@ class LLMModel:
             self._memory_floors[key] = best if best.host_capacity_bytes is None else replace(best, host_bytes=host)
         return self._memory_floors[key]
 
+    def leaf_floor_bytes(self, m: Mapping) -> float:
+        """The memory floor of a group that fixes ``m``'s recompute and sequence parallelism
+        (the search's leaf groups and their parents): the larger of :meth:`memory_floor_bytes`
+        (valid for every recompute / SP) and :meth:`activation_floor_bytes` (``m``'s own)."""
+        return max(self.memory_floor_bytes(m), self.activation_floor_bytes(m))
+
+    def activation_floor_bytes(self, m: Mapping, recompute: str | None = None) -> float:
+        """A valid lower bound on :meth:`memory_before_blocks` (hence on ``evaluate(m).memory``)
+        from the saved activations alone, in microseconds instead of the screen's milliseconds.
+
+        The screen is at least, over the splits it tries, the stage holding ``k = ceil(L / pp)``
+        layers (of the lighter kind, MoE or dense) -- and with dense layers also ``ceil(L_moe / pp)``
+        MoE layers -- and such a stage holds at least one micro-batch in flight
+        (:func:`memory.in_flight_micro_batches` >= 1) of each layer's activations at ``m``'s own
+        recompute and SP (:func:`memory.llm_layer_activation_bytes`), plus the chip's reserve;
+        every other term only adds. With activations offloaded to the host: the reserve only.
+        ``recompute``: in place of ``m.recompute`` (a group's least over its choices).
+        For DeepSeek-V3 on 64 H100s, 90% of the screened groups failed on activations alone
+        (large micro-batches without full recompute): this prunes them when they are built."""
+        rc = m.recompute if recompute is None else recompute
+        reserve = float(self.system.chip.memory.reserve_bytes)
+        if m.offload_activations:
+            return reserve
+        key = (m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc, m.pp)
+        memo = self.__dict__.setdefault("_act_floor_memo", {})
+        if key not in memo:
+            per_layer = self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc)
+            least = per_layer
+            if self.num_dense_layers:
+                least = min(per_layer, self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc,
+                                                             dense=True))
+            acts = -(-self.num_layers // m.pp) * least
+            if self.num_dense_layers and self.num_moe_layers:
+                acts = max(acts, -(-self.num_moe_layers // m.pp) * per_layer)
+            memo[key] = reserve + acts
+        return memo[key]
+
     def _least_split(self, m: Mapping, k: int, kinds: tuple, parts: tuple) -> tuple:
         """(least worst-stage memory, least host bytes) over the splits with ``k`` layers of one
         kind (``kinds``: MoE False, dense True) on one stage and none elsewhere
@@ -1272,14 +1309,18 @@ class LLMModel:
         weights = layer_params * self.training.activation_bytes / (m.dp_cp if m.zero_stage == 3 else 1)
         return plan.layer_transfer_s(act_bytes=act, weight_bytes=weights)
 
-    def _layer_act_bytes(self, tp: int, cp: int, micro_batch: int, sp: bool, recompute: str) -> float:
-        """:func:`memory.llm_layer_activation_bytes` of one (MoE) layer, memoised on what it reads
-        (every offloaded leaf's bound asks for it: ~20 us a call, 10^5 calls on DeepSeek-V3 / 64 H100)."""
-        key = (tp, cp, micro_batch, sp, recompute)
+    def _layer_act_bytes(self, tp: int, cp: int, micro_batch: int, sp: bool, recompute: str,
+                         dense: bool = False) -> float:
+        """:func:`memory.llm_layer_activation_bytes` of one (MoE) layer, or with ``dense`` of an
+        MoE model's dense layer (the model without its moe block, as ``llm_memory_per_chip``
+        counts it), memoised on what it reads (every offloaded leaf's bound asks for it: ~20 us
+        a call, 10^5 calls on DeepSeek-V3 / 64 H100)."""
+        key = (tp, cp, micro_batch, sp, recompute, dense)
         memo = self.__dict__.setdefault("_layer_act_memo", {})
         if key not in memo:
+            model = self.model.model_copy(update={"moe": None}) if dense else self.model
             memo[key] = mem.llm_layer_activation_bytes(
-                model=self.model, training=self.training, attention=self.model.attention or "unfused", tp=tp,
+                model=model, training=self.training, attention=self.model.attention or "unfused", tp=tp,
                 cp=cp, micro_batch=micro_batch, sequence_parallel=sp, recompute=recompute)
         return memo[key]
 

@@ -507,7 +507,9 @@ class LLMSpace:
             return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         compute_s = mb * f1 / (tp * cp * pp)
-        floor = min(model.memory_floor_bytes(p) for p in probes)
+        # (the least over its recompute and SP choices of their activation floors)
+        floor = min(max(model.memory_floor_bytes(p), min(model.activation_floor_bytes(p, rc) for rc in rcs))
+                    for p in probes)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                  ("cp", cp), ("ep", deg["ep"]))
         # compute only until the group reaches the top: the per-kernel / TP floors then (refine)
@@ -527,21 +529,25 @@ class LLMSpace:
         parallelism, tp_comm_overlap): the knobs the per-kernel and TP floors read
         (:meth:`_sub_node`), so most leaves are pruned without being built."""
         out = []
+        # (offloaded twins: the groups with activations on the chip apart from those offloading
+        # them, so the former's activation floor prunes them before their leaves are built)
+        oas = list(dict.fromkeys(o.get("offload_activations", False) for o in opts))
         for rc in rcs:
             for spar in sps:
                 for ub in dict.fromkeys(o.get("tp_comm_overlap", False) for o in opts):
-                    node = self._sub_node(deg, mb, m, vs, rc, spar, ub, places_by, opts, relief)
-                    if node is not None:
-                        out.append(node)
+                    for oa in oas:
+                        node = self._sub_node(deg, mb, m, vs, rc, spar, ub, places_by, opts, relief, oa)
+                        if node is not None:
+                            out.append(node)
         return out
 
-    def _sub_node(self, deg, mb, m, vs, rc, spar, ub, places_by, opts, relief) -> SpaceNode | None:
-        """The leaves of one (recompute, SP, tp_comm_overlap): bound with the largest interleave,
-        the cheapest optimizer step and the least exposed all-to-alls over its options (each
-        leaf's bound reads the same floors with its own v and options, never less)."""
+    def _sub_node(self, deg, mb, m, vs, rc, spar, ub, places_by, opts, relief, oa=False) -> SpaceNode | None:
+        """The leaves of one (recompute, SP, tp_comm_overlap, activation offload): bound with the
+        largest interleave, the cheapest optimizer step and the least exposed all-to-alls over
+        its options (each leaf's bound reads the same floors with its own v and options, never less)."""
         model = self.model
         tp, cp, pp = deg["tp"], deg["cp"], deg["pp"]
-        mine = [o for o in opts if o.get("tp_comm_overlap", False) == ub]
+        mine = [o for o in opts if o.get("tp_comm_overlap", False) == ub and o.get("offload_activations", False) == oa]
         count = len(vs) * sum(len(pl) for _, _, pl in self._pairs(tp, [spar], mine, places_by))
         if not count:
             return None
@@ -555,7 +561,7 @@ class LLMSpace:
         def bound_with(stage_s: float) -> float:
             return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + p2p_s + opt_s) * (1 - 1e-12)
 
-        floor = min(model.memory_floor_bytes(p) for p in probes)
+        floor = min(model.leaf_floor_bytes(p) for p in probes)  # (rc and SP fixed: their activations)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                  ("recompute", rc), ("sequence_parallel", bool(spar)), ("tp_comm_overlap", ub), ("cp", cp),
                  ("ep", deg["ep"]))
@@ -592,7 +598,7 @@ class LLMSpace:
             return None
         model = self.model
         probe = self._probe(deg, mb, m, v, rc, key, bool(spar))  # (offloaded activations: SP shrinks them)
-        bound, floor = 0.0 if self._bounds_off else model.lower_bound_s(probe), model.memory_floor_bytes(probe)
+        bound, floor = 0.0 if self._bounds_off else model.lower_bound_s(probe), model.leaf_floor_bytes(probe)
         bound += self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
         fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
                  ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
