@@ -638,6 +638,18 @@ class LLMModel:
         if key in memo:
             return memo[key]
         groups = self._tp_groups(m) if tp_groups is None else tp_groups
+        # (it reads pp and dp only through the TP groups their placements give: degree tuples
+        # that differ only in pp / dp and give the same groups share one computation)
+        by_groups = self.__dict__.setdefault("_pass_floor_by_groups", {})
+        key2 = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.whole_experts,
+                m.sequence_parallel and m.tp > 1, ub, comm, tuple(groups))
+        if key2 not in by_groups:
+            by_groups[key2] = self._pass_floor_of(m, groups, ub, comm)
+        memo[key] = by_groups[key2]
+        return memo[key]
+
+    def _pass_floor_of(self, m: Mapping, groups, ub: bool, comm: bool) -> float:
+        """:meth:`pass_floor_s` computed on the TP groups ``groups``."""
         k, rc = m.micro_batch, m.recompute
         blocks = [("layer", self.num_moe_layers, rc, m.ep_outside_tp, m.whole_experts, ub),
                   ("embedding", 1, "none", 1, False, False), ("head", 1, "none", 1, False, False)]
@@ -661,7 +673,6 @@ class LLMModel:
         if comm and forced and m.tp > 1 and groups:
             out += min(sum(count * self._forced_comm_s(fl, k, tuple(g), brc) for count, fl, brc in forced)
                        for g in groups)
-        memo[key] = out
         return out
 
     def _forced_comm_s(self, fl: "bf.BlockFloor", k: int, group: tuple, recompute: str, launches: bool = True) -> float:

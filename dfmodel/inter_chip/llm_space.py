@@ -711,7 +711,13 @@ class LLMSpace:
         if self.model.num_experts <= 1:
             return
         fast, fast_name = self.system.network[0].size, self.system.network[0].name
-        roots = sorted((r for r in self.roots_built if r.floor_bytes <= capacity_bytes and dict(r.knobs)["ep"] > 1),
+        pool = [r for r in self.roots_built if r.floor_bytes <= capacity_bytes]
+        offloaded = not pool and self.relief_on
+        if offloaded:
+            # nothing fits on the chip without offload (DeepSeek-V3 on 64 GPUs): the recipes'
+            # layouts among the offloaded twins (ZeRO-3 / ZeRO-Offload ranks, any ZeRO stage)
+            pool = self._relief_roots(capacity_bytes, tries=len(self.roots_built))
+        roots = sorted((r for r in pool if dict(r.knobs)["ep"] > 1),
                        key=lambda r: moe_terms.recipe_order(dict(r.knobs), fast))[:scan]
         leaves_of = {}
 
@@ -719,7 +725,8 @@ class LLMSpace:
             if id(root) not in leaves_of:
                 group = min(root.expand(), key=lambda g: dict(g.knobs)["micro_batch"])
                 kx = [(dict(x.knobs), x) for x in leaf_nodes(group)]
-                leaves_of[id(root)] = sorted(((k, x) for k, x in kx if k["interleave"] == 1 and k["zero_stage"] in (0, 1)),
+                leaves_of[id(root)] = sorted(((k, x) for k, x in kx if k["interleave"] == 1
+                                              and (k["zero_stage"] in (0, 1) or offloaded)),
                                              key=lambda p: (p[0]["zero_stage"] != 1, not p[0]["sequence_parallel"]))
             return leaves_of[id(root)]
 
