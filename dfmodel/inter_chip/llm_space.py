@@ -567,7 +567,7 @@ class LLMSpace:
                  ("ep", deg["ep"]))
         return SpaceNode(bound_with(compute_s), floor, count, fixed,
                          partial(self._expand_sub, deg, mb, m, vs, rc, spar, places_by, mine, relief),
-                         relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, places_by, mine) if relief else None,
+                         relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, ub, places_by, mine) if relief else None,
                          refine=None if self._bounds_off else
                          lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys))))
 
@@ -582,14 +582,18 @@ class LLMSpace:
                     out.append(node)
         return out
 
-    def _relief_sub(self, deg, mb, m, vs, rc, spar, places_by, mine) -> SpaceNode | None:
-        """The offloaded twins of every leaf of a group pruned for memory (:meth:`_relief_leaf`)."""
-        twins = [leaf.relief() for leaf in self._expand_sub(deg, mb, m, vs, rc, spar, places_by, mine, True)]
-        twins = [x for x in twins if x is not None]
-        if not twins:
+    def _relief_sub(self, deg, mb, m, vs, rc, spar, ub, places_by, mine) -> SpaceNode | None:
+        """The offloaded twins of every mapping of a group pruned for memory: one group per
+        activation offload over the twins' options (:meth:`_sub_node`, whose bound and floor
+        need no leaf built: a group pruned for memory far above the cutoff costs little)."""
+        twins = self._relief_opts(deg, mine)
+        subs = [self._sub_node(deg, mb, m, vs, rc, spar, ub, places_by, twins, False, oa)
+                for oa in dict.fromkeys(o.get("offload_activations", False) for o in twins)]
+        subs = [x for x in subs if x is not None]
+        if not subs:
             return None
-        return SpaceNode(min(x.bound_s for x in twins), min(x.floor_bytes for x in twins),
-                         sum(x.count for x in twins), twins[0].knobs[:8], lambda: twins)
+        return SpaceNode(min(x.bound_s for x in subs), min(x.floor_bytes for x in subs),
+                         sum(x.count for x in subs), subs[0].knobs[:8], lambda: subs)
 
     def _leaf(self, deg, mb, m, v, rc, key, spar, places_by, mine, relief) -> SpaceNode | None:
         pairs = self._pairs(deg["tp"], [spar], mine, places_by)
