@@ -592,6 +592,10 @@ class LLMSpace:
         subs = [x for x in subs if x is not None]
         if not subs:
             return None
+        for x in subs:  # their per-kernel floors at once (memoised, shared with the pruned group's):
+            # a twin group's compute-only bound would hold a time-limited search's proven bound down
+            if x.refine is not None:
+                x.bound_s, x.refine = max(x.bound_s, x.refine()), None
         return SpaceNode(min(x.bound_s for x in subs), min(x.floor_bytes for x in subs),
                          sum(x.count for x in subs), subs[0].knobs[:8], lambda: subs)
 
