@@ -321,3 +321,64 @@ def test_a_finished_search_keeps_no_model_alive():
         optimize(workload, system, num_chips=chips, workers=1)
     gc.collect()
     assert [o for o in gc.get_objects() if isinstance(o, LLMModel)] == []
+
+
+def _why_not_reference(events, open_heaps, best_s):
+    """The why-not tables and ruled-out counts straight from the events (the oracle)."""
+    best, bound, out, need, counts = {}, {}, {}, {}, {}
+    for items, kind, value, need_bytes, n in events:
+        if kind == "evaluated":
+            for kv in items:
+                best[kv] = min(best.get(kv, float("inf")), value)
+            continue
+        if value < best_s:
+            counts[kind] = counts.get(kind, 0) + n
+        for kv in items:
+            out.setdefault(kv, {})[kind] = out.setdefault(kv, {}).get(kind, 0) + n
+            if need_bytes is not None:
+                need[kv] = min(need.get(kv, float("inf")), need_bytes)
+    for heap in open_heaps:
+        for b, knobs in heap:
+            for kv in knobs:
+                bound[kv] = min(bound.get(kv, float("inf")), b)
+    return best, bound, out, need, counts
+
+
+def test_folded_why_not_tables_merge_to_the_event_by_event_answer():
+    """Workers send their why-not record folded per knob value (KnobTables) and the parent merges
+    them: random ledgers split over 1-3 workers give exactly the tables, ruled-out counts and
+    why-not rows of the whole event list computed one event at a time."""
+    import random
+
+    from dfmodel.inter_chip.search import KnobTables, _Ledger
+    from dfmodel.inter_chip.space import SpaceNode
+
+    rng = random.Random(5)
+    for _ in range(30):
+        events, heaps = [], []
+        for _ in range(rng.randint(0, 60)):
+            knobs = tuple((k, rng.choice([1, 2, 4, 8])) for k in ("tp", "pp", "dp") if rng.random() < 0.8)
+            kind = rng.choice(["evaluated", "memory", "infeasible", "bound"])
+            need = rng.uniform(1, 9) if kind == "memory" and rng.random() < 0.7 else None
+            events.append((knobs, kind, rng.uniform(1, 10), need, rng.randint(1, 5)))
+        for _ in range(rng.randint(0, 3)):
+            heaps.append([(rng.uniform(1, 10), tuple((k, rng.choice([1, 2, 4])) for k in ("tp", "dp")))
+                          for _ in range(rng.randint(0, 5))])
+        best_s = rng.uniform(2, 8)
+        workers = rng.randint(1, 3)
+        merged = KnobTables()
+        for w in range(workers):
+            ledger = _Ledger()
+            ledger.events = events[w::workers]
+            ledger.open = [[(b, 0, True, SpaceNode(b, 0.0, 0, knobs, None)) for b, knobs in heap]
+                           for heap in heaps[w::workers]]
+            merged.merge(ledger.tables())
+        best, bound, out, need, counts = _why_not_reference(events, heaps, best_s)
+        assert (merged.best, merged.bound, merged.out, merged.need) == (best, bound, out, need)
+        assert merged.ruled_out_counts(best_s) == counts
+        whole = _Ledger()
+        whole.events = events
+        whole.open = [[(b, 0, True, SpaceNode(b, 0.0, 0, knobs, None)) for b, knobs in heap] for heap in heaps]
+        winner = type("W", (), {})()
+        winner.tp, winner.pp, winner.dp = 1, 1, 1
+        assert merged.why_not(winner, best_s) == whole.why_not(winner, best_s)

@@ -25,6 +25,7 @@ runs (``workers=1`` is always exactly the serial path).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -32,7 +33,7 @@ import time
 from multiprocessing.connection import wait
 
 from dfmodel.errors import InfeasibleError, TimeLimitError
-from dfmodel.inter_chip.search import (Progress, SearchStats, _better, _insert, _Ledger, _Reporter, _search,
+from dfmodel.inter_chip.search import (KnobTables, Progress, SearchStats, _better, _insert, _Reporter, _search,
                                        no_incumbent_error)
 from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.parallel import fork_available
@@ -179,8 +180,7 @@ def _with_relief(root: SpaceNode, twin: SpaceNode | None) -> SpaceNode:
     before the fork, a claimable proxy) when there is one."""
     if twin is None:
         return root
-    return SpaceNode(root.bound_s, root.floor_bytes, root.count, root.knobs, root.expand, root.leaf, root.screen,
-                     lambda: twin, root.refine)
+    return dataclasses.replace(root, relief=lambda: twin)  # every other field (host_screen too) kept
 
 
 def _relief_twins(roots: list, fits: list[bool], capacity: float) -> tuple[list, dict[int, int]]:
@@ -198,12 +198,6 @@ def _relief_twins(roots: list, fits: list[bool], capacity: float) -> tuple[list,
             twin_of[i] = len(roots) + len(twins)
             twins.append(twin)
     return twins, twin_of
-
-
-def _entry_knobs(entry) -> tuple:
-    from dfmodel.inter_chip.search import _knob_items
-
-    return _knob_items(entry[3])
 
 
 def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s,
@@ -231,27 +225,24 @@ def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, ke
             # its own (the serial search's "why nothing fits" report does not apply to a share)
             kind, detail, top, stats = "empty", None, [], s
         ledger = share.ledger
-        events, open_entries, counted_unclaimed = [], [], 0
+        tables, counted_unclaimed = None, 0
         if ledger is not None:
-            events = ledger.events
-            for heap in ledger.open:
-                for entry in heap:
-                    node = entry[3]
-                    if isinstance(node, _RootProxy):
-                        owner = share.owner_of(node.index)
-                        if owner not in (_UNCLAIMED, me):
-                            continue  # another worker searched it: its records speak for it
-                        if owner == _UNCLAIMED and stats is not None and not stats.timed_out:
-                            counted_unclaimed += node._count  # pruned by the bound here
-                    open_entries.append((entry[0], _entry_knobs(entry)))
+            def mine(node) -> bool:  # a root another worker searched: its records speak for it
+                return not isinstance(node, _RootProxy) or share.owner_of(node.index) in (_UNCLAIMED, me)
+
+            if stats is not None and not stats.timed_out:
+                counted_unclaimed = sum(e[3]._count for heap in ledger.open for e in heap  # pruned by the bound here
+                                        if isinstance(e[3], _RootProxy) and share.owner_of(e[3].index) == _UNCLAIMED)
+            # the why-not record folded per knob value here: the parent merges these small tables
+            tables = ledger.tables(keep_open=mine)
         if stats is not None:
             stats.runners_up, stats.why_not, stats.ruled_out = [], {}, {}
-        conn.send((kind, detail, top, stats, events, open_entries, counted_unclaimed))
+        conn.send((kind, detail, top, stats, tables, counted_unclaimed))
     except BaseException as exc:  # noqa: BLE001 -- re-raised in the parent
         try:
-            conn.send(("error", exc, [], None, [], [], 0))
+            conn.send(("error", exc, [], None, None, 0))
         except Exception:  # an unpicklable exception: its text
-            conn.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}"), [], None, [], [], 0))
+            conn.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}"), [], None, None, 0))
     finally:
         conn.close()
         os._exit(0)  # no atexit handlers or finalizers of the parent's objects in a forked child
@@ -334,14 +325,14 @@ def _collect(conns: dict, shared: _Shared, workers: int, fit_count: int, progres
             try:
                 message = c.recv()
             except EOFError:  # died without a word (killed)
-                message = ("error", RuntimeError(f"search worker {me} died"), [], None, [], [], 0)
+                message = ("error", RuntimeError(f"search worker {me} died"), [], None, None, 0)
             if message[0] == "incumbent":
                 streamed[me].append(message[1])
             else:
                 replies[me] = message
         if hard_stop is not None and time.perf_counter() >= hard_stop:
             for c, me in conns.items():
-                replies.setdefault(me, ("time", "stopped at the deadline", streamed[me], None, [], [], 0))
+                replies.setdefault(me, ("time", "stopped at the deadline", streamed[me], None, None, 0))
         if progress is not None:
             _report(reporter, shared, workers, fit_count)
     return replies
@@ -388,7 +379,7 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
     proven = True
     counted_unclaimed = 0
     for me in sorted(replies):
-        kind, _, _, s, _, _, n_unclaimed = replies[me]
+        kind, _, _, s, _, n_unclaimed = replies[me]
         if s is not None and kind != "time":
             stats.candidates += s.candidates - (fit_count if me > 0 else 0)
             stats.evaluated += s.evaluated
@@ -429,16 +420,14 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
     stats.status = "optimal" if stats.proven_optimal else "time_limit"
     stats.lower_bound_s = min(lb, t)
     stats.gap = max(0.0, (t - stats.lower_bound_s) / t) if t > 0 else 0.0
-    ledger = _Ledger()
+    tables = KnobTables()
     for me in sorted(replies):
-        ledger.events.extend(replies[me][4])
-        entries = replies[me][5]
-        if entries:
-            ledger.open.append([(b, 0, True, SpaceNode(b, 0.0, 0, knobs, None)) for b, knobs in entries])
+        if replies[me][4] is not None:
+            tables.merge(replies[me][4])
     stats.wall_s = time.perf_counter() - t0
     stats.runners_up = top[1:]
-    stats.ruled_out = ledger.ruled_out_counts(t)
-    stats.why_not = ledger.why_not(best.mapping, t)
+    stats.ruled_out = tables.ruled_out_counts(t)
+    stats.why_not = tables.why_not(best.mapping, t)
     _Reporter(progress, t0).final(stats, t)
     return best, stats
 

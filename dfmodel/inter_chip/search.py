@@ -9,6 +9,7 @@ mapping is optimal over the whole space within the model when every inner solve 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import contextvars
 import dataclasses
@@ -415,8 +416,10 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
     if stats.timed_out and not enumeration_cut and queue:
         ledger.bounded(queue)
     stats.runners_up = top[1:]
-    stats.ruled_out = ledger.ruled_out_counts(best.iteration_time_s)
-    stats.why_not = ledger.why_not(best.mapping, best.iteration_time_s)
+    if share is None:  # (a parallel worker leaves these to the parent, which merges every worker's tables)
+        tables = ledger.tables()
+        stats.ruled_out = tables.ruled_out_counts(best.iteration_time_s)
+        stats.why_not = tables.why_not(best.mapping, best.iteration_time_s)
     reporter.final(stats, best.iteration_time_s)
     return best, stats
 
@@ -640,38 +643,89 @@ class _Ledger:
     def bounded(self, heap) -> None:
         self.open.append(heap)
 
+    def tables(self, keep_open=lambda node: True) -> "KnobTables":
+        """The events and open heaps folded per knob value (what :meth:`KnobTables.why_not`
+        reads); ``keep_open``: which unexplored groups count (a parallel worker leaves out the
+        roots another worker searched)."""
+        t = KnobTables()
+        ruled: dict[str, list] = {}
+        for items, kind, value, need_bytes, n in self.events:
+            if kind == "evaluated":
+                for kv in items:
+                    if value < t.best.get(kv, math.inf):
+                        t.best[kv] = value
+                continue
+            ruled.setdefault(kind, []).append((value, n))
+            for kv in items:
+                c = t.out.setdefault(kv, {})
+                c[kind] = c.get(kind, 0) + n
+                if need_bytes is not None and need_bytes < t.need.get(kv, math.inf):
+                    t.need[kv] = need_bytes
+        for heap in self.open:
+            for entry in heap:
+                if not keep_open(entry[3]):
+                    continue
+                for kv in _knob_items(entry[3]):
+                    if entry[0] < t.bound.get(kv, math.inf):
+                        t.bound[kv] = entry[0]
+        for kind, pairs in ruled.items():
+            pairs.sort()
+            t.ruled[kind] = [([b for b, _ in pairs], list(itertools.accumulate(n for _, n in pairs)))]
+        return t
+
+    def ruled_out_counts(self, best_s: float) -> dict[str, int]:
+        """Candidates whose bound was below the winner's time but that could not run (a group
+        pruned whole counts all of its mappings under the group's bound)."""
+        return self.tables().ruled_out_counts(best_s)
+
+    def why_not(self, winner, best_s: float) -> dict[str, dict]:
+        """For every knob value the winner does not use: its best time, or the bound that
+        proves it no better, or what ruled all of its candidates out (:class:`KnobTables`)."""
+        return self.tables().why_not(winner, best_s)
+
+
+@dataclass
+class KnobTables:
+    """A search's why-not record folded per (knob, value): the best time evaluated (``best``),
+    the smallest bound left unexplored (``bound``), the candidates ruled out by reason
+    (``out``) and the least memory they needed (``need``); and per reason the sorted bounds of
+    the ruled-out groups with the running count of their mappings (``ruled``). Small, so parallel
+    workers send these rather than every event, and the parent merges them (:meth:`merge`)."""
+
+    best: dict = field(default_factory=dict)
+    bound: dict = field(default_factory=dict)
+    out: dict = field(default_factory=dict)
+    need: dict = field(default_factory=dict)
+    ruled: dict = field(default_factory=dict)  # reason -> [(sorted bounds, running counts)], one per worker
+
+    def merge(self, other: "KnobTables") -> None:
+        for mine, theirs in ((self.best, other.best), (self.bound, other.bound), (self.need, other.need)):
+            for kv, v in theirs.items():
+                if v < mine.get(kv, math.inf):
+                    mine[kv] = v
+        for kv, counts in other.out.items():
+            c = self.out.setdefault(kv, {})
+            for kind, n in counts.items():
+                c[kind] = c.get(kind, 0) + n
+        for kind, parts in other.ruled.items():
+            self.ruled.setdefault(kind, []).extend(parts)
+
     def ruled_out_counts(self, best_s: float) -> dict[str, int]:
         """Candidates whose bound was below the winner's time but that could not run (a group
         pruned whole counts all of its mappings under the group's bound)."""
         counts: dict[str, int] = {}
-        for _, kind, bound_s, _, n in self.events:
-            if kind != "evaluated" and bound_s < best_s:
-                counts[kind] = counts.get(kind, 0) + n
+        for kind, parts in self.ruled.items():
+            for bounds, cum in parts:
+                i = bisect.bisect_left(bounds, best_s)
+                if i:
+                    counts[kind] = counts.get(kind, 0) + cum[i - 1]
         return counts
 
     def why_not(self, winner, best_s: float) -> dict[str, dict]:
         """For every knob value the winner does not use: its best time, or the bound that
         proves it no better, or what ruled all of its candidates out. Groups pruned whole
         speak for the knob values they fix."""
-        best: dict[tuple, float] = {}
-        bound: dict[tuple, float] = {}
-        out: dict[tuple, dict[str, int]] = {}
-        need: dict[tuple, float] = {}
-        for items, kind, value, need_bytes, n in self.events:
-            for kv in items:
-                if kind == "evaluated":
-                    if value < best.get(kv, math.inf):
-                        best[kv] = value
-                    continue
-                c = out.setdefault(kv, {})
-                c[kind] = c.get(kind, 0) + n
-                if need_bytes is not None and need_bytes < need.get(kv, math.inf):
-                    need[kv] = need_bytes
-        for heap in self.open:
-            for bound_s, _, _, m in heap:
-                for kv in _knob_items(m):
-                    if bound_s < bound.get(kv, math.inf):
-                        bound[kv] = bound_s
+        best, bound, out, need = self.best, self.bound, self.out, self.need
         mine = vars(winner)
         rows: dict[str, dict] = {}
         def order(kv):
@@ -694,7 +748,8 @@ class _Ledger:
                 row.update(status="slower", best_s=best[kv], slower_by=best[kv] / best_s - 1.0)
             else:
                 counts = out.get(kv, {})
-                row.update(status=max(counts, key=counts.get) if counts else "ruled_out", counts=dict(counts))
+                # the commonest reason; a tie goes to the first name (the same on any worker count)
+                row.update(status=max(sorted(counts), key=counts.get) if counts else "ruled_out", counts=dict(counts))
                 if kv in need:
                     row["needs_bytes"] = need[kv]
             rows[f"{name}={_show(shown)}"] = row
