@@ -51,7 +51,7 @@ from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase, Tensor
 from dfmodel.inter_chip.sharding import is_weight_gradient
 from dfmodel.intra_chip import ideals as _dp
-from dfmodel.intra_chip.cost import CostModel
+from dfmodel.intra_chip.cost import CostModel, tensor_boundary
 from dfmodel.system.processor import achieved_rate_Fps
 from dfmodel.system.schema import System
 
@@ -170,12 +170,8 @@ def _set_terms(cm: CostModel, graph: DataflowGraph, S: np.ndarray) -> tuple[np.n
             fixed_names.add((t.name, cm.index[t.producer]))
     none = np.zeros(S.shape[0], dtype=bool)
     for t in cm.tensors:
-        prod_in = S[:, t.producer] if t.producer >= 0 else none
-        any_c, all_c = none, ~none
-        for c in t.consumers:
-            any_c = any_c | S[:, c]
-            all_c = all_c & S[:, c]
-        crossing = (any_c & ~prod_in) | (prod_in & (t.is_output | ~all_c))
+        enters, leaves, _, _ = tensor_boundary(S, t, none)
+        crossing = enters | leaves
         if (t.name, t.producer) in fixed_names:
             F += t.bytes * crossing
         else:

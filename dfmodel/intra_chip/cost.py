@@ -138,6 +138,21 @@ def combine_times(compute, memory, network, overlap: bool):
     return compute + memory + network
 
 
+def tensor_boundary(S: np.ndarray, t: "TensorUse", none: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(enters, leaves, internal, touched) of tensor ``t`` for each kernel set (a row of the
+    boolean matrix ``S``): it enters a partition that holds a consumer but not its producer,
+    leaves one that holds its producer while a consumer (or the graph's output) is outside,
+    stays internal where producer and a consumer are both inside, and is touched where either
+    is. ``none``: all-False, one per set. Entering and leaving exclude each other (the producer
+    is outside, or inside)."""
+    prod_in = S[:, t.producer] if t.producer >= 0 else none
+    any_c, all_c = none, ~none
+    for c in t.consumers:
+        any_c = any_c | S[:, c]
+        all_c = all_c & S[:, c]
+    return any_c & ~prod_in, prod_in & (t.is_output | ~all_c), prod_in & any_c, prod_in | any_c
+
+
 @dataclass(frozen=True)
 class TensorUse:
     """One tensor name as a partition sees it (all edges of the name together)."""
@@ -315,22 +330,15 @@ class CostModel:
             arr += value * where
 
         for t in self.tensors:
-            prod_in = S[:, t.producer] if t.producer >= 0 else none
-            any_c, all_c = none, ~none
-            for c in t.consumers:
-                any_c = any_c | S[:, c]
-                all_c = all_c & S[:, c]
-            enters = any_c & ~prod_in
-            leaves = prod_in & (t.is_output | ~all_c)
-            internal = prod_in & any_c
+            enters, leaves, internal, touched_by = tensor_boundary(S, t, none)
             crossing = enters | leaves  # exclusive: enter needs the producer outside, leave inside
             add(mem, t.bytes, crossing)
             if t.row_scaled:
                 add(sram_scaled, t.bytes, internal)
                 add(sram_scaled, 2.0 * t.bytes, crossing)
-                add(touched, t.bytes, prod_in | any_c)
+                add(touched, t.bytes, touched_by)
             else:
-                add(sram_fixed, t.bytes, prod_in | any_c)
+                add(sram_fixed, t.bytes, touched_by)
         for w in self.weights:
             used = none
             for k in w.kernels:
