@@ -279,6 +279,11 @@ class MoEConfig(Strict):
     #: D = 1). Megatron-Core runs them on the last pipeline stage (MultiTokenPredictionBlock,
     #: post_process), NeMo's DeepSeek-V3 pretrain recipe sets mtp_num_layers = 1. 0: none
     mtp_layers: Annotated[int, Field(ge=0)] = 0
+    #: precision of the router GEMMs (Megatron-Core ``moe_router_dtype``, added for
+    #: numerically stable routing with many experts): "fp32" runs the logits GEMM and its two
+    #: backward GEMMs in fp32 on the CUDA cores (PyTorch's default allow_tf32 = False for
+    #: matmul); None: the layer's element-wise precision (Megatron-Core's default)
+    router_dtype: Literal["fp32"] | None = None
 
     _k_le_experts = field_validator("top_k")(
         not_above("num_experts", "must be at most model.moe.num_experts ({bound}), got {value}"))

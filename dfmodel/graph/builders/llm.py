@@ -31,7 +31,8 @@ import math
 
 from dfmodel.graph.builders.base import GraphBuilder
 from dfmodel.graph.builders.moe import (ExpertShape, _moe_combine_backward, _moe_combine_forward, _moe_forward,
-                                       _moe_permute_backward, _moe_tensors, expert_shape, has_router, routed_rows)
+                                       _moe_permute_backward, _moe_tensors, expert_shape, has_router, routed_rows,
+                                       sort_chunks_bytes)
 from dfmodel.graph.builders.mla import _mla_down_backward, _mla_down_forward, _mla_tensors, mla_up_flop, mla_up_params
 from dfmodel.graph.builders.formulas import INDEX_BYTES, LOSS_BYTES, matmul_flop, vector_flop
 from dfmodel.graph.graph import DataflowGraph
@@ -179,6 +180,11 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     # rank casts: with an FP8 dispatch the sender quantises each token once before the all-to-all
     # (DeepSeek-V3 sec. 3.3.3), not each of its top-k routed copies
     TQ = T if moe is not None and moe.dispatch_fp8 else TR
+    # the sort of the received rows by local expert (and its inverse) when they arrived by all-to-all:
+    # dispatched rows (and the dispatched gradients of the combine's backward) at the dispatch's
+    # element size, combined rows at the activation precision
+    sort_d, sort_c = sort_chunks_bytes(TR, h, moe, w.training.activation_bytes, experts_local=nE, ep=ep) \
+        if routed else (0.0, 0.0)
     f_in = 2 * f if m.ffn_type == "swiglu" else f  # swiglu: gate and up projections fused
     act, act_bwd = m.ffn_type, f"{m.ffn_type}_bwd"
     qkv_p, out_p = (mla_up_params(mla, a) if mla else linear_params(h, nqkv)), linear_params(a * dv, h)
@@ -237,7 +243,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     g.kernel("fwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm", tok), output_bytes=tok * p,
              group="norm", params=ln_p, weight_bytes=ln_p * pr.weight, **vec)
     if routed:
-        _moe_forward(g, w, T, TR, pr)
+        _moe_forward(g, w, T, TR, pr, sort_d)
     g.kernel("fwd.fc1", MM, mm(R, f_in, h), flop=matmul_flop(1, TR, f_in, h),
              output_bytes=TR * f_in * p, group="mlp", **weights(fc1_p), **cast(TQ * h), **xk)
     g.kernel("fwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act, TR * f) + vector_flop("bias", TR * f_in),
@@ -245,7 +251,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     g.kernel("fwd.fc2", MM, mm(R, h, f), flop=matmul_flop(1, TR, h, f), output_bytes=TR * h * p,
              group="mlp", **weights(fc2_p), **cast(TR * f), **xk)
     if routed:
-        _moe_combine_forward(g, w, T, TR, pr)
+        _moe_combine_forward(g, w, T, TR, pr, sort_c)
     g.kernel("fwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("residual", tok) + vector_flop("bias", tok),
              output_bytes=tok * p, group="mlp", **vec)
 
@@ -257,7 +263,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     g.kernel("bwd.residual2", EW, {"m": T, "n": h}, flop=vector_flop("bias_grad", tok), output_bytes=tok * p,
              phase=BWD, group="mlp", **vec)
     if routed:
-        _moe_combine_backward(g, w, T, TR, pr)
+        _moe_combine_backward(g, w, T, TR, pr, sort_d)
     g.kernel("bwd.fc2", MM, mm(R, f, h), flop=matmul_flop(1, TR, f, h), output_bytes=TR * f * p,
              phase=BWD, group="mlp", weight_bytes=fc2_p * pw, **lin, **cast(TQ * h), **xk)
     g.kernel("wgrad.fc2", MM, {"b": nE, "m": f, "n": h, "k": R} if nE > 1 else {"m": f, "n": h, "k": R},
@@ -269,7 +275,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     g.kernel("wgrad.fc1", MM, {"b": nE, "m": h, "n": f_in, "k": R} if nE > 1 else {"m": h, "n": f_in, "k": R},
              flop=matmul_flop(1, h, f_in, TR), output_bytes=fc1_p * gb, phase=WG, group="mlp", **wgrad(fc1_p), **xk)
     if routed:
-        _moe_permute_backward(g, w, T, TR, pr)
+        _moe_permute_backward(g, w, T, TR, pr, sort_c)
     g.kernel("bwd.ln2", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,
              phase=BWD, group="norm", weight_bytes=ln_p * pr.weight, **vec)
     g.kernel("bwd.residual1", EW, {"m": T, "n": h},

@@ -99,7 +99,7 @@ def expert_params(graph) -> float:
     return float(sum(k.params for k in graph.kernels if getattr(k, "expert", False))) if graph is not None else 0.0
 
 
-__all__ = ["expert_params", "ExpertShape", "routed_rows", "expert_shape", "has_router", "dispatch_bytes_per_rank"]
+__all__ = ["sort_chunks_bytes", "expert_params", "ExpertShape", "routed_rows", "expert_shape", "has_router", "dispatch_bytes_per_rank"]
 
 
 # -- kernels and tensors of the routing around the expert GEMMs ---------------------------------
@@ -130,8 +130,47 @@ def _shared_ffn(w: LLMWorkload) -> tuple[int, int]:
     return fs, (2 * fs if w.model.ffn_type == "swiglu" else fs)
 
 
-def _moe_forward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
-    """Router GEMM, softmax + top-k, permute (one row copy per chosen expert), shared experts."""
+def sort_chunks_bytes(routed_rows_: int, hidden: int, moe: MoEConfig, activation_bytes: float, *,
+                      experts_local: int, ep: int) -> tuple[float, float]:
+    """HBM bytes of the ``sort_chunks_by_idxs`` passes of Megatron-Core's alltoall dispatcher:
+    (a pass over dispatched rows, a pass over rows about to be combined).
+
+    ``MoEAlltoAllTokenDispatcher`` (megatron/core/transformer/moe/token_dispatcher.py): "permute
+    -> A2A(EP) -> AG(TP) -> sort_chunk (if num_local_experts > 1)" and "sort_chunk (if
+    num_local_experts > 1) -> RS(TP) -> A2A(EP) -> unpermute". The rows an all-to-all delivers
+    are ordered by source rank; the grouped GEMM needs them by local expert, so they are copied
+    once more (read + write every routed row; TE's fused ``moe_sort_chunks_by_index`` is the
+    same copy), and back before the combine; the backward runs both copies on the gradients.
+    Dispatched rows (the forward's, and the gradients the combine's backward sends) are at the
+    dispatch's element size (FP8 with tile scales under ``moe.dispatch_fp8``), the rest at
+    ``activation_bytes``. With one expert per rank, or no ep group (the first permute already
+    groups the rows by expert), there is nothing to sort.
+
+    >>> cfg = MoEConfig(num_experts=256, top_k=8, expert_ffn_hidden=2048)
+    >>> sort_chunks_bytes(16384, 7168, cfg, 2, experts_local=4, ep=64) == (2 * 16384 * 7168 * 2,) * 2
+    True
+    >>> sort_chunks_bytes(16384, 7168, cfg, 2, experts_local=1, ep=8), sort_chunks_bytes(16384, 7168, cfg, 2, experts_local=4, ep=1)
+    ((0.0, 0.0), (0.0, 0.0))
+    """
+    from dfmodel.inter_chip.experts import dispatch_bytes_per_element
+
+    if experts_local <= 1 or ep <= 1:
+        return 0.0, 0.0
+    rows_bytes = 2.0 * routed_rows_ * hidden  # read + write of every row, per byte of element
+    return rows_bytes * dispatch_bytes_per_element(moe, activation_bytes), rows_bytes * activation_bytes
+
+
+def _router_kw(moe: MoEConfig, pr) -> dict:
+    """Precision of the router GEMMs: ``moe.router_dtype`` when set (Megatron-Core's
+    ``moe_router_dtype``: the router's input and weight are cast to fp32 and the logits GEMM
+    runs in fp32 -- on CUDA cores, PyTorch leaves TF32 off for matmuls by default), else the
+    element-wise precision of the rest of the layer."""
+    return {"precision": moe.router_dtype} if moe.router_dtype else pr.vector_kw
+
+
+def _moe_forward(g, w: LLMWorkload, T: int, TR: int, pr, sort_bytes: float = 0.0) -> None:
+    """Router GEMM, softmax + top-k, permute (one row copy per chosen expert) with the sort of
+    the received rows by local expert (:func:`sort_chunks_bytes`), shared experts."""
     from dfmodel.graph.builders.formulas import matmul_flop, vector_flop
 
     MM, EW, RED, _, _ = _kinds()
@@ -139,11 +178,11 @@ def _moe_forward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
     E = moe.num_experts
     g.kernel("fwd.router", MM, {"m": T, "n": E, "k": h}, flop=matmul_flop(1, T, E, h),
              output_bytes=T * E * ROUTER_BYTES, group="router", params=h * E, weight_bytes=h * E * pr.weight,
-             **pr.vector_kw)
+             **_router_kw(moe, pr))
     g.kernel("fwd.route", RED, {"m": T, "n": E}, flop=vector_flop("softmax", T * E),
              output_bytes=T * moe.top_k * 2 * ROUTER_BYTES, group="router", **pr.vector_kw)
     g.kernel("fwd.permute", EW, {"m": TR, "n": h}, flop=TR * h, output_bytes=TR * h * p, group="router",
-             **pr.vector_kw)
+             extra_memory_bytes=sort_bytes, **pr.vector_kw)
     fs, fs_in = _shared_ffn(w)
     if fs:
         _shared_forward(g, w, T, fs, fs_in, pr)
@@ -166,16 +205,16 @@ def _shared_forward(g, w, T, fs, fs_in, pr) -> None:
              **pr.linear_kw, **cast(T * fs))
 
 
-def _moe_combine_forward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
+def _moe_combine_forward(g, w: LLMWorkload, T: int, TR: int, pr, sort_bytes: float = 0.0) -> None:
     """Unpermute: each token's top-k expert rows weighted by their probabilities, plus the
-    shared experts' output."""
+    shared experts' output; before it the rows go back to source-rank order (the sort's inverse)."""
     _, EW, _, _, _ = _kinds()
     h = w.model.hidden
     g.kernel("fwd.unpermute", EW, {"m": T, "n": h}, flop=2 * TR * h + T * h, output_bytes=T * h * pr.act,
-             group="router", **pr.vector_kw)
+             group="router", extra_memory_bytes=sort_bytes, **pr.vector_kw)
 
 
-def _moe_combine_backward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
+def _moe_combine_backward(g, w: LLMWorkload, T: int, TR: int, pr, sort_bytes: float = 0.0) -> None:
     """Gradient of the unpermute (rows back to the experts, and the router-probability
     gradient ``<dy, expert_out>`` per chosen expert), then the shared experts' backward."""
     from dfmodel.graph.builders.formulas import matmul_flop, vector_flop
@@ -183,7 +222,7 @@ def _moe_combine_backward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
     MM, EW, _, BWD, WG = _kinds()
     moe, h, p, gb = w.model.moe, w.model.hidden, pr.act, pr.grad
     g.kernel("bwd.unpermute", EW, {"m": TR, "n": h}, flop=3 * TR * h, output_bytes=TR * h * p,
-             phase=BWD, group="router", **pr.vector_kw)
+             phase=BWD, group="router", extra_memory_bytes=sort_bytes, **pr.vector_kw)
     fs, fs_in = _shared_ffn(w)
     if not fs:
         return
@@ -203,7 +242,7 @@ def _moe_combine_backward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
              output_bytes=p1 * gb, phase=WG, group="mlp", weight_bytes=p1 * gb, **lin)
 
 
-def _moe_permute_backward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
+def _moe_permute_backward(g, w: LLMWorkload, T: int, TR: int, pr, sort_bytes: float = 0.0) -> None:
     """Sum each token's expert-row gradients (permute backward), then the router's backward."""
     from dfmodel.graph.builders.formulas import matmul_flop, vector_flop
 
@@ -211,13 +250,13 @@ def _moe_permute_backward(g, w: LLMWorkload, T: int, TR: int, pr) -> None:
     moe, h, p, gb = w.model.moe, w.model.hidden, pr.act, pr.grad
     E = moe.num_experts
     g.kernel("bwd.permute", EW, {"m": TR, "n": h}, flop=TR * h, output_bytes=T * h * p, phase=BWD,
-             group="router", **pr.vector_kw)
+             group="router", extra_memory_bytes=sort_bytes, **pr.vector_kw)
     g.kernel("bwd.route", RED, {"m": T, "n": E}, flop=vector_flop("softmax_bwd", T * E),
              output_bytes=T * E * ROUTER_BYTES, phase=BWD, group="router", **pr.vector_kw)
     g.kernel("bwd.router", MM, {"m": T, "n": h, "k": E}, flop=matmul_flop(1, T, h, E), output_bytes=T * h * p,
-             phase=BWD, group="router", weight_bytes=h * E * pr.weight, **pr.vector_kw)
+             phase=BWD, group="router", weight_bytes=h * E * pr.weight, **_router_kw(moe, pr))
     g.kernel("wgrad.router", MM, {"m": h, "n": E, "k": T}, flop=matmul_flop(1, h, E, T), output_bytes=h * E * gb,
-             phase=WG, group="router", weight_bytes=h * E * gb, **pr.vector_kw)
+             phase=WG, group="router", weight_bytes=h * E * gb, **_router_kw(moe, pr))
 
 
 def _moe_tensors(g, w: LLMWorkload, T: int, TR: int, pr, act_shape: tuple, routed_shape: tuple) -> None:
