@@ -301,6 +301,16 @@ def _fp8_prep_s(layer: BlockTimes, chip, recipe: str = "delayed",
     return fwd, bwd
 
 
+def _host_linear_s(chip, kernel_precision: str | None, precision: str) -> float:
+    """Host time of one linear module of a ``precision`` workload whose GEMM runs at
+    ``kernel_precision`` (None: the workload's). An fp32 override (the router GEMM under
+    Megatron-Core's ``moe_router_dtype``: the same eager ``linear`` call on up-cast operands, no
+    Transformer Engine FP8 bookkeeping) costs the workload's 16-bit module."""
+    if kernel_precision == "fp32" and precision != "fp32":
+        return chip.efficiency.host_linear_at("bf16" if precision == "fp8" else precision)
+    return chip.efficiency.host_linear_at(kernel_precision or precision)
+
+
 def _host_floor_s(layer: BlockTimes, chip, precision: str) -> float:
     """Least time of one layer's forward + backward on one micro-batch that the host allows: the
     CPU of an eager framework queues the layer's kernels no faster than its per-module work, so
@@ -324,7 +334,7 @@ def _host_floor_s(layer: BlockTimes, chip, precision: str) -> float:
     if chip.execution == "kernel_by_kernel" and chip.efficiency.host_linear_s:
         for k in layer.sharded.graph.kernels:
             if k.phase == Phase.forward and k.kind.is_matrix and k.weight_bytes > 0:
-                floor += chip.efficiency.host_linear_at(k.precision or precision)
+                floor += _host_linear_s(chip, k.precision, precision)
     layer.__dict__["_host_floor_s"] = floor
     return floor
 
