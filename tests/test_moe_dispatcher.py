@@ -34,12 +34,15 @@ def test_sort_traffic_is_one_read_and_write_of_every_routed_row():
     assert _extra(build_llm_layer(w, batch, ep=4)) == {n: by_hand for n in SORTED}
     assert set(_extra(build_llm_layer(w, batch, ep=8)).values()) == {0.0}
     assert set(_extra(build_llm_layer(w, batch, ep=1)).values()) == {0.0}
+    # a per-node dispatcher (DeepEP) expands received tokens into expert rows once: no second sort
+    deepep = load_workload(moe_workload(max_nodes_per_token=2))
+    assert set(_extra(build_llm_layer(deepep, batch, ep=4)).values()) == {0.0}
 
 
 def test_fp8_dispatch_sorts_fp8_rows():
     """With ``dispatch_fp8`` the rows the dispatch delivers (and the gradients the combine's
     backward sends) are 1 byte + one fp32 scale per 128 elements; the two other passes stay 2."""
-    w = load_workload(moe_workload(dispatch_fp8=True))
+    w = load_workload(moe_workload(dispatch_fp8=True))  # an alltoall dispatcher that quantises first
     T, h = w.model.seq_len, w.model.hidden
     e = _extra(build_llm_layer(w, 1, ep=2))
     rows = 2 * T

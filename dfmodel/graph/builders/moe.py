@@ -144,7 +144,10 @@ def sort_chunks_bytes(routed_rows_: int, hidden: int, moe: MoEConfig, activation
     Dispatched rows (the forward's, and the gradients the combine's backward sends) are at the
     dispatch's element size (FP8 with tile scales under ``moe.dispatch_fp8``), the rest at
     ``activation_bytes``. With one expert per rank, or no ep group (the first permute already
-    groups the rows by expert), there is nothing to sort.
+    groups the rows by expert), there is nothing to sort; nor with a per-node dispatcher
+    (``moe.max_nodes_per_token``: DeepEP, Megatron-Core's flex dispatcher), which sends each
+    token once per destination and expands it into expert-major rows once at the receiver
+    (``get_permuted_hidden_states_by_experts``): one permutation, the one ``fwd.permute`` charges.
 
     >>> cfg = MoEConfig(num_experts=256, top_k=8, expert_ffn_hidden=2048)
     >>> sort_chunks_bytes(16384, 7168, cfg, 2, experts_local=4, ep=64) == (2 * 16384 * 7168 * 2,) * 2
@@ -154,7 +157,7 @@ def sort_chunks_bytes(routed_rows_: int, hidden: int, moe: MoEConfig, activation
     """
     from dfmodel.inter_chip.experts import dispatch_bytes_per_element
 
-    if experts_local <= 1 or ep <= 1:
+    if experts_local <= 1 or ep <= 1 or moe.max_nodes_per_token is not None:
         return 0.0, 0.0
     rows_bytes = 2.0 * routed_rows_ * hidden  # read + write of every row, per byte of element
     return rows_bytes * dispatch_bytes_per_element(moe, activation_bytes), rows_bytes * activation_bytes
