@@ -10,6 +10,7 @@ import numpy as np
 from dfmodel.errors import InfeasibleError, SolverError
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.intra_chip import ideals as _dp
+from dfmodel.intra_chip.bounded_dp import solve_bounded
 from dfmodel.solvers.deadline import check as check_deadline
 from dfmodel.intra_chip.cost import CostModel
 from dfmodel.intra_chip.milp import solve_milp
@@ -101,7 +102,7 @@ def partition(
 
     if method in ("auto", "dp"):
         try:
-            found = _dp.solve_dp(cm, max_partitions, max_ideals=max_ideals, max_pairs=max_pairs)
+            found = _exact_dp(cm, max_partitions, max_ideals, max_pairs)
         except _dp.TooLarge as e:
             if method == "dp":
                 raise SolverError(f"graph too large for the exact DP ({e}); use method='milp'") from e
@@ -123,6 +124,25 @@ def partition(
                   status=out.status, gap=out.gap, bound_s=out.bound_s, message=out.message)
     res.stats.update(out.stats, milp_objective_s=out.objective_s, solve_wall_s=out.wall_s, warm_start=start is not None)
     return res
+
+
+#: Lattices above this many ideals take the floor-pruned DP (:mod:`.bounded_dp`) first: the
+#: full DP's pairs grow roughly with its square (DeepSeek-V3's MoE backward at TP 8: 21,592
+#: ideals, over 32 M pairs, sent to the MILP after ~10 CPU s of pair enumeration).
+BOUNDED_MIN_IDEALS = 4096
+
+
+def _exact_dp(cm: CostModel, max_partitions, max_ideals, max_pairs):
+    """Optimal plan by the ideal-lattice DP (None: nothing fits); TooLarge past the guards.
+    Large lattices of dataflow chips without a partition limit go through the floor-pruned
+    DP, seeded with the best plan along one topological order."""
+    unlimited = max_partitions is None or max_partitions >= cm.n
+    if cm.dataflow and unlimited:
+        lat = _dp.enumerate_ideals(cm, max_ideals)
+        if lat.size > BOUNDED_MIN_IDEALS:
+            seed = _dp.solve_dp(cm, None, lattice=_dp.chain_lattice(cm))
+            return solve_bounded(cm, lat, seed, max_pairs=max_pairs)
+    return _dp.solve_dp(cm, max_partitions, max_ideals=max_ideals, max_pairs=max_pairs)
 
 
 def _precheck(cm: CostModel) -> None:

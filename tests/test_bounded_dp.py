@@ -1,0 +1,121 @@
+"""Floor-pruned DP over the ideal lattice (dfmodel.intra_chip.bounded_dp): its floors are true
+lower bounds of every plan (brute force), and its plan costs what the full DP's costs (random
+small DAGs, streaming on and off, DRAM that binds; and a 12-kernel DAG with ~1,000 ideals)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from dfmodel.intra_chip import CostModel, partition
+from dfmodel.intra_chip import ideals as dpmod
+from dfmodel.intra_chip import api
+from dfmodel.intra_chip.bounded_dp import floor_s, solve_bounded
+from test_intra_chip_support import chip, chips, dags, random_graph, streaming
+
+SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _dataflow(c):
+    return c.execution == "dataflow"
+
+
+@SETTINGS
+@given(dags(), chips(execution="dataflow"), streaming())
+def test_bounded_equals_full_dp_and_brute_force(g_net, c, stream):
+    graph, net = g_net
+    cm = CostModel(graph, c, net, **(stream or {}))
+    lat = dpmod.enumerate_ideals(cm)
+    brute = dpmod.brute_force(cm)
+    full = dpmod.solve_dp(cm)
+    for seed in (None, dpmod.solve_dp(cm, None, lattice=dpmod.chain_lattice(cm))):
+        got = solve_bounded(cm, lat, seed, max_pairs=10**7)
+        if brute is None:
+            assert got is None and full is None
+            continue
+        assert got[1] == pytest.approx(brute[1], rel=1e-9) and full[1] == pytest.approx(brute[1], rel=1e-9)
+        assert cm.check_plan(got[0]) is None
+        assert cm.plan_time_s(got[0]) == pytest.approx(got[1], rel=1e-9)
+
+
+def _brute_plans(cm):
+    """Every (placed-before, block) chain of the DAG: yields the plans as lists of bitmasks."""
+    n, pred = cm.n, cm.pred_mask
+    full = (1 << n) - 1
+
+    def rec(placed, seq):
+        if placed == full:
+            yield list(seq)
+            return
+        rest = full & ~placed
+        sub = rest
+        while sub:
+            block = sub
+            sub = (sub - 1) & rest
+            if all(not (pred[k] & ~(placed | block)) for k in range(n) if (block >> k) & 1):
+                seq.append((placed, block))
+                yield from rec(placed | block, seq)
+                seq.pop()
+
+    yield from rec(0, [])
+
+
+def _row(cm, mask):
+    return np.array([[(mask >> k) & 1 for k in range(cm.n)]], dtype=bool)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_floor_below_every_plan_of_every_remainder(seed):
+    """h(I) = floor(V - I) is below every feasible plan of the kernels after ideal I, and
+    floor(S) below every single partition S (brute force over all chains from every ideal)."""
+    graph, net = random_graph(seed, n=5)
+    for c in (chip(), chip(sram_mib=8), chip(overlap=False)):
+        cm = CostModel(graph, c, net)
+        full = (1 << cm.n) - 1
+        for plan in _brute_plans(cm):
+            blocks = np.vstack([_row(cm, b) for _, b in plan])
+            ev = cm.evaluate(blocks, np.vstack([_row(cm, p) for p, _ in plan]))
+            assert np.all(floor_s(cm, blocks)[ev["feasible"]] <= ev["time_s"][ev["feasible"]] * (1 + 1e-12))
+            if not ev["feasible"].all():
+                continue
+            # every suffix of the plan is a plan of the kernels after its first ideal
+            for j, (placed, _) in enumerate(plan):
+                rest = float(ev["time_s"][j:].sum())
+                assert floor_s(cm, _row(cm, full & ~placed))[0] <= rest * (1 + 1e-12)
+
+
+def _wide_graph():
+    """Two independent 6-kernel chains joined at the end: 7 x 7 ideals + 1, enough for the
+    bounded path through partition()."""
+    from dfmodel.graph.graph import DataflowGraph
+    from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
+    MIB = 2**20
+    ks, ts = [], []
+    for chain in "ab":
+        for i in range(6):
+            name = f"{chain}{i}"
+            ks.append(Kernel(name, KernelKind.matmul, {"m": 1024, "n": 1024, "k": 1024},
+                             flop=(1 + i + (chain == "b")) * 1e11, output_bytes=(4 + i) * MIB,
+                             weight_bytes=(2 + i) * MIB))
+            ts.append(Tensor(f"in{name}", None if i == 0 else f"{chain}{i - 1}", name, (4 + i) * MIB))
+    ks.append(Kernel("z", KernelKind.elementwise, {"m": 1024, "n": 1024}, flop=1e9, output_bytes=8 * MIB))
+    ts += [Tensor("ea", "a5", "z", 9 * MIB), Tensor("eb", "b5", "z", 9 * MIB), Tensor("out", "z", None, 8 * MIB)]
+    return DataflowGraph(ks, ts, name="wide", meta={"tile_rows": 1024})
+
+
+@pytest.mark.parametrize("sram_mib", [16, 48, 512])
+def test_partition_through_bounded_path_equals_full_dp(monkeypatch, sram_mib):
+    g = _wide_graph()
+    c = chip(sram_mib=sram_mib, tiles=64)
+    cm = CostModel(g, c)
+    full = dpmod.solve_dp(cm)
+    monkeypatch.setattr(api, "BOUNDED_MIN_IDEALS", 10)
+    r = partition(g, c)
+    assert dpmod.enumerate_ideals(cm).size == 50
+    assert r.method == "dp" and r.proven_optimal
+    assert r.time_s == pytest.approx(full[1], rel=1e-9)
+    assert cm.plan_time_s(r.plan) == pytest.approx(full[1], rel=1e-9)
