@@ -12,8 +12,8 @@ This is the same shortest path, settled ideal-size by ideal-size, that only expa
 any partition containing exactly ``S``, and ``h(I) = floor(V - I)`` a true lower bound of any
 plan of the kernels still to run: every term of a partition's time (:meth:`CostModel.evaluate`)
 is at least an additive quantity (compute and network seconds per kernel, extra bytes per
-kernel, a weight's bytes once in whichever partition reads it, one kernel overhead and one tile
-overhead per partition), and ``sum_j max(a_j, b_j) >= max(sum a_j, sum b_j)``. Pruning with a
+kernel, a weight's bytes once in whichever partition reads it, a tensor crossing the set's
+boundary once, one kernel overhead and one tile overhead per partition), and ``sum_j max(a_j, b_j) >= max(sum a_j, sum b_j)``. Pruning with a
 true bound against a plan actually found never drops a strictly better plan, so the result is
 the DP optimum (equal cost; among equal-cost plans it may pick another than the full DP).
 """
@@ -35,20 +35,21 @@ _CHUNK = 65_536
 
 def floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
     """Lower bound of the time of any sequence of partitions covering exactly each row of ``S``
-    (dataflow chips), and so of one partition ``S``: compute, network and the bytes no plan
-    avoids (extra bytes, each weight once) combined as the chip combines them, plus one
-    partition's overheads (kernel overhead, tile overhead at the largest tile). 0 for an empty row.
+    (dataflow chips), and so of one partition ``S``: ``S``'s compute, network and DRAM bytes as
+    one resident partition at the largest tile (:meth:`CostModel._terms`), combined as the chip
+    combines them, plus one partition's overheads. 0 for an empty row.
+
+    Why it is below every plan of ``S`` split into parts: compute, network and extra bytes are
+    sums over kernels; a weight read in ``S`` is read by at least one part; a tensor entering
+    ``S`` (producer outside, a consumer inside) enters the first part holding a consumer, and one
+    leaving ``S`` (a consumer or the graph output outside) leaves the part holding its producer;
+    streaming and smaller tiles only add time; and ``sum_j max(a_j, b_j) >= max(sum_j a_j, ...)``.
     """
     S = np.asarray(S, dtype=bool)
-    Sf = S.astype(float)
-    compute = Sf @ cm.compute_s
-    network = Sf @ cm.network_s
-    mem_bytes = Sf @ cm.extra_bytes
-    for w in cm.weights:
-        mem_bytes = mem_bytes + w.bytes * S[:, list(w.kernels)].any(axis=1)
-    t = combine_times(compute, mem_bytes * cm.s_per_byte, network, cm.overlap)
+    ev = cm._terms(S)
+    t = combine_times(ev["compute_s"], ev["memory_s"], ev["network_s"], cm.overlap)
     t = t + cm.kernel_overhead_s + cm.tile_overhead_s
-    return np.where(S.any(axis=1), t, 0.0)
+    return np.where(ev["count"] > 0, t, 0.0)
 
 
 def solve_bounded(
