@@ -130,6 +130,11 @@ def partition(
 #: full DP's pairs grow roughly with its square (DeepSeek-V3's MoE backward at TP 8: 21,592
 #: ideals, over 32 M pairs, sent to the MILP after ~10 CPU s of pair enumeration).
 BOUNDED_MIN_IDEALS = 4096
+#: ... and give up (to the MILP) past this share of the full DP's pair guard: where the floors
+#: are loose (DeepSeek-V3's MoE backward on sn30, whose expert GEMMs stream their weights at a
+#: small row tile: the floor is 21 s, the best plan found 43 s) the pairs within reach grow
+#: to tens of millions, ~1.2 CPU s per million.
+BOUNDED_PAIR_SHARE = 4
 
 
 def _exact_dp(cm: CostModel, max_partitions, max_ideals, max_pairs):
@@ -141,7 +146,7 @@ def _exact_dp(cm: CostModel, max_partitions, max_ideals, max_pairs):
         lat = _dp.enumerate_ideals(cm, max_ideals)
         if lat.size > BOUNDED_MIN_IDEALS:
             seed = _dp.solve_dp(cm, None, lattice=_dp.chain_lattice(cm))
-            return solve_bounded(cm, lat, seed, max_pairs=max_pairs)
+            return solve_bounded(cm, lat, seed, max_pairs=max_pairs // BOUNDED_PAIR_SHARE)
     return _dp.solve_dp(cm, max_partitions, max_ideals=max_ideals, max_pairs=max_pairs)
 
 

@@ -35,9 +35,16 @@ _CHUNK = 65_536
 
 def floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
     """Lower bound of the time of any sequence of partitions covering exactly each row of ``S``
-    (dataflow chips), and so of one partition ``S``: ``S``'s compute, network and DRAM bytes as
-    one resident partition at the largest tile (:meth:`CostModel._terms`), combined as the chip
-    combines them, plus one partition's overheads. 0 for an empty row.
+    (dataflow chips), and so of one partition ``S``: the larger of :func:`additive_floor_s` and
+    :func:`heavy_floor_s`. 0 for an empty row."""
+    S = np.asarray(S, dtype=bool)
+    return np.maximum(additive_floor_s(cm, S), heavy_floor_s(cm, S))
+
+
+def additive_floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
+    """``S``'s compute, network and DRAM bytes as one resident partition at the largest tile
+    (:meth:`CostModel._terms`), combined as the chip combines them, plus one partition's
+    overheads; 0 for an empty row.
 
     Why it is below every plan of ``S`` split into parts: compute, network and extra bytes are
     sums over kernels; a weight read in ``S`` is read by at least one part; a tensor entering
@@ -45,11 +52,75 @@ def floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
     leaving ``S`` (a consumer or the graph output outside) leaves the part holding its producer;
     streaming and smaller tiles only add time; and ``sum_j max(a_j, b_j) >= max(sum_j a_j, ...)``.
     """
-    S = np.asarray(S, dtype=bool)
     ev = cm._terms(S)
     t = combine_times(ev["compute_s"], ev["memory_s"], ev["network_s"], cm.overlap)
     t = t + cm.kernel_overhead_s + cm.tile_overhead_s
     return np.where(ev["count"] > 0, t, 0.0)
+
+
+def relaxed_floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
+    """Per row ``B`` of ``S``, a lower bound of the time of every partition that holds all of
+    ``B`` (inf where none fits): the fastest option of :meth:`CostModel.option_table` for ``B``
+    with only what any superset has at least -- its compute and network, its weights and extra
+    bytes read, its weights and accumulators as streamed bytes, SRAM ``f T_B + c F_B`` (``T_B``
+    the row-scaled bytes it touches, ``F_B`` its weights and accumulators: a superset touches
+    more, and a set's scaled SRAM is at least what it touches, see
+    :meth:`CostModel.min_sram_bytes`). Every term of a superset at every option is at least
+    this one's and its options that fit are among these, so its fastest is no faster."""
+    ev = dict(cm._terms(S))
+    weights_read = np.zeros(S.shape[0])
+    for w in cm.weights:
+        weights_read += w.bytes * S[:, list(w.kernels)].any(axis=1)
+    ev["memory_bytes"] = S.astype(float) @ cm.extra_bytes + weights_read
+    ev["memory_s"] = ev["memory_bytes"] * cm.s_per_byte
+    ev["sram_scaled"] = ev["sram_touched"]
+    times, fits, _ = cm.option_table(ev)
+    return np.where(fits, times, np.inf).min(axis=1)
+
+
+#: kernels (largest :func:`relaxed_floor_s` alone first) whose splits :func:`heavy_floor_s` tries
+HEAVY_KERNELS = 8
+
+
+def heavy_floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
+    """Lower bound of any plan covering each row of ``S``: its heavy kernels (the
+    :data:`HEAVY_KERNELS` with the largest :func:`relaxed_floor_s` alone) lie in some parts,
+    each part takes at least the relaxed floor of the heavy kernels it holds, so the plan takes
+    at least the cheapest split of them into groups. An SRAM-bound kernel that must stream at a
+    small row tile (an MoE expert GEMM whose weights exceed the SRAM: DeepSeek-V3 on sn30) is
+    where this binds and :func:`additive_floor_s` is loose."""
+    heavy, table = _heavy_table(cm)
+    if S.shape[0] == 0:
+        return np.zeros(0)
+    code = S[:, heavy].astype(np.int64) @ (np.int64(1) << np.arange(heavy.size, dtype=np.int64))
+    return table[code]
+
+
+def _heavy_table(cm: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """(heavy kernel indices, cheapest grouping floor of every subset of them by bitmask):
+    ``g(T) = min over groups B of T holding T's lowest member of floor(B) + g(T - B)``."""
+    hit = cm.__dict__.get("_heavy_table")
+    if hit is None:
+        alone = relaxed_floor_s(cm, np.eye(cm.n, dtype=bool))
+        heavy = np.argsort(-np.where(np.isfinite(alone), alone, np.inf), kind="stable")[: min(HEAVY_KERNELS, cm.n)]
+        m = heavy.size
+        rows = np.zeros((1 << m, cm.n), dtype=bool)
+        for code in range(1 << m):
+            rows[code, heavy[[i for i in range(m) if (code >> i) & 1]]] = True
+        group = relaxed_floor_s(cm, rows)
+        group[0] = 0.0
+        table = np.zeros(1 << m)
+        for code in range(1, 1 << m):
+            low = code & -code
+            rest, best, sub = code ^ low, np.inf, code ^ low
+            while True:  # every subset of the rest, with the lowest member added
+                best = min(best, group[sub | low] + table[rest ^ sub])
+                if sub == 0:
+                    break
+                sub = (sub - 1) & rest
+            table[code] = best
+        hit = cm.__dict__["_heavy_table"] = (heavy, table)
+    return hit
 
 
 def solve_bounded(
@@ -57,41 +128,80 @@ def solve_bounded(
 ) -> tuple[list[list[str]], float] | None:
     """Optimal plan over ``lat`` (all ideals: exact) without a partition-count limit; ``incumbent``
     a feasible plan and its time (or None). Returns the incumbent when nothing beats it, None
-    when no plan fits. TooLarge when more than ``max_pairs`` pairs survive the floors."""
+    when no plan fits. TooLarge when more than ``max_pairs`` pairs survive the floors in all.
+
+    Iterative deepening on the cutoff: a pass with cutoff ``U`` keeps every path whose floor is
+    within ``U``, so it finds the optimum whenever the optimum is at most ``U``, and costs
+    little when ``U`` is near the floor. The cutoff starts at the floor of the whole graph and
+    grows by :data:`GROWTH` until a pass finds a plan or reaches the incumbent's time (a loose
+    incumbent -- the best cut of one topological order, 2.4x the floor on DeepSeek-V3's MoE
+    backward on sn30 -- would otherwise keep tens of millions of pairs)."""
     if not cm.dataflow:
         raise ValueError("solve_bounded is for dataflow chips")
-    bits, N, n = lat.bits, lat.size, cm.n
-    if N == 1:
+    if lat.size == 1:
         return [], 0.0
-    packed = _pack(bits)
-    sizes = bits.sum(axis=1)
-    starts = np.searchsorted(sizes, np.arange(n + 2))
-    h = floor_s(cm, ~bits)
-    ub = incumbent[1] if incumbent is not None else np.inf
-    dist = np.full(N, np.inf)
-    dist[0] = 0.0
-    pred = np.full(N, -1, dtype=np.int64)
-    seen = 0
-    for s in range(n):
-        layer = np.arange(starts[s], starts[s + 1])
-        layer = layer[dist[layer] + h[layer] <= ub * (1 + _SLACK)]
-        if layer.size == 0:
-            continue
-        src, dst = _supersets(packed, starts, layer, s, min(n, s + cm.tiles))
-        sets = bits[dst] & ~bits[src]
-        keep = dist[src] + floor_s(cm, sets) + h[dst] <= ub * (1 + _SLACK)
-        src, dst, sets = src[keep], dst[keep], sets[keep]
-        seen += src.size
-        if seen > max_pairs:
-            raise TooLarge(f"more than {max_pairs} (ideal, superset) pairs above the floor")
-        for a in range(0, src.size, _CHUNK):
-            check_deadline()
-            sl = slice(a, a + _CHUNK)
-            _relax(cm, bits, dist, pred, src[sl], dst[sl], sets[sl])
-        ub = min(ub, dist[N - 1])
-    if not np.isfinite(dist[N - 1]) or (incumbent is not None and dist[N - 1] >= incumbent[1]):
-        return incumbent
-    return _walk(cm, bits, pred, N - 1), float(dist[N - 1])
+    st = _State(cm, lat, max_pairs)
+    best = incumbent[1] if incumbent is not None else np.inf
+    cutoff = st.h[0] * GROWTH if incumbent is not None else np.inf
+    while True:
+        bound = min(cutoff, best)
+        found = st.search(bound)
+        if found is not None and found[1] < best:
+            if found[1] <= bound * (1 + _SLACK):
+                return found  # no plan within the cutoff is cheaper, and none outside it is
+            incumbent, best = found, found[1]  # a plan, but one beyond the cutoff: not proven
+        if cutoff >= best:
+            return incumbent
+        cutoff *= GROWTH
+
+
+#: factor by which :func:`solve_bounded` raises its cutoff after a pass that found no plan
+GROWTH = 1.25
+
+
+class _State:
+    """The lattice's packed rows, sizes and floors, shared by the passes of one solve."""
+
+    def __init__(self, cm: CostModel, lat: Lattice, max_pairs: int):
+        self.cm, self.bits, self.max_pairs = cm, lat.bits, max_pairs
+        self.packed = _pack(lat.bits)
+        self.sizes = lat.bits.sum(axis=1)
+        self.starts = np.searchsorted(self.sizes, np.arange(cm.n + 2))
+        self.h = floor_s(cm, ~lat.bits)
+        self.seen = 0
+
+    def search(self, cutoff: float) -> tuple[list[list[str]], float] | None:
+        """Cheapest plan among those whose every prefix's ``dist + h`` is within ``cutoff``
+        (the optimum when it is at most ``cutoff``); None if no such plan."""
+        cm, bits, h, n = self.cm, self.bits, self.h, self.cm.n
+        N = bits.shape[0]
+        dist = np.full(N, np.inf)
+        dist[0] = 0.0
+        pred = np.full(N, -1, dtype=np.int64)
+        ub = cutoff
+        for s in range(n):
+            layer = np.arange(self.starts[s], self.starts[s + 1])
+            layer = layer[dist[layer] + h[layer] <= ub * (1 + _SLACK)]
+            if layer.size == 0:
+                continue
+            src, dst = _supersets(self.packed, self.starts, layer, s, min(n, s + cm.tiles))
+            sets = bits[dst] & ~bits[src]
+            base = dist[src] + h[dst]
+            keep = base + heavy_floor_s(cm, sets) <= ub * (1 + _SLACK)  # cheap screen first
+            src, dst, sets, base = src[keep], dst[keep], sets[keep], base[keep]
+            keep = base + additive_floor_s(cm, sets) <= ub * (1 + _SLACK)
+            src, dst, sets = src[keep], dst[keep], sets[keep]
+            self.seen += src.size
+            if self.seen > self.max_pairs:
+                raise TooLarge(f"more than {self.max_pairs} (ideal, superset) pairs above the floor")
+            for a in range(0, src.size, _CHUNK):
+                check_deadline()
+                sl = slice(a, a + _CHUNK)
+                _relax(cm, bits, dist, pred, src[sl], dst[sl], sets[sl])
+            ub = min(ub, dist[N - 1])
+        if not np.isfinite(dist[N - 1]):
+            return None
+        return _walk(cm, bits, pred, N - 1), float(dist[N - 1])
 
 
 def _supersets(packed: np.ndarray, starts: np.ndarray, layer: np.ndarray, s: int, top: int):
