@@ -142,7 +142,7 @@ def solve_bounded(
         return [], 0.0
     st = _State(cm, lat, max_pairs)
     best = incumbent[1] if incumbent is not None else np.inf
-    cutoff = st.h[0] * GROWTH if incumbent is not None else np.inf
+    cutoff = float(st.h(np.zeros(1, dtype=np.int64))[0]) * GROWTH if incumbent is not None else np.inf
     while True:
         bound = min(cutoff, best)
         found = st.search(bound)
@@ -167,13 +167,27 @@ class _State:
         self.packed = _pack(lat.bits)
         self.sizes = lat.bits.sum(axis=1)
         self.starts = np.searchsorted(self.sizes, np.arange(cm.n + 2))
-        self.h = floor_s(cm, ~lat.bits)
+        self._h = np.full(lat.size, np.nan)  # floor of the rest after each ideal, on demand
+        heavy, self._table = _heavy_table(cm)
+        self._code = lat.bits[:, heavy].astype(np.int64) @ (np.int64(1) << np.arange(heavy.size, dtype=np.int64))
+        self._all = (1 << heavy.size) - 1
         self.seen = 0
+
+    def h(self, idx: np.ndarray) -> np.ndarray:
+        """:func:`floor_s` of the kernels after each ideal of ``idx`` (computed once per ideal)."""
+        missing = np.unique(idx[np.isnan(self._h[idx])])
+        if missing.size:
+            self._h[missing] = floor_s(self.cm, ~self.bits[missing])
+        return self._h[idx]
+
+    def h_cheap(self, idx: np.ndarray) -> np.ndarray:
+        """:func:`heavy_floor_s` of the kernels after each ideal (a table look-up, <= :meth:`h`)."""
+        return self._table[self._all ^ self._code[idx]]
 
     def search(self, cutoff: float) -> tuple[list[list[str]], float] | None:
         """Cheapest plan among those whose every prefix's ``dist + h`` is within ``cutoff``
         (the optimum when it is at most ``cutoff``); None if no such plan."""
-        cm, bits, h, n = self.cm, self.bits, self.h, self.cm.n
+        cm, bits, n = self.cm, self.bits, self.cm.n
         N = bits.shape[0]
         dist = np.full(N, np.inf)
         dist[0] = 0.0
@@ -181,15 +195,15 @@ class _State:
         ub = cutoff
         for s in range(n):
             layer = np.arange(self.starts[s], self.starts[s + 1])
-            layer = layer[dist[layer] + h[layer] <= ub * (1 + _SLACK)]
+            layer = layer[np.isfinite(dist[layer])]
+            layer = layer[dist[layer] + self.h(layer) <= ub * (1 + _SLACK)]
             if layer.size == 0:
                 continue
             src, dst = _supersets(self.packed, self.starts, layer, s, min(n, s + cm.tiles))
             sets = bits[dst] & ~bits[src]
-            base = dist[src] + h[dst]
-            keep = base + heavy_floor_s(cm, sets) <= ub * (1 + _SLACK)  # cheap screen first
-            src, dst, sets, base = src[keep], dst[keep], sets[keep], base[keep]
-            keep = base + additive_floor_s(cm, sets) <= ub * (1 + _SLACK)
+            keep = dist[src] + heavy_floor_s(cm, sets) + self.h_cheap(dst) <= ub * (1 + _SLACK)  # cheap first
+            src, dst, sets = src[keep], dst[keep], sets[keep]
+            keep = dist[src] + floor_s(cm, sets) + self.h(dst) <= ub * (1 + _SLACK)
             src, dst, sets = src[keep], dst[keep], sets[keep]
             self.seen += src.size
             if self.seen > self.max_pairs:
