@@ -126,9 +126,12 @@ def partition(
     return res
 
 
-#: Lattices above this many ideals take the floor-pruned DP (:mod:`.bounded_dp`) first: the
-#: full DP's pairs grow roughly with its square (DeepSeek-V3's MoE backward at TP 8: 21,592
-#: ideals, over 32 M pairs, sent to the MILP after ~10 CPU s of pair enumeration).
+#: Lattices above this many ideals whose (ideal, superset) pairs within the tile count are
+#: estimated above half the DP's pair guard take the floor-pruned DP (:mod:`.bounded_dp`) first:
+#: DeepSeek-V3's MoE backward at TP 8 has 21,592 ideals and, on chips with more tiles than
+#: kernels (sn30, wse2), over 32 M pairs: sent to the MILP after ~10 CPU s of pair enumeration.
+#: On dragonfly (few tiles) the same lattice has few pairs and the full DP, whose pair
+#: structure is shared by every graph of the shape, stays faster.
 BOUNDED_MIN_IDEALS = 4096
 #: ... and give up (to the MILP) past this share of the full DP's pair guard: where the floors
 #: are loose (DeepSeek-V3's MoE backward on sn30, whose expert GEMMs stream their weights at a
@@ -144,7 +147,7 @@ def _exact_dp(cm: CostModel, max_partitions, max_ideals, max_pairs):
     unlimited = max_partitions is None or max_partitions >= cm.n
     if cm.dataflow and unlimited:
         lat = _dp.enumerate_ideals(cm, max_ideals)
-        if lat.size > BOUNDED_MIN_IDEALS:
+        if lat.size > BOUNDED_MIN_IDEALS and _dp.estimate_pairs(lat, cm.tiles) > max_pairs // 2:
             seed = _dp.solve_dp(cm, None, lattice=_dp.chain_lattice(cm))
             return solve_bounded(cm, lat, seed, max_pairs=max_pairs // BOUNDED_PAIR_SHARE)
     return _dp.solve_dp(cm, max_partitions, max_ideals=max_ideals, max_pairs=max_pairs)

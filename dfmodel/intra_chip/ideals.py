@@ -216,6 +216,20 @@ def _structure(lat: Lattice, max_size: int, max_pairs: int):
     return out
 
 
+def estimate_pairs(lat: Lattice, max_size: int, samples: int = 64) -> float:
+    """Estimated count of pairs ``I < J`` with ``|J - I| <= max_size`` (what :func:`_structure`
+    enumerates): the mean superset count of ``samples`` evenly spaced ideals times the ideals."""
+    packed = _pack(lat.bits)
+    sizes = lat.bits.sum(axis=1)
+    idx = np.unique(np.linspace(0, lat.size - 1, min(samples, lat.size)).astype(np.int64))
+    total = 0
+    for i in idx:
+        lo = np.searchsorted(sizes, sizes[i], side="right")
+        hi = np.searchsorted(sizes, sizes[i] + max_size, side="right")
+        total += int(np.all((packed[i] & ~packed[lo:hi]) == 0, axis=1).sum())
+    return total * lat.size / idx.size
+
+
 def _distinct_sets(words: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of packed sets as boolean rows, and each row's index among them."""
     if words.shape[1] == 1:  # up to 64 kernels: integer keys sort much faster than byte strings
