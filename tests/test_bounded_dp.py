@@ -119,3 +119,13 @@ def test_partition_through_bounded_path_equals_full_dp(monkeypatch, sram_mib):
     assert r.method == "dp" and r.proven_optimal
     assert r.time_s == pytest.approx(full[1], rel=1e-9)
     assert cm.plan_time_s(r.plan) == pytest.approx(full[1], rel=1e-9)
+
+
+@pytest.mark.parametrize("tiles", [2, 4, 64])
+def test_pair_estimate_is_exact_when_every_ideal_is_sampled(tiles):
+    g = _wide_graph()
+    cm = CostModel(g, chip(tiles=tiles))
+    lat = dpmod.enumerate_ideals(cm)
+    exact = dpmod._structure(lat, tiles, 10**7)[0].size
+    assert dpmod.estimate_pairs(lat, tiles, samples=lat.size) == pytest.approx(exact)
+    assert exact > 0
