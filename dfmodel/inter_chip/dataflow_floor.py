@@ -50,6 +50,7 @@ from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
 from dfmodel.inter_chip.fused_floor import PlanFloor, plan_floor
+from dfmodel.inter_chip.layout_floor import least_share_graph
 from dfmodel.inter_chip.sharding import is_weight_gradient
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S
 from dfmodel.system.processor import achieved_rate_Fps, memory_time_s
@@ -232,8 +233,10 @@ def pass_floor_s(model, m, is_core, tp_groups=None) -> float:
 def _pass_floor_on_s(model, m, is_core, group) -> float:
     """:func:`pass_floor_s` on one TP group (None: without the TP collectives)."""
     ub = m.tp_comm_overlap and m.tp > 1
+    dense = model.num_experts <= 1  # (MoE layers keep the 1 / tp shares: their expert layouts differ)
+    sp = m.sequence_parallel and m.tp > 1
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
-        () if group is None else (group, m.sequence_parallel, m.whole_experts, ub))
+        () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + ((sp,) if dense else ())
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -247,10 +250,10 @@ def _pass_floor_on_s(model, m, is_core, group) -> float:
     for which, count, rc, ep in blocks:
         if not count:
             continue
-        bkey = (which, m.tp, m.cp, ep)
+        bkey = (which, m.tp, m.cp, ep) + ((sp,) if dense else ())
         if bkey not in floors:
             graph = getattr(model.graphs(1, m.cp, ep), which)
-            floors[bkey] = None if graph is None else dataflow_block_floor(graph, model.system, m.tp, is_core)
+            floors[bkey] = None if graph is None else _block_floor_of(graph, model.system, m.tp, sp, dense, is_core)
         fl = floors[bkey]
         if fl is None:
             continue
@@ -270,6 +273,15 @@ def _pass_floor_on_s(model, m, is_core, group) -> float:
             total += count * min(fl.kernels_s(m.micro_batch, rc, net) for net in nets)
     memo[key] = total
     return total
+
+
+def _block_floor_of(graph: DataflowGraph, system: System, tp: int, sp: bool, dense: bool, is_core) -> DataflowBlockFloor:
+    """:func:`dataflow_block_floor` of a block on a TP group of ``tp``: a dense block's on its
+    graph scaled to the least per-chip shares of Megatron's layouts (:mod:`.layout_floor`,
+    never below ``1 / tp``), an MoE block's at ``1 / tp``."""
+    if dense and tp > 1:
+        return dataflow_block_floor(least_share_graph(graph, system, tp, sp), system, 1, is_core)
+    return dataflow_block_floor(graph, system, tp, is_core)
 
 
 __all__ += ["pass_floor_s"]
