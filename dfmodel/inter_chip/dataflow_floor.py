@@ -257,22 +257,37 @@ def _pass_floor_on_s(model, m, is_core, group) -> float:
         fl = floors[bkey]
         if fl is None:
             continue
-        nets, hidden = [(0.0, 0.0)], False
-        if group is not None:  # the block's forced TP reductions per phase (Megatron layouts)
-            tp_floor = model._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep,
-                                          m.whole_experts and which == "layer")
-            if tp_floor is not None:
-                nets = forced_phase_comm_s(tp_floor, m.micro_batch, model.costs, group,
-                                           model.__dict__.setdefault("_collective_memo", {}))
-                hidden = ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
+        pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub)
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
             on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc, model._checkpoint_bytes(m))
-            total += min(on * fl.kernels_s(m.micro_batch, rc, net, hidden)
-                         + (count - on) * fl.dram_kernels_s(m.micro_batch, rc, net, hidden) for net in nets)
+            total += min(on * kept + (count - on) * dram for kept, dram in pairs)
         else:
-            total += count * min(fl.kernels_s(m.micro_batch, rc, net) for net in nets)
+            total += count * min(kept for kept, _ in pairs)
     memo[key] = total
     return total
+
+
+def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m, rc: str, ep: int, group, ub: bool) -> tuple:
+    """Per Pareto pair of the block's forced TP collectives on ``group`` (None: none), the block's
+    (stash kept on chip, stash through DRAM) floors at ``m``'s micro-batch and recompute ``rc``.
+    Memoised on what they read (the block floor's key, the TP floor's knobs, the micro-batch, the
+    group): the search asks again for every pipeline depth and data-parallel degree."""
+    whole = m.whole_experts and which == "layer"
+    key = bkey + (m.sequence_parallel, whole, m.micro_batch, rc, group, ub)
+    memo = model.__dict__.setdefault("_dataflow_pair_memo", {})
+    if key in memo:
+        return memo[key]
+    nets, hidden = [(0.0, 0.0)], False
+    if group is not None:  # the block's forced TP reductions per phase (Megatron layouts)
+        tp_floor = model._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep, whole)
+        if tp_floor is not None:
+            nets = forced_phase_comm_s(tp_floor, m.micro_batch, model.costs, group,
+                                       model.__dict__.setdefault("_collective_memo", {}))
+            hidden = ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
+    layer = which in ("layer", "dense_layer")
+    memo[key] = out = tuple((fl.kernels_s(m.micro_batch, rc, net, hidden),
+                             fl.dram_kernels_s(m.micro_batch, rc, net, hidden) if layer else 0.0) for net in nets)
+    return out
 
 
 def _block_floor_of(graph: DataflowGraph, system: System, tp: int, sp: bool, dense: bool, is_core) -> DataflowBlockFloor:

@@ -386,55 +386,73 @@ def _schedule_orders(pp: int, num_micro_batches: int, interleave: int) -> tuple:
                  for i in range(pp))
 
 
+@lru_cache(maxsize=256)
+def _stage_programs(pp: int, m: int, v: int) -> tuple:
+    """Every stage's :func:`schedule_order` compiled for :func:`_simulated_makespan`: per op
+    ``(dep, own, me, code, hop)`` -- the flat index of the end time it waits for (``dep``: the
+    previous virtual stage's forward, the next one's backward, or its own forward on the last
+    virtual stage), of its own forward (a backward; the always-zero slot for a forward), its
+    own slot, its duration's index in the stage's ``forward chunks + backward chunks`` row, and
+    whether a transfer precedes it. Flat indices: forward ``s m + j``, backward
+    ``nvs m + s m + j``, the zero slot ``2 nvs m``."""
+    nvs = pp * v
+    zero = 2 * nvs * m
+    out = []
+    for i, order in enumerate(_schedule_orders(pp, m, v)):
+        prog = []
+        for is_f, c, j in order:
+            s = c * pp + i
+            if is_f:
+                dep, hop = ((s - 1) * m + j, 1) if s > 0 else (zero, 0)
+                prog.append((dep, zero, s * m + j, c, hop))
+            else:
+                dep, hop = ((nvs + s + 1) * m + j, 1) if s < nvs - 1 else (s * m + j, 0)
+                prog.append((dep, s * m + j, (nvs + s) * m + j, v + c, hop))
+        out.append(tuple(prog))
+    return tuple(out)
+
+
 @lru_cache(maxsize=8192)
 def _simulated_makespan(fwd: tuple, bwd: tuple, m: int, v: int, p2p_s: float) -> tuple[float, float]:
     """(makespan, bottleneck stage's busy time) of :func:`simulate_1f1b` on per-chunk times
     ``fwd[stage][chunk]``, ``bwd[stage][chunk]``: the same event order and the same float
-    operations (so the same bits), with end times in flat lists instead of events."""
+    operations (so the same bits), with end times in one flat list and each stage's schedule
+    compiled once per (pp, m, v) (:func:`_stage_programs`)."""
     pp = len(fwd)
-    nvs = pp * v
-    orders = _schedule_orders(pp, m, v)
+    progs = _stage_programs(pp, m, v)
+    rows = [tuple(fwd[i]) + tuple(bwd[i]) for i in range(pp)]
+    hops = (0.0, p2p_s)
+    end: list = [None] * (2 * pp * v * m + 1)
+    end[-1] = 0.0
     ptr = [0] * pp
     free = [0.0] * pp
     busy = [0.0] * pp
-    end_f = [None] * (nvs * m)  # index s * m + j
-    end_b = [None] * (nvs * m)
-    remaining = sum(len(o) for o in orders)
+    remaining = sum(len(p) for p in progs)
     makespan = 0.0
     while remaining:
         progressed = False
         for i in range(pp):
-            order, fi, bi = orders[i], fwd[i], bwd[i]
-            while ptr[i] < len(order):
-                is_f, c, j = order[ptr[i]]
-                s = c * pp + i
-                if is_f:
-                    if s > 0:
-                        dep = end_f[(s - 1) * m + j]
-                        if dep is None:
-                            break
-                        ready = dep + p2p_s
-                    else:
-                        ready = 0.0
-                    dur = fi[c]
-                else:
-                    if s < nvs - 1:
-                        dep = end_b[(s + 1) * m + j]
-                        if dep is None:
-                            break
-                        ready = dep + p2p_s
-                    else:
-                        ready = end_f[s * m + j]
-                    ready = max(ready, end_f[s * m + j])  # own forward (always earlier in order)
-                    dur = bi[c]
-                start = max(free[i], ready)
-                free[i] = start + dur
-                busy[i] += free[i] - start
-                (end_f if is_f else end_b)[s * m + j] = free[i]
-                if free[i] > makespan:
-                    makespan = free[i]
-                ptr[i] += 1
-                remaining -= 1
+            prog, row, k, f, b = progs[i], rows[i], ptr[i], free[i], busy[i]
+            n = len(prog)
+            while k < n:
+                dep, own, me, code, hop = prog[k]
+                d = end[dep]
+                if d is None:
+                    break
+                ready = d + hops[hop]
+                o = end[own]
+                if o > ready:  # (max(ready, own forward's end), as simulate_1f1b)
+                    ready = o
+                start = f if f >= ready else ready
+                f = start + row[code]
+                b += f - start
+                end[me] = f
+                if f > makespan:
+                    makespan = f
+                k += 1
+            if k != ptr[i]:
+                remaining -= k - ptr[i]
+                ptr[i], free[i], busy[i] = k, f, b
                 progressed = True
         if not progressed:  # pragma: no cover - Megatron's order is deadlock-free
             raise RuntimeError(f"1F1B schedule deadlocked (pp={pp}, m={m}, v={v})")
