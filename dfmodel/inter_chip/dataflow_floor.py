@@ -44,6 +44,7 @@ shipped LLM block at several TP degrees and micro-batches.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dfmodel.graph.graph import DataflowGraph
@@ -51,6 +52,7 @@ from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
 from dfmodel.inter_chip.fused_floor import PlanFloor, plan_floor
 from dfmodel.inter_chip.layout_floor import least_share_graph
+from dfmodel.inter_chip.memory import in_flight_micro_batches
 from dfmodel.inter_chip.sharding import is_weight_gradient
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S
 from dfmodel.system.processor import achieved_rate_Fps, memory_time_s
@@ -149,6 +151,26 @@ class DataflowBlockFloor:
         return min(layers, stages * int(sram_bytes // stash))
 
 
+def staged_layers_on_chip(fl: DataflowBlockFloor, k: int, sram_bytes: float, layers: int, in_flight: tuple,
+                          recompute: str, checkpoint_bytes: float = 0.0) -> int:
+    """:meth:`DataflowBlockFloor.max_layers_on_chip` with each stage's own in-flight micro-batches
+    ``in_flight`` (a floor of ``memory.in_flight_micro_batches``: plain 1F1B's, which interleaving
+    never lowers) instead of 1: stage ``i`` keeps at most ``floor(SRAM / (S f_i))`` stashes (full
+    recompute: ``floor((SRAM - S) / (f_i ckpt))`` layers), so the first stages of a deep pipeline,
+    holding ``pp - i`` micro-batches, keep far fewer than the last."""
+    stash = k * fl.stash_bytes
+    if stash <= 0:
+        return layers
+    if recompute == "full":
+        if stash > sram_bytes:
+            return 0
+        if checkpoint_bytes <= 0:
+            return layers
+        free = sram_bytes - stash  # (1e-12: as llm._full_recompute_cap)
+        return min(layers, sum(min(layers, math.floor(free / (f * checkpoint_bytes) * (1 + 1e-12))) for f in in_flight))
+    return min(layers, sum(min(layers, math.floor(sram_bytes / (stash * f))) for f in in_flight))
+
+
 def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int, stash_free: bool) -> PhaseFloor:
     """:class:`PhaseFloor` of the kernels ``names`` of ``graph`` (one micro-batch, unsharded).
     ``stash_free``: tensors from a forward to a backward kernel are not compulsory (they may stay
@@ -236,7 +258,8 @@ def _pass_floor_on_s(model, m, is_core, group) -> float:
     dense = model.num_experts <= 1  # (MoE layers keep the 1 / tp shares: their expert layouts differ)
     sp = m.sequence_parallel and m.tp > 1
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
-        () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + ((sp,) if dense else ())
+        () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + (
+        (sp, m.num_micro_batches) if dense else ())
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -259,7 +282,11 @@ def _pass_floor_on_s(model, m, is_core, group) -> float:
             continue
         pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub)
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
-            on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc, model._checkpoint_bytes(m))
+            if dense:  # each stage's own in-flight micro-batches (plain 1F1B's: interleaving adds)
+                in_flight = tuple(in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
+                on = staged_layers_on_chip(fl, m.micro_batch, sram, count, in_flight, rc, model._checkpoint_bytes(m))
+            else:
+                on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc, model._checkpoint_bytes(m))
             total += min(on * kept + (count - on) * dram for kept, dram in pairs)
         else:
             total += count * min(kept for kept, _ in pairs)

@@ -340,6 +340,18 @@ def _host_floor_s(layer: BlockTimes, chip, precision: str) -> float:
 
 
 @lru_cache(maxsize=65536)
+def _full_recompute_cap(onchip: OnChipStash, sram_bytes: float, layers: int, in_flight: float, ckpt_bytes: float) -> int:
+    """Most layers a stage can hold with their stash on chip under full recompute: the largest
+    ``n <= layers`` with ``peak + S + n in_flight ckpt <= SRAM`` (:meth:`OnChipStash.layers_on_chip`
+    keeps all ``n`` of a stage then, none otherwise)."""
+    free = sram_bytes - onchip.peak_sram_bytes - onchip.stash_bytes
+    if free < 0:
+        return 0
+    per = in_flight * ckpt_bytes
+    # (1e-12: a quotient a rounding below an integer still admits it, as the evaluation's sum may)
+    return layers if per <= 0 else min(layers, math.floor(free / per * (1 + 1e-12)))
+
+
 def _balance(num_layers: int, pp: int, interleave: int, layer_s: float, first_s: float, last_s: float) -> tuple[int, ...]:
     """Memoised :func:`pipeline.balance_layers`: candidates differing only in placement of
     PP/DP share their layer split."""
@@ -732,10 +744,10 @@ class LLMModel:
         extra = self._layer_comm_shared(m, layer)
         moe_layer_s = sum(self._layer_phases_s(m, layer, extra))  # (the MTP modules' layer too)
         total = self.num_moe_layers * max(moe_layer_s, sum(self._offload_layer_s(m, layer.params_per_chip)))
-        if layer.onchip is not None:  # at most every layer keeps its stash on chip
+        if layer.onchip is not None:  # at most _onchip_layers_cap layers keep their stash on chip
             save_f = max(0.0, layer.fwd.time_s - layer.onchip.fwd_s)
-            total -= self.num_moe_layers * (save_f * (2 if m.recompute == "full" else 1)
-                                            + max(0.0, layer.bwd.time_s - layer.onchip.bwd_s))
+            total -= self._onchip_layers_cap(m, layer.onchip) * (1 + 1e-9) * (
+                save_f * (2 if m.recompute == "full" else 1) + max(0.0, layer.bwd.time_s - layer.onchip.bwd_s))
         if self.num_dense_layers:
             extra_d = self._layer_comm_shared(m, blocks[3], experts=False)
             total += self.num_dense_layers * max(sum(self._layer_phases_s(m, blocks[3], extra_d)),
@@ -749,6 +761,24 @@ class LLMModel:
             pipeline_s += (pipe.p2p_transfers_on_critical_path(m.pp, m.num_micro_batches)
                            * self.p2p_s(m.micro_batch, m.cp, m.tp, m.group("pp")))
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+
+    def _onchip_layers_cap(self, m: Mapping, onchip: OnChipStash) -> int:
+        """At most this many of the (MoE) layers keep their stash in SRAM, whatever the layer split
+        (:meth:`evaluate`: stage ``i`` of ``n_i`` layers keeps ``min(n_i, floor(free / (S f_i)))``,
+        ``f_i`` its in-flight micro-batches, or with full recompute all ``n_i`` only when
+        ``peak + S + n_i f_i ckpt`` fits: :meth:`OnChipStash.layers_on_chip`); so the sum over the
+        stages of what each stage's SRAM admits, capped by the layers. Memoised on what it reads."""
+        key = (id(onchip), m.pp, m.num_micro_batches, m.interleave, m.recompute == "full", self._checkpoint_bytes(m))
+        memo = self.__dict__.setdefault("_onchip_cap_memo", {})
+        if key not in memo:
+            layers, sram, full, ckpt = self.num_moe_layers, float(self.system.chip.sram_bytes), key[4], key[5]
+            caps = 0
+            for i in range(m.pp):
+                in_flight = mem.in_flight_micro_batches(m.pp, i, m.num_micro_batches, m.interleave)
+                caps += (_full_recompute_cap(onchip, sram, layers, in_flight, ckpt) if full
+                         else onchip.layers_on_chip(sram, layers, in_flight))
+            memo[key] = min(layers, caps)
+        return memo[key]
 
     def p2p_s(self, micro_batch: int, cp: int, tp: int, pp_group) -> float:
         """One point-to-point transfer between pipeline stages: a micro-batch's activations
