@@ -733,9 +733,17 @@ class LLMModel:
         ep_key = self._layer_key_tail(m)
         names = ("layer", "embedding", "head") + (("dense_layer",) if self.num_dense_layers else ())
         blocks = [self._blocks.get((w, *key, *(ep_key if w == "layer" else ())), False) for w in names]
-        if blocks[0] is False or blocks[0] is None or any(b is False for b in blocks):
+        if blocks[0] is False or blocks[0] is None:
             return None
-        layer, emb, head = blocks[:3]
+        # (a block not solved yet counts 0: the layer alone bounds the mapping, as evaluate's cutoff does)
+        blocks = [None if b is False else b for b in blocks]
+        return self._bound_from_blocks(m, *blocks[:3], blocks[3] if self.num_dense_layers else None)
+
+    def _bound_from_blocks(self, m: Mapping, layer: BlockTimes, emb: BlockTimes | None, head: BlockTimes | None,
+                           dense: BlockTimes | None) -> float:
+        """:meth:`refined_bound_s` from the solved blocks; a block given as None counts 0 (evaluate
+        adds its times to the stages, never less than 0), so the layer alone already bounds the
+        mapping before its embedding and head are solved (:meth:`evaluate` with a cutoff)."""
         # the layer phases as evaluate() times them before any exposed communication (with
         # tp_comm_overlap's userbuffers: the raw phases were above them, an invalid bound); a
         # layer's pass is never shorter than its host transfers (offload: they only hide behind it);
@@ -748,10 +756,10 @@ class LLMModel:
             save_f = max(0.0, layer.fwd.time_s - layer.onchip.fwd_s)
             total -= self._onchip_layers_cap(m, layer.onchip) * (1 + 1e-9) * (
                 save_f * (2 if m.recompute == "full" else 1) + max(0.0, layer.bwd.time_s - layer.onchip.bwd_s))
-        if self.num_dense_layers:
-            extra_d = self._layer_comm_shared(m, blocks[3], experts=False)
-            total += self.num_dense_layers * max(sum(self._layer_phases_s(m, blocks[3], extra_d)),
-                                                 sum(self._offload_layer_s(m, blocks[3].params_per_chip)))
+        if self.num_dense_layers and dense is not None:
+            extra_d = self._layer_comm_shared(m, dense, experts=False)
+            total += self.num_dense_layers * max(sum(self._layer_phases_s(m, dense, extra_d)),
+                                                 sum(self._offload_layer_s(m, dense.params_per_chip)))
         total += sum(b.fwd.time_s + b.backward_s("none") for b in (emb, head) if b)
         if self.num_mtp_layers:  # the MTP modules' layer and head (their projection left out: >= 0)
             total += self.num_mtp_layers * (moe_layer_s + (head.fwd.time_s + head.backward_s("none") if head else 0.0))
@@ -1086,6 +1094,8 @@ class LLMModel:
         key = (m.micro_batch, m.tp, tp_group, m.sequence_parallel)
         # expert TP 1: the TP group holds E / (ep / tp) experts and splits them over its members
         layer = self.block("layer", *key, m.cp, m.ep_outside_tp, whole_experts=m.whole_experts)
+        if cutoff_s is not None and self._bound_from_blocks(m, layer, None, None, None) > cutoff_s:
+            return None  # the layers alone put it past the cutoff: its embedding and head need no solve
         emb = self.block("embedding", *key, m.cp)
         head = self.block("head", *key, m.cp)
         # exposed communication per layer and micro-batch, by breakdown key: (forward, backward)
