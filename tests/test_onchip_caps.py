@@ -2,7 +2,7 @@
 refined bound, dataflow_floor.staged_layers_on_chip in the pass floor): never below what the
 evaluation keeps (oracle: its own layer split, stage by stage), so both bounds stay below every
 candidate's evaluation on a dataflow chip whose SRAM holds only some stashes; and tighter there
-than "every layer on chip"."""
+than "every layer on chip". And a block key that fits no plan is not solved twice."""
 
 from __future__ import annotations
 
@@ -50,3 +50,23 @@ def test_caps_hold_the_evaluations_layers_and_bounds_stay_below(sram, recompute)
                                                        model._checkpoint_bytes(m))
         tighter += cap < model.num_layers
     assert checked and tighter
+
+
+def test_a_block_that_fits_no_plan_fails_again_without_a_solve(monkeypatch):
+    """LLMModel.block keeps the InfeasibleError of a block key: the second call raises the same
+    message without solving again; another key still solves."""
+    from dfmodel.errors import InfeasibleError
+
+    model = LLMModel(load_workload(SMALL_LLM), load_system(dataflow_system("1 MiB", chips=4)))
+    calls = []
+    real = model._solve_block
+    monkeypatch.setattr(model, "_solve_block", lambda *a, **k: calls.append(a) or real(*a, **k))
+    msgs = []
+    for _ in range(2):
+        with pytest.raises(InfeasibleError) as exc:
+            model.block("layer", 1, 1, (), False)
+        msgs.append(str(exc.value))
+    assert len(calls) == 1 and msgs[0] == msgs[1]
+    with pytest.raises(InfeasibleError):
+        model.block("layer", 2, 1, (), False)
+    assert len(calls) == 2
