@@ -941,7 +941,7 @@ class LLMModel:
         ep = m.ep_outside_tp
         return ((("ep", ep),) if ep > 1 else ()) + (("etp1",) if m.whole_experts else ())
 
-    def memory_before_blocks(self, m: Mapping) -> "mem.MemoryBreakdown":
+    def memory_before_blocks(self, m: Mapping, done: dict | None = None) -> "mem.MemoryBreakdown":
         """A valid lower bound on ``evaluate(m).memory`` (the worst stage), without solving a block.
 
         A chip holds at least ``1/tp`` of every parameter (TP splits a weight at most ``tp``
@@ -953,31 +953,79 @@ class LLMModel:
         terms, so it is at least that of the same number of layers all of the cheaper kind
         (the least of the all-MoE and the all-dense split), and at least that of
         ``ceil(L_moe / pp)`` MoE layers alone (some stage holds that many). test_search.py checks
-        it against ``evaluate`` on every candidate."""
+        it against ``evaluate`` on every candidate. ``done``: splits already computed for ``m``
+        (:meth:`screen_bytes`)."""
         key = tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND)
         if key not in self._memory_floors:
-            layer_all, layer_experts, emb_all, head_all, dense_all = self._screen_params
-            # a rank holds E / ep experts, split tp ways (whole with expert TP 1)
-            experts = layer_experts / (m.ep * (1 if m.whole_experts else m.tp))
-            layer = (layer_all - layer_experts) / m.tp + experts
-            emb = emb_all / m.tp
-            head = head_all / m.tp
-            head += mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp,
-                                                   pp=m.pp, tie_embeddings=self.model.tie_embeddings)
-            dense = dense_all / m.tp if self.num_dense_layers else None
-            parts = (layer, experts, emb, head, dense)
-            best, host = self._least_split(m, -(-self.num_layers // m.pp), (False, True) if dense is not None else (False,),
-                                           parts)
-            if dense is not None and self.num_moe_layers:
+            parts = self._split_parts(m)
+            splits = self._screen_splits(m, parts[4] is not None)
+            best, host = self._least_split(m, *splits[0], parts, done)
+            if len(splits) > 1:
                 # MoE: the MoE layers alone are spread over the stages too, so some stage holds at
                 # least ceil(L_moe / pp) of them (its dense layers only add): a second valid floor,
                 # far above the all-dense one when experts dominate (DeepSeek-V3: 58 of 61 layers)
-                moe_best, moe_host = self._least_split(m, -(-self.num_moe_layers // m.pp), (False,), parts)
+                moe_best, moe_host = self._least_split(m, *splits[1], parts, done)
                 host = max(host, moe_host)
                 if moe_best.total_bytes > best.total_bytes:
                     best = moe_best
             self._memory_floors[key] = best if best.host_capacity_bytes is None else replace(best, host_bytes=host)
         return self._memory_floors[key]
+
+    def _split_parts(self, m: Mapping) -> tuple:
+        """Per-chip parameters of (a layer, its experts, the embedding, the head + tied copy, a
+        dense layer or None): what :meth:`_least_split` places on the stages."""
+        layer_all, layer_experts, emb_all, head_all, dense_all = self._screen_params
+        # a rank holds E / ep experts, split tp ways (whole with expert TP 1)
+        experts = layer_experts / (m.ep * (1 if m.whole_experts else m.tp))
+        layer = (layer_all - layer_experts) / m.tp + experts
+        head = head_all / m.tp + mem.tied_embedding_copy_params(
+            vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp, pp=m.pp,
+            tie_embeddings=self.model.tie_embeddings)
+        dense = dense_all / m.tp if self.num_dense_layers else None
+        return (layer, experts, emb_all / m.tp, head, dense)
+
+    def _screen_splits(self, m: Mapping, has_dense: bool) -> list[tuple]:
+        """(layers on the one loaded stage, layer kinds) of each floor :meth:`memory_before_blocks`
+        takes the larger of: ``ceil(L / pp)`` of either kind, and with dense layers in an MoE
+        model ``ceil(L_moe / pp)`` MoE layers."""
+        out = [(-(-self.num_layers // m.pp), (False, True) if has_dense else (False,))]
+        if has_dense and self.num_moe_layers:
+            out.append((-(-self.num_moe_layers // m.pp), (False,)))
+        return out
+
+    def screen_bytes(self, m: Mapping, capacity_bytes: float) -> float:
+        """``memory_before_blocks(m).total_bytes`` when it exceeds ``capacity_bytes`` (exact: a
+        pruned group reports it); otherwise some value ``<= capacity_bytes``, found with fewer
+        splits. The screen is the larger of its floors, each the least over its splits, so it
+        fits as soon as every floor has one split that fits: one split each decides most
+        fitting groups (2 of 3 of the screens of DeepSeek-V3 / 1024 H100 fit, each computed 5
+        splits of ~50 us). A group that does not fit gets the full screen, exactly as before."""
+        key = tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND)
+        if key in self._memory_floors or off.uses_offload(m):  # (offload: the host screen reads it all)
+            return self.memory_before_blocks(m).total_bytes
+        memo = self.__dict__.setdefault("_screen_fit_memo", {})
+        if key not in memo:
+            parts = self._split_parts(m)
+            done: dict = {}
+            fits = []
+            for k, kinds in self._screen_splits(m, parts[4] is not None):
+                fits.append(self._some_split_fits(m, k, kinds, parts, capacity_bytes, done))
+                if fits[-1] is None:  # this floor exceeds the capacity: the exact screen, reusing the splits done
+                    return self.memory_before_blocks(m, done).total_bytes
+            memo[key] = max(fits)
+        return memo[key]
+
+    def _some_split_fits(self, m: Mapping, k: int, kinds: tuple, parts: tuple, capacity_bytes: float,
+                         done: dict) -> float | None:
+        """The worst-stage memory of the first split of :meth:`_least_split`'s that fits in
+        ``capacity_bytes`` (None: none does), the middle stage first (fewest micro-batches in
+        flight, no embedding or head: most often the least)."""
+        for i in sorted({0, max(0, m.pp - 2), m.pp - 1}, key=lambda j: (j != max(0, m.pp - 2), j != m.pp - 1, j)):
+            for kind_dense in kinds:
+                b = self._split_memory(m, k, i, kind_dense, parts, done)
+                if b.total_bytes <= capacity_bytes:
+                    return b.total_bytes
+        return None
 
     def leaf_floor_bytes(self, m: Mapping) -> float:
         """The memory floor of a group that fixes ``m``'s recompute and sequence parallelism
@@ -1016,31 +1064,42 @@ class LLMModel:
             memo[key] = reserve + acts
         return memo[key]
 
-    def _least_split(self, m: Mapping, k: int, kinds: tuple, parts: tuple) -> tuple:
+    def _least_split(self, m: Mapping, k: int, kinds: tuple, parts: tuple, done: dict | None = None) -> tuple:
         """(least worst-stage memory, least host bytes) over the splits with ``k`` layers of one
         kind (``kinds``: MoE False, dense True) on one stage and none elsewhere
         (:meth:`memory_before_blocks`). ``parts``: per-chip parameters of a layer, its experts,
         the embedding, the head (+ tied copy) and a dense layer (None without)."""
-        layer, experts, emb, head, dense = parts
         best, host = None, float("inf")
         # a middle stage i holds no embedding or head and fewer micro-batches in flight the
         # later it is (memory.in_flight_micro_batches), so of the middle stages the last one
         # (pp - 2) gives the least: three splits instead of pp (each costs O(pp))
         for i in sorted({0, max(0, m.pp - 2), m.pp - 1}):
-            stages = [0] * m.pp
-            stages[i] = k
             for kind_dense in kinds:
-                per = dense if kind_dense else layer
-                params = [n * per for n in stages]
-                params[0] += emb
-                params[-1] += head
-                b = self.memory_check(m, params, [0] * m.pp if kind_dense else stages, layer,
-                                      layer_expert_params=experts, dense_per_stage=stages if kind_dense else None,
-                                      dense_layer_params=dense or 0.0)
+                b = self._split_memory(m, k, i, kind_dense, parts, done)
                 host = min(host, b.host_bytes)  # offload: the host's floor is its own least split
                 if best is None or b.total_bytes < best.total_bytes:
                     best = b
         return best, host
+
+    def _split_memory(self, m: Mapping, k: int, i: int, kind_dense: bool, parts: tuple,
+                      done: dict | None = None) -> "mem.MemoryBreakdown":
+        """Worst-stage memory of the split with ``k`` layers of one kind (dense or MoE) on stage
+        ``i`` and none elsewhere (:meth:`_least_split`); ``done``: the splits of ``m`` computed
+        so far, by (k, i, kind), read and filled."""
+        if done is not None:
+            if (k, i, kind_dense) not in done:
+                done[k, i, kind_dense] = self._split_memory(m, k, i, kind_dense, parts)
+            return done[k, i, kind_dense]
+        layer, experts, emb, head, dense = parts
+        stages = [0] * m.pp
+        stages[i] = k
+        per = dense if kind_dense else layer
+        params = [n * per for n in stages]
+        params[0] += emb
+        params[-1] += head
+        return self.memory_check(m, params, [0] * m.pp if kind_dense else stages, layer,
+                                 layer_expert_params=experts, dense_per_stage=stages if kind_dense else None,
+                                 dense_layer_params=dense or 0.0)
 
     @cached_property
     def _screen_params(self) -> tuple:
