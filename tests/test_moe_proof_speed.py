@@ -1,0 +1,89 @@
+"""Cheaper proofs of the MoE search (issue 12, DeepSeek-V3 on GPUs), each checked against the
+exact computation it shortcuts.
+
+Oracles: the early-exit memory screen (``LLMModel.screen_bytes``) decides "fits" exactly as the
+full pre-solve screen does, at every capacity between the least and the largest screen, and
+returns the full screen whenever it does not fit; the search's answer over a small MoE space is
+the exhaustive one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dfmodel import load_system, load_workload
+from dfmodel.inter_chip import offload as off
+from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.llm import LLMModel
+from dfmodel.inter_chip.llm_space import LLMSpace, llm_candidates
+from dfmodel.inter_chip.search import search
+from test_inter_chip import small_system
+from test_moe_physics import moe_workload
+from test_offload import with_host
+
+
+def _model(first_dense_layers: int = 1, capacity: str | None = None) -> LLMModel:
+    system = with_host(small_system(4, 2, **({"capacity": capacity} if capacity else {})))
+    return LLMModel(load_workload(moe_workload(first_dense_layers=first_dense_layers)), load_system(system))
+
+
+def _probes(model, mb):
+    """Every mapping of a small MoE space (placement aside) and a few offloaded twins."""
+    seen = {}
+    for m in llm_candidates(model, Knobs(micro_batch=mb)):
+        for x in [m] + off.variants(m, Knobs(micro_batch=mb), model.system)[:2]:
+            seen.setdefault(dataclasses.replace(x, placement=()), x)
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("dense", [0, 1])
+def test_early_exit_screen_decides_fit_exactly_as_the_full_screen(dense):
+    model = _model(first_dense_layers=dense)
+    probes = _probes(model, 1) + _probes(model, 2)
+    full = [model.memory_before_blocks(x).total_bytes for x in probes]
+    # capacities between and around the screens: some fit, some do not, for every probe
+    caps = sorted(set(full))
+    caps = [caps[0] * 0.99, caps[len(caps) // 4], caps[len(caps) // 2], caps[-1] * 1.01]
+    fit_and_not = [0, 0]
+    for cap in caps:
+        fresh = _model(first_dense_layers=dense)  # no memo shared with the full screens above
+        for x, exact in zip(probes, full):
+            got = fresh.screen_bytes(x, cap)
+            if exact > cap:
+                assert got == exact, (x, cap)  # a pruned group reports the exact screen
+                fit_and_not[1] += 1
+            else:
+                assert got <= cap and got >= exact * (1 - 1e-12), (x, cap, got, exact)
+                fit_and_not[0] += 1
+    assert all(n > 10 for n in fit_and_not), fit_and_not
+
+
+def test_leaves_without_offload_carry_no_host_screen():
+    """The host screen reads host memory only: a leaf that offloads nothing has none."""
+    model = _model()
+    space = LLMSpace(model, Knobs(micro_batch=1))
+    leaves = offl = 0
+    stack = list(space.roots())
+    while stack:
+        node = stack.pop()
+        if node.leaf:
+            leaves += 1
+            offloads = any(off.uses_offload(m) for m in node.expand())
+            assert (node.host_screen is not None) == offloads
+            offl += offloads
+        else:
+            stack.extend(node.expand())
+            if node.relief is not None and (r := node.relief()) is not None:
+                stack.append(r)
+    assert leaves > 10 and offl > 0
+
+
+@pytest.mark.parametrize("capacity", [None, "9 GiB"])
+def test_search_equals_exhaustive_on_a_small_moe_space(capacity):
+    """Optimum of the branch and bound (screens, relief, bounds) = exhaustive evaluation."""
+    model = _model(capacity=capacity)
+    knobs = Knobs(micro_batch=1)
+    best, _ = search(model, LLMSpace(model, knobs))
+    oracle, _ = search(model, llm_candidates(model, knobs), exhaustive=True)
+    assert best.iteration_time_s == pytest.approx(oracle.iteration_time_s, rel=1e-12)
