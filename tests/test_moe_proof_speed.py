@@ -87,3 +87,51 @@ def test_search_equals_exhaustive_on_a_small_moe_space(capacity):
     best, _ = search(model, LLMSpace(model, knobs))
     oracle, _ = search(model, llm_candidates(model, knobs), exhaustive=True)
     assert best.iteration_time_s == pytest.approx(oracle.iteration_time_s, rel=1e-12)
+
+
+def _walk(node, parent_bound, out):
+    """Every (group, its parent's bound) below ``node``, relief groups included (refined)."""
+    if node.refine is not None:
+        node.bound_s, node.refine = max(node.bound_s, node.refine()), None
+    out.append((node, parent_bound))
+    if node.leaf:
+        return
+    for child in node.expand():
+        _walk(child, node.bound_s, out)
+    if node.relief is not None and (r := node.relief()) is not None:
+        _walk(r, 0.0, out)  # (a relief group's bound is its own: it holds other mappings)
+
+
+def test_offloaded_groups_bound_every_leaf_and_evaluation_below_them():
+    """Group bounds (with the host-transfer floor of offloaded twins) never exceed a child's
+    bound, and a leaf's never exceeds the evaluated time of its mappings; the transfer floor
+    raises some offloaded group above the compute floor (else it would prune nothing)."""
+    model = _model(capacity="9 GiB")
+    space = LLMSpace(model, Knobs(micro_batch=1))
+    nodes = []
+    for root in space.roots():
+        _walk(root, 0.0, nodes)
+    offloaded_groups = raised = evaluated = 0
+    for node, parent_bound in nodes:
+        assert node.bound_s >= parent_bound * (1 - 1e-12), node.knobs
+        if node.leaf:
+            for m in node.expand()[:2]:
+                ev = model.evaluate(m)
+                assert ev.iteration_time_s >= node.bound_s * (1 - 1e-12), m
+                evaluated += 1
+            continue
+        probes = [m for m in _leaf_mappings(node)]
+        if probes and all(off.uses_offload(m) for m in probes):
+            offloaded_groups += 1
+            mb = dict(node.knobs).get("micro_batch")
+            rc = dict(node.knobs).get("recompute")
+            if mb is not None and rc is not None:
+                compute = model.compute_floor_s(mb, rc) / (probes[0].tp * probes[0].cp * probes[0].pp)
+                raised += min(model.offload_stage_floor_s(m) for m in probes) > compute
+    assert evaluated > 20 and offloaded_groups > 0 and raised > 0, (evaluated, offloaded_groups, raised)
+
+
+def _leaf_mappings(node):
+    if node.leaf:
+        return node.expand()
+    return [m for child in node.expand() for m in _leaf_mappings(child)]

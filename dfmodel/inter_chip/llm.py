@@ -601,13 +601,27 @@ class LLMModel:
         kernels_s = self.pass_floor_s(m, tp_groups)  # per-kernel traffic and forced TP collectives (GPUs)
         if kernels_s is not None:
             avg_stage_s = max(avg_stage_s, kernels_s / m.pp)
-        if off.uses_offload(m):  # a layer's pass is never shorter than its host transfers
-            layer_params = self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)
-            avg_stage_s = max(avg_stage_s, self.num_layers / m.pp * sum(self._offload_layer_s(m, layer_params / m.tp)))
+        avg_stage_s = max(avg_stage_s, self.offload_stage_floor_s(m))
         # ZeRO-3: every layer's pass takes at least its parameter gathers and gradient reduce-scatter
         avg_stage_s = max(avg_stage_s, self.num_layers / m.pp * self.fsdp_layer_floor_s(m))
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s + self.p2p_floor_s(m)
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+
+    def offload_stage_floor_s(self, m: Mapping) -> float:
+        """Least mean stage time per micro-batch from host transfers (0 without offload): a
+        layer's pass is never shorter than its host transfers (:meth:`_offload_layer_s`), and
+        a stage runs ``L / pp`` layers on average. Reads the degrees, micro-batch, recompute,
+        SP, ZeRO stage and offload options only (memoised on them: the search's groups of
+        offloaded twins ask it before their leaves are built)."""
+        if not off.uses_offload(m):
+            return 0.0
+        key = (m.tp, m.cp, m.pp, m.dp, m.ep, m.micro_batch, m.sequence_parallel, m.recompute, m.zero_stage,
+               m.offload_optimizer, m.offload_activations, m.offload_weights)
+        memo = self.__dict__.setdefault("_offload_floor_memo", {})
+        if key not in memo:
+            layer_params = self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)
+            memo[key] = self.num_layers / m.pp * sum(self._offload_layer_s(m, layer_params / m.tp))
+        return memo[key]
 
     def p2p_floor_s(self, m: Mapping) -> float:
         """Least exposed pipeline p2p of ``m``'s knobs over every PP group a placement of its

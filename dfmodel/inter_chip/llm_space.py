@@ -561,7 +561,10 @@ class LLMSpace:
             return None
         keys = list(dict.fromkeys(self._key(o) for o in mine))
         probes = [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys]
-        compute_s = model.compute_floor_s(mb, rc) / (tp * cp * pp)
+        # (offloaded twins: a stage is never shorter than its layers' host transfers, least over
+        # the options; LLMModel.lower_bound_s holds it for each leaf)
+        compute_s = max(model.compute_floor_s(mb, rc) / (tp * cp * pp),
+                        min(model.offload_stage_floor_s(p) for p in probes))
         opt_s = min(self._opt_floor_s(p) for p in probes)
         ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
