@@ -322,14 +322,17 @@ class LLMSpace:
         return (o["zero_stage"], o.get("etp", 0), o.get("offload_optimizer", "none"),
                 o.get("offload_activations", False), o.get("offload_weights", False), o.get("tp_comm_overlap", False))
 
-    @classmethod
-    def _by_key(cls, opts: list[dict]) -> dict[tuple, list[dict]]:
+    def _by_key(self, opts: list[dict]) -> dict[tuple, list[dict]]:
         """``opts`` grouped by :meth:`_key`, keys in order of first appearance, each group in
-        ``opts``' order (one pass: a leaf group per key)."""
-        out: dict[tuple, list[dict]] = {}
-        for o in opts:
-            out.setdefault(cls._key(o), []).append(o)
-        return out
+        ``opts``' order (one pass: a leaf group per key); memoised on the list's identity (kept
+        alive by the memo), so each group's list is one object (:meth:`_relief_opts`' key)."""
+        memo = self.__dict__.setdefault("_by_key_memo", {})
+        if id(opts) not in memo:
+            out: dict[tuple, list[dict]] = {}
+            for o in opts:
+                out.setdefault(self._key(o), []).append(o)
+            memo[id(opts)] = (opts, out)
+        return memo[id(opts)][1]
 
     def _probe(self, deg, mb, m, v, rc, key, sp: bool = False) -> Mapping:
         """A mapping with the knobs the bound and floor read (placement and the rest neutral),
@@ -362,12 +365,23 @@ class LLMSpace:
     def _relief_opts(self, deg, opts) -> list[dict]:
         """The offloaded twins of ``opts`` (:func:`~dfmodel.inter_chip.offload.variants`; they
         read the options and dp x cp only, so they are memoised on those)."""
-        key = (deg["dp"] * deg["cp"], deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"],
-               tuple(tuple(sorted(o.items())) for o in opts))
+        # (keyed on the list's identity, kept alive by the memo: the option lists are built once
+        # per degree tuple and filtered once per group kind, _mine; hashing their items cost more)
+        key = (deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"], id(opts))
         memo = self.__dict__.setdefault("_twins", {})
         if key not in memo:
-            memo[key] = self._relief_opts_of(deg, opts)
-        return memo[key]
+            memo[key] = (opts, self._relief_opts_of(deg, opts))
+        return memo[key][1]
+
+    def _mine(self, opts: list[dict], ub: bool, oa: bool) -> list[dict]:
+        """The options of ``opts`` with this tp_comm_overlap and activation offload, one list
+        object per (``opts``, ub, oa) (:meth:`_relief_opts` is memoised on it)."""
+        key = (id(opts), ub, oa)
+        memo = self.__dict__.setdefault("_mine_memo", {})
+        if key not in memo:
+            memo[key] = (opts, [o for o in opts if o.get("tp_comm_overlap", False) == ub
+                                and o.get("offload_activations", False) == oa])
+        return memo[key][1]
 
     def _relief_opts_of(self, deg, opts) -> list[dict]:
         out, seen = [], set()
@@ -555,7 +569,7 @@ class LLMSpace:
         its options (each leaf's bound reads the same floors with its own v and options, never less)."""
         model = self.model
         tp, cp, pp = deg["tp"], deg["cp"], deg["pp"]
-        mine = [o for o in opts if o.get("tp_comm_overlap", False) == ub and o.get("offload_activations", False) == oa]
+        mine = self._mine(opts, ub, oa)
         count = len(vs) * sum(len(pl) for _, _, pl in self._pairs(tp, [spar], mine, places_by))
         if not count:
             return None
