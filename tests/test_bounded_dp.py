@@ -42,28 +42,6 @@ def test_bounded_equals_full_dp_and_brute_force(g_net, c, stream):
         assert cm.plan_time_s(got[0]) == pytest.approx(got[1], rel=1e-9)
 
 
-def _brute_plans(cm):
-    """Every (placed-before, block) chain of the DAG: yields the plans as lists of bitmasks."""
-    n, pred = cm.n, cm.pred_mask
-    full = (1 << n) - 1
-
-    def rec(placed, seq):
-        if placed == full:
-            yield list(seq)
-            return
-        rest = full & ~placed
-        sub = rest
-        while sub:
-            block = sub
-            sub = (sub - 1) & rest
-            if all(not (pred[k] & ~(placed | block)) for k in range(n) if (block >> k) & 1):
-                seq.append((placed, block))
-                yield from rec(placed | block, seq)
-                seq.pop()
-
-    yield from rec(0, [])
-
-
 def _row(cm, mask):
     return np.array([[(mask >> k) & 1 for k in range(cm.n)]], dtype=bool)
 
@@ -76,7 +54,7 @@ def test_floor_below_every_plan_of_every_remainder(seed):
     for c in (chip(), chip(sram_mib=8), chip(overlap=False)):
         cm = CostModel(graph, c, net)
         full = (1 << cm.n) - 1
-        for plan in _brute_plans(cm):
+        for plan in dpmod.ordered_plans(cm):
             blocks = np.vstack([_row(cm, b) for _, b in plan])
             ev = cm.evaluate(blocks, np.vstack([_row(cm, p) for p, _ in plan]))
             assert np.all(floor_s(cm, blocks)[ev["feasible"]] <= ev["time_s"][ev["feasible"]] * (1 + 1e-12))

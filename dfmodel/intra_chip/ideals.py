@@ -389,21 +389,19 @@ def solve_dp(
     return shortest_plan(cm, lat, edges, None if singletons else max_partitions)
 
 
-def brute_force(cm: CostModel, max_partitions: int | None = None) -> tuple[list[list[str]], float] | None:
-    """Test oracle: every ordered partition of the kernels, kept if it respects precedence.
-
-    Enumerates each sequence of blocks explicitly (any non-empty subset of the kernels not yet
-    placed, valid when its producers are placed or in the block), costs every block with the
-    same :class:`CostModel`, and returns the cheapest. Exponential: for graphs of a few kernels.
-    """
+def ordered_plans(cm: CostModel, max_partitions: int | None = None):
+    """Every ordered partition of the kernels that respects precedence, as lists of
+    ``(placed_before, block)`` bitmasks: any non-empty subset of the kernels not yet placed is a
+    block when its producers are placed or in the block (single kernels only off dataflow chips),
+    at most ``max_partitions`` blocks on dataflow chips. Exponential: for graphs of a few kernels
+    (the oracle of :func:`brute_force` and of the floor tests)."""
     n, pred = cm.n, cm.pred_mask
     full = (1 << n) - 1
     limit = n if (max_partitions is None or not cm.dataflow) else max_partitions
-    seqs: list[list[tuple[int, int]]] = []
 
     def rec(placed: int, seq: list[tuple[int, int]]):
         if placed == full:
-            seqs.append(list(seq))
+            yield list(seq)
             return
         if len(seq) >= limit:
             return
@@ -416,10 +414,19 @@ def brute_force(cm: CostModel, max_partitions: int | None = None) -> tuple[list[
                 continue
             if all(not (pred[k] & ~(placed | block)) for k in range(n) if (block >> k) & 1):
                 seq.append((placed, block))
-                rec(placed | block, seq)
+                yield from rec(placed | block, seq)
                 seq.pop()
 
-    rec(0, [])
+    yield from rec(0, [])
+
+
+def brute_force(cm: CostModel, max_partitions: int | None = None) -> tuple[list[list[str]], float] | None:
+    """Test oracle: every ordered partition of the kernels (:func:`ordered_plans`), each block
+    costed with the same :class:`CostModel`; returns the cheapest. Exponential: for graphs of a
+    few kernels.
+    """
+    n = cm.n
+    seqs = list(ordered_plans(cm, max_partitions))
     if n == 0:
         return [], 0.0
     pairs = sorted({p for s in seqs for p in s})
