@@ -107,3 +107,51 @@ def test_pair_estimate_is_exact_when_every_ideal_is_sampled(tiles):
     exact = dpmod._structure(lat, tiles, 10**7)[0].size
     assert dpmod.estimate_pairs(lat, tiles, samples=lat.size) == pytest.approx(exact)
     assert exact > 0
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_relaxed_floor_with_outside_below_every_partition(seed):
+    """relaxed_floor_s(B, outside) is below the time of every feasible partition P holding B and
+    none of ``outside`` (every P, B inside P, outside inside the complement of P; brute force),
+    with SRAM small enough that the tile, streaming and double buffers bind."""
+    from dfmodel.intra_chip.bounded_dp import relaxed_floor_s
+    graph, net = random_graph(seed, n=5)
+    checked = 0
+    for c in (chip(), chip(sram_mib=8), chip(sram_mib=2), chip(overlap=False)):
+        cm = CostModel(graph, c, net)
+        full = (1 << cm.n) - 1
+        P_rows, B_rows, O_rows = [], [], []
+        for P in range(1, full + 1):
+            rest = full & ~P
+            B = P
+            while B:
+                O = rest
+                while True:
+                    P_rows.append(P), B_rows.append(B), O_rows.append(O)
+                    if O == 0:
+                        break
+                    O = (O - 1) & rest
+                B = (B - 1) & P
+        rows = lambda ms: np.array([[(m >> k) & 1 for k in range(cm.n)] for m in ms], dtype=bool)
+        ev = cm.evaluate(rows(P_rows))
+        lb = relaxed_floor_s(cm, rows(B_rows), rows(O_rows))
+        ok = ev["feasible"]
+        checked += ok.sum()
+        assert np.all(lb[ok] <= ev["time_s"][ok] * (1 + 1e-12))
+    assert checked > 0
+
+
+def test_heavy_floor_binds_on_crossing_double_buffers():
+    """A kernel whose input and output cross every partition holding it (graph input and output)
+    double-buffers both: the floor sees the 2 f bytes and is the kernel's own time."""
+    from dfmodel.graph.graph import DataflowGraph
+    from dfmodel.graph.kernel import Kernel, KernelKind, Tensor
+    from dfmodel.intra_chip.bounded_dp import heavy_floor_s
+    MIB = 2**20
+    k = Kernel("a", KernelKind.matmul, {"m": 4096, "n": 4096, "k": 4096}, flop=1e12, output_bytes=64 * MIB,
+               weight_bytes=32 * MIB)
+    g = DataflowGraph([k], [Tensor("x", None, "a", 64 * MIB), Tensor("y", "a", None, 64 * MIB)],
+                      name="one", meta={"tile_rows": 4096})
+    cm = CostModel(g, chip(sram_mib=40))
+    one = np.ones((1, 1), dtype=bool)
+    assert heavy_floor_s(cm, one)[0] == pytest.approx(cm.evaluate(one)["time_s"][0], rel=1e-12)

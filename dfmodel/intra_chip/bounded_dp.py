@@ -58,24 +58,50 @@ def additive_floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
     return np.where(ev["count"] > 0, t, 0.0)
 
 
-def relaxed_floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
+def relaxed_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = None) -> np.ndarray:
     """Per row ``B`` of ``S``, a lower bound of the time of every partition that holds all of
-    ``B`` (inf where none fits): the fastest option of :meth:`CostModel.option_table` for ``B``
-    with only what any superset has at least -- its compute and network, its weights and extra
-    bytes read, its weights and accumulators as streamed bytes, SRAM ``f T_B + c F_B`` (``T_B``
-    the row-scaled bytes it touches, ``F_B`` its weights and accumulators: a superset touches
-    more, and a set's scaled SRAM is at least what it touches, see
-    :meth:`CostModel.min_sram_bytes`). Every term of a superset at every option is at least
-    this one's and its options that fit are among these, so its fastest is no faster."""
+    ``B`` and none of the kernels of the same row of ``outside`` (inf where none fits): the
+    fastest option of :meth:`CostModel.option_table` for ``B`` with only what any such superset
+    has at least -- its compute and network, its weights and extra bytes read, the tensors it
+    certainly moves (:func:`certain_crossing`), its weights and accumulators as streamed bytes,
+    SRAM ``f T_B + c F_B`` (``T_B`` the row-scaled bytes it touches, plus once more those it
+    certainly moves: a crossing tensor is double-buffered, ``2 f`` bytes; ``F_B`` its weights
+    and accumulators: a superset touches more, and a set's scaled SRAM is at least what it
+    touches, see :meth:`CostModel.min_sram_bytes`). Every term of such a superset at every
+    option is at least this one's and its options that fit are among these, so its fastest is
+    no faster."""
     ev = dict(cm._terms(S))
     weights_read = np.zeros(S.shape[0])
     for w in cm.weights:
         weights_read += w.bytes * S[:, list(w.kernels)].any(axis=1)
-    ev["memory_bytes"] = S.astype(float) @ cm.extra_bytes + weights_read
+    moved_bytes, moved_scaled_bytes = certain_crossing(cm, S, outside)
+    ev["memory_bytes"] = S.astype(float) @ cm.extra_bytes + weights_read + moved_bytes
     ev["memory_s"] = ev["memory_bytes"] * cm.s_per_byte
-    ev["sram_scaled"] = ev["sram_touched"]
+    ev["sram_scaled"] = ev["sram_touched"] + moved_scaled_bytes
     times, fits, _ = cm.option_table(ev)
     return np.where(fits, times, np.inf).min(axis=1)
+
+
+def certain_crossing(cm: CostModel, S: np.ndarray, outside: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, row-scaled bytes) per row of ``S`` of the tensors ``S`` touches that cross the
+    boundary of every partition holding ``S`` and none of ``outside`` (rows of kernels known to
+    run in other partitions; None: no such knowledge): a graph input or output, or a tensor
+    with its producer or a consumer in ``outside``. Such a tensor enters (a consumer inside,
+    the producer not) or leaves (the producer inside, a consumer or the output not), see
+    :func:`~dfmodel.intra_chip.cost.tensor_boundary`: its bytes move once and, row-scaled, it
+    takes ``2 f`` bytes of SRAM."""
+    m = S.shape[0]
+    moved, scaled = np.zeros(m), np.zeros(m)
+    out = np.zeros_like(S, dtype=bool) if outside is None else np.asarray(outside, dtype=bool)
+    for t in cm.tensors:
+        ends = ([t.producer] if t.producer >= 0 else []) + list(t.consumers)
+        touched = S[:, ends].any(axis=1)
+        certain = t.producer < 0 or t.is_output
+        cross = touched & (certain | out[:, ends].any(axis=1))
+        moved += t.bytes * cross
+        if t.row_scaled:
+            scaled += t.bytes * cross
+    return moved, scaled
 
 
 #: kernels (largest :func:`relaxed_floor_s` alone first) whose splits :func:`heavy_floor_s` tries
@@ -107,7 +133,9 @@ def _heavy_table(cm: CostModel) -> tuple[np.ndarray, np.ndarray]:
         rows = np.zeros((1 << m, cm.n), dtype=bool)
         for code in range(1 << m):
             rows[code, heavy[[i for i in range(m) if (code >> i) & 1]]] = True
-        group = relaxed_floor_s(cm, rows)
+        outside = np.zeros_like(rows)
+        outside[:, heavy] = ~rows[:, heavy]  # the other heavy kernels run in other parts
+        group = relaxed_floor_s(cm, rows, outside)
         group[0] = 0.0
         table = np.zeros(1 << m)
         for code in range(1, 1 << m):
@@ -132,17 +160,20 @@ def solve_bounded(
 
     Iterative deepening on the cutoff: a pass with cutoff ``U`` keeps every path whose floor is
     within ``U``, so it finds the optimum whenever the optimum is at most ``U``, and costs
-    little when ``U`` is near the floor. The cutoff starts at the floor of the whole graph and
-    grows by :data:`GROWTH` until a pass finds a plan or reaches the incumbent's time (a loose
-    incumbent -- the best cut of one topological order, 2.4x the floor on DeepSeek-V3's MoE
-    backward on sn30 -- would otherwise keep tens of millions of pairs)."""
+    little when ``U`` is near the floor. The cutoff starts :data:`FIRST_SLACK` above the floor
+    of the whole graph and its excess over the floor grows :data:`SLACK_GROWTH`-fold per pass
+    until a pass finds a plan or reaches the incumbent's time (a loose incumbent keeps many
+    more pairs: DeepSeek-V3's MoE backward at TP 8 on sn30 keeps 5.3 M pairs at its seed's
+    time, 4 % above the optimum, and 1.0 M at 1 % above the floor)."""
     if not cm.dataflow:
         raise ValueError("solve_bounded is for dataflow chips")
     if lat.size == 1:
         return [], 0.0
     st = _State(cm, lat, max_pairs)
     best = incumbent[1] if incumbent is not None else np.inf
-    cutoff = float(st.h(np.zeros(1, dtype=np.int64))[0]) * GROWTH if incumbent is not None else np.inf
+    floor = float(st.h(np.zeros(1, dtype=np.int64))[0])
+    slack = FIRST_SLACK
+    cutoff = floor * (1 + slack) if incumbent is not None else np.inf
     while True:
         bound = min(cutoff, best)
         found = st.search(bound)
@@ -152,11 +183,15 @@ def solve_bounded(
             incumbent, best = found, found[1]  # a plan, but one beyond the cutoff: not proven
         if cutoff >= best:
             return incumbent
-        cutoff *= GROWTH
+        slack *= SLACK_GROWTH
+        cutoff = floor * (1 + slack)
 
 
-#: factor by which :func:`solve_bounded` raises its cutoff after a pass that found no plan
-GROWTH = 1.25
+#: first cutoff of :func:`solve_bounded`, relative to the floor of the whole graph, and the
+#: factor by which its excess over the floor grows after a pass that found no plan (1 %, 5 %,
+#: 25 %, 125 %, ...: each pass keeps more pairs than all earlier ones together)
+FIRST_SLACK = 0.01
+SLACK_GROWTH = 5.0
 
 
 class _State:
