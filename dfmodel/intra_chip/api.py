@@ -133,11 +133,12 @@ def partition(
 #: On dragonfly (few tiles) the same lattice has few pairs and the full DP, whose pair
 #: structure is shared by every graph of the shape, stays faster.
 BOUNDED_MIN_IDEALS = 4096
-#: ... and give up (to the MILP) past this share of the full DP's pair guard: where the floors
-#: are loose (DeepSeek-V3's MoE backward on sn30, whose expert GEMMs stream their weights at a
-#: small row tile: the floor is 21 s, the best plan found 43 s) the pairs within reach grow
-#: to tens of millions, ~1.2 CPU s per million.
-BOUNDED_PAIR_SHARE = 4
+#: ... and give up (to the MILP) past this share of the full DP's pair guard (~1 CPU s per
+#: million pairs). Where the floors are within ~1 % of the optimum the pairs within reach stay
+#: at a few million: DeepSeek-V3's MoE backward at TP 8 on sn30 (floor 42.67 s, optimum
+#: 42.86 s) keeps 7.5 M, proven in ~7 CPU s, where the MILP returned its warm start with a 99 %
+#: gap after ~50 s.
+BOUNDED_PAIR_SHARE = 1
 
 
 def _exact_dp(cm: CostModel, max_partitions, max_ideals, max_pairs):

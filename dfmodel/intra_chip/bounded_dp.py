@@ -41,7 +41,7 @@ def floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
     return np.maximum(additive_floor_s(cm, S), heavy_floor_s(cm, S))
 
 
-def additive_floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
+def additive_floor_s(cm: CostModel, S: np.ndarray, terms: dict | None = None) -> np.ndarray:
     """``S``'s compute, network and DRAM bytes as one resident partition at the largest tile
     (:meth:`CostModel._terms`), combined as the chip combines them, plus one partition's
     overheads; 0 for an empty row.
@@ -51,8 +51,9 @@ def additive_floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
     ``S`` (producer outside, a consumer inside) enters the first part holding a consumer, and one
     leaving ``S`` (a consumer or the graph output outside) leaves the part holding its producer;
     streaming and smaller tiles only add time; and ``sum_j max(a_j, b_j) >= max(sum_j a_j, ...)``.
+    ``terms``: ``cm._terms(S)`` when already computed.
     """
-    ev = cm._terms(S)
+    ev = cm._terms(S) if terms is None else terms
     t = combine_times(ev["compute_s"], ev["memory_s"], ev["network_s"], cm.overlap)
     t = t + cm.kernel_overhead_s + cm.tile_overhead_s
     return np.where(ev["count"] > 0, t, 0.0)
@@ -238,15 +239,18 @@ class _State:
             sets = bits[dst] & ~bits[src]
             keep = dist[src] + heavy_floor_s(cm, sets) + self.h_cheap(dst) <= ub * (1 + _SLACK)  # cheap first
             src, dst, sets = src[keep], dst[keep], sets[keep]
-            keep = dist[src] + floor_s(cm, sets) + self.h(dst) <= ub * (1 + _SLACK)
+            terms = cm._terms(sets)  # once: for the floor and for the cost of the survivors
+            floor = np.maximum(additive_floor_s(cm, sets, terms), heavy_floor_s(cm, sets))
+            keep = dist[src] + floor + self.h(dst) <= ub * (1 + _SLACK)
             src, dst, sets = src[keep], dst[keep], sets[keep]
+            terms = {k: v[keep] for k, v in terms.items()}
             self.seen += src.size
             if self.seen > self.max_pairs:
                 raise TooLarge(f"more than {self.max_pairs} (ideal, superset) pairs above the floor")
             for a in range(0, src.size, _CHUNK):
                 check_deadline()
                 sl = slice(a, a + _CHUNK)
-                _relax(cm, bits, dist, pred, src[sl], dst[sl], sets[sl])
+                _relax(cm, bits, dist, pred, src[sl], dst[sl], sets[sl], {k: v[sl] for k, v in terms.items()})
             ub = min(ub, dist[N - 1])
         if not np.isfinite(dist[N - 1]):
             return None
@@ -267,11 +271,12 @@ def _supersets(packed: np.ndarray, starts: np.ndarray, layer: np.ndarray, s: int
     return np.concatenate(src_l), np.concatenate(dst_l)
 
 
-def _relax(cm: CostModel, bits, dist, pred, src, dst, sets) -> None:
-    """Cost partitions ``sets`` (``dst - src``) and lower ``dist[dst]`` through them."""
+def _relax(cm: CostModel, bits, dist, pred, src, dst, sets, terms) -> None:
+    """Cost partitions ``sets`` (``dst - src``; ``terms`` their ``cm._terms``) and lower
+    ``dist[dst]`` through them."""
     if src.size == 0:
         return
-    ev = cm.evaluate(sets)
+    ev = cm.evaluate(sets, terms=terms)
     ok = ev["feasible"]
     if cm.dram_check:  # lifetimes depend on the pair, not only on the set
         ok &= cm.dram_fits(cm.live_bytes(bits[src], bits[dst]))

@@ -471,7 +471,7 @@ class CostModel:
         order = {k: i for i, k in enumerate(self.names)}
         return [sorted(p, key=order.__getitem__) for p in plan]
 
-    def evaluate(self, S: np.ndarray, I: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def evaluate(self, S: np.ndarray, I: np.ndarray | None = None, terms: dict | None = None) -> dict[str, np.ndarray]:
         """Cost of each candidate partition (rows of ``S``), run after ideal ``I`` (rows).
 
         Returns the terms of :meth:`_terms` plus ``feasible``, the chosen option -- the fastest
@@ -479,11 +479,11 @@ class CostModel:
         ``streamed`` -- ``sram_bytes`` at it, ``time_s`` (NaN where infeasible) and, when ``I``
         is given and DRAM could bind, ``live_bytes``; ``memory_bytes``/``memory_s`` include the
         streamed re-reads (``stream_extra_bytes``). Kernel-by-kernel chips cost a set as the sum
-        of its kernels alone.
+        of its kernels alone. ``terms``: ``self._terms(S)`` when the caller has it already.
         """
         S = np.asarray(S, dtype=bool)
         m = S.shape[0]
-        ev = self._terms(S)
+        ev = self._terms(S) if terms is None else dict(terms)
         feasible = ev["count"] >= 1
         streamed = np.zeros(m, dtype=bool)
         extra = np.zeros(m)
