@@ -46,10 +46,14 @@ def _row(cm, mask):
     return np.array([[(mask >> k) & 1 for k in range(cm.n)]], dtype=bool)
 
 
+@pytest.mark.parametrize("heavy", [2, 8])
 @pytest.mark.parametrize("seed", range(40))
-def test_floor_below_every_plan_of_every_remainder(seed):
+def test_floor_below_every_plan_of_every_remainder(seed, heavy, monkeypatch):
     """h(I) = floor(V - I) is below every feasible plan of the kernels after ideal I, and
-    floor(S) below every single partition S (brute force over all chains from every ideal)."""
+    floor(S) below every single partition S (brute force over all chains from every ideal);
+    with 2 heavy kernels the others are light (memory_floor_s adds their bytes)."""
+    from dfmodel.intra_chip import bounded_dp
+    monkeypatch.setattr(bounded_dp, "HEAVY_KERNELS", heavy)
     graph, net = random_graph(seed, n=5)
     for c in (chip(), chip(sram_mib=8), chip(overlap=False)):
         cm = CostModel(graph, c, net)
@@ -155,3 +159,30 @@ def test_heavy_floor_binds_on_crossing_double_buffers():
     cm = CostModel(g, chip(sram_mib=40))
     one = np.ones((1, 1), dtype=bool)
     assert heavy_floor_s(cm, one)[0] == pytest.approx(cm.evaluate(one)["time_s"][0], rel=1e-12)
+
+
+@pytest.mark.parametrize("heavy", [0, 2, 8])
+@pytest.mark.parametrize("seed", range(40))
+def test_memory_floor_below_the_memory_of_every_plan(seed, heavy, monkeypatch):
+    """memory_floor_s(V - I) is below the summed DRAM seconds plus partition overheads of every
+    feasible plan of the kernels after every ideal I (brute force): the oracle is the memory
+    term alone, so a byte charged that a plan need not move shows."""
+    from dfmodel.intra_chip import bounded_dp
+    monkeypatch.setattr(bounded_dp, "HEAVY_KERNELS", heavy)
+    graph, net = random_graph(seed, n=5)
+    checked = 0
+    for c in (chip(), chip(sram_mib=8), chip(overlap=False)):
+        cm = CostModel(graph, c, net)
+        full = (1 << cm.n) - 1
+        for plan in _brute_plans(cm):
+            blocks = np.vstack([_row(cm, b) for _, b in plan])
+            ev = cm.evaluate(blocks, np.vstack([_row(cm, p) for p, _ in plan]))
+            if not ev["feasible"].all():
+                continue
+            f = np.asarray(cm.fractions)[ev["tile"]]
+            mem = ev["memory_s"] + cm.kernel_overhead_s + cm.tile_overhead_s / f
+            for j, (placed, _) in enumerate(plan):
+                lb = bounded_dp.memory_floor_s(cm, _row(cm, full & ~placed))[0]
+                assert lb <= mem[j:].sum() * (1 + 1e-12)
+                checked += 1
+    assert checked > 0
