@@ -174,7 +174,7 @@ def test_memory_floor_below_the_memory_of_every_plan(seed, heavy, monkeypatch):
     for c in (chip(), chip(sram_mib=8), chip(overlap=False)):
         cm = CostModel(graph, c, net)
         full = (1 << cm.n) - 1
-        for plan in _brute_plans(cm):
+        for plan in dpmod.ordered_plans(cm):
             blocks = np.vstack([_row(cm, b) for _, b in plan])
             ev = cm.evaluate(blocks, np.vstack([_row(cm, p) for p, _ in plan]))
             if not ev["feasible"].all():
