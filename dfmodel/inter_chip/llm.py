@@ -607,6 +607,71 @@ class LLMModel:
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s + self.p2p_floor_s(m)
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
+    def zero2_exposed_floor_s(self, m: Mapping, pipeline_floor_s: float, worst_params_floor: float = 0.0,
+                              worst_experts_floor: float = 0.0) -> float:
+        """Least exposed ZeRO-2 per-micro-batch gradient reduce-scatter of ``m`` (what
+        :meth:`_dp_sync_s` adds, ``(M - 1) max(0, R - o b0)``), given a lower bound
+        ``pipeline_floor_s`` on the pipeline time T. Stage 0 runs its backward ``b0`` M times,
+        so ``b0 <= T / M``; ``T + (M - 1) max(0, R - o T / M)`` grows with T when ``o <= 1``, so
+        the step is at least ``A + (M - 1) max(0, R - o A / M)`` for any ``A <= T``. R is the
+        worst stage's ``P - X`` non-expert gradients over the dp x cp group at rate ``r_g`` per
+        element plus its ``X`` expert ones over the expert data-parallel group at ``r_e``
+        (:meth:`_grad_rs_rates`), so ``R >= min(r_g, r_e) P + max(0, r_e - r_g) X`` with P at
+        least :meth:`params_per_chip_floor` (and ``worst_params_floor``) and X at least
+        ``worst_experts_floor``. 0 unless ZeRO-2 with several micro-batches and no offload."""
+        o = self.system.dp_overlap
+        if (m.zero_stage != 2 or m.num_micro_batches <= 1 or m.dp_cp == 1 or o > 1
+                or m.offload_optimizer != "none" or m.offload_weights or m.offload_activations):
+            return 0.0
+        params = max(self.params_per_chip_floor(m), worst_params_floor)
+        reduce_floor_s = min(min(r_g, r_e) * params + max(0.0, r_e - r_g) * worst_experts_floor
+                             for r_g, r_e in self._grad_rs_rates(m))
+        M = m.num_micro_batches
+        return (M - 1) * max(0.0, reduce_floor_s - o * pipeline_floor_s / M) * (1 - 1e-9)
+
+    def _grad_rs_rates(self, m: Mapping) -> tuple:
+        """(dp x cp, expert data-parallel) reduce-scatter seconds per gradient element, per
+        placement (``m``'s own, or every placement of its degrees when it has none). The cost
+        table's collectives are latency + bytes / bandwidth terms (fastest of several
+        algorithms), so ``time(b) / b`` never grows with ``b``: the rate of a Megatron bucket
+        (``_dp_sync_s`` sends ``k`` buckets of at most ``megatron_bucket_elements``) bounds every
+        bucket's. Memoised per degrees (placement-free) or groups."""
+        memo = self.__dict__.setdefault("_grad_rs_rate_memo", {})
+        key = (m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.placement)
+        if key not in memo:
+            elem_bytes = self.training.grad_bytes
+            bucket_bytes = pipe.megatron_bucket_elements(m.dp_cp) * elem_bytes
+
+            def groups(p):
+                mm = replace(m, placement=p)
+                dp = tuple(merge_groups(self.system, mm.group("cp"), mm.group("dp")))
+                return dp, (tuple(self._expert_dp_group(mm)) if self.num_experts > 1 else dp)
+
+            found = [groups(m.placement)] if m.placement else self._placed_groups(m, groups)
+            rate = lambda g: self.costs.time_s("reduce_scatter", bucket_bytes, g) / bucket_bytes * elem_bytes
+            memo[key] = tuple({(rate(g), rate(h)) for g, h in found})
+        return memo[key]
+
+    def _worst_stage_floors(self, m: Mapping, layer: BlockTimes, emb, head, dense) -> tuple[float, float]:
+        """(parameters, MoE expert parameters) the most-parameter stage of ``m`` holds at least
+        (:meth:`evaluate`: ``worst_experts`` = its MoE layers x the layer's expert parameters).
+        With ``S`` the parameters of all stages and ``O`` those outside the MoE layers (dense
+        layers, embedding, head, MTP, tied copy), the worst stage holds ``P_w >= S / pp`` and
+        ``P_w >= n* Lp`` (``n* >= ceil(L / pp)``, the most MoE layers of a stage), and at most
+        ``O`` besides its ``n_w`` MoE layers: ``n_w >= (max(S / pp, ceil(L / pp) Lp) - O) / Lp``.
+        (0, 0) while a block is unsolved."""
+        e = expert_params(layer.sharded.graph)
+        if emb is None or head is None or (self.num_dense_layers and dense is None) or not e:
+            return 0.0, 0.0
+        lp, n = layer.params_per_chip, self.num_moe_layers
+        other = (self.num_dense_layers * (dense.params_per_chip if dense else 0.0) + emb.params_per_chip
+                 + head.params_per_chip + self._mtp_params_per_chip(m, lp)
+                 + mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp,
+                                                  pp=m.pp, tie_embeddings=self.model.tie_embeddings))
+        params = max((n * lp + other) / m.pp, math.ceil(n / m.pp) * lp)
+        layers = max(0, math.ceil((params - other) / lp * (1 - 1e-9)))
+        return params * (1 - 1e-9), layers * e
+
     def offload_stage_floor_s(self, m: Mapping) -> float:
         """Least mean stage time per micro-batch from host transfers (0 without offload): a
         layer's pass is never shorter than its host transfers (:meth:`_offload_layer_s`), and
@@ -790,7 +855,9 @@ class LLMModel:
         if m.pp > 1 and m.interleave == 1:  # plain 1F1B's exposed p2p on its own PP group (comm_floor)
             pipeline_s += (pipe.p2p_transfers_on_critical_path(m.pp, m.num_micro_batches)
                            * self.p2p_s(m.micro_batch, m.cp, m.tp, m.group("pp")))
-        return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+        zero2_s = self.zero2_exposed_floor_s(m, pipeline_s, *self._worst_stage_floors(m, layer, emb, head, dense)
+                                             ) if m.zero_stage == 2 else 0.0
+        return pipeline_s + zero2_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
     def _onchip_layers_cap(self, m: Mapping, onchip: OnChipStash) -> int:
         """At most this many of the (MoE) layers keep their stash in SRAM, whatever the layer split

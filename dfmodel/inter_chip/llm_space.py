@@ -632,7 +632,11 @@ class LLMSpace:
         model = self.model
         probe = self._probe(deg, mb, m, v, rc, key, bool(spar))  # (offloaded activations: SP shrinks them)
         bound, floor = 0.0 if self._bounds_off else model.lower_bound_s(probe), model.leaf_floor_bytes(probe)
-        bound += self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
+        ep_s = self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
+        if not self._bounds_off and key[0] == 2:  # ZeRO-2's per-micro-batch reduce-scatters over the pipeline bound
+            pipe_s = bound - model.optimizer_s(probe, model.params_per_chip_floor(probe)) + ep_s
+            ep_s += model.zero2_exposed_floor_s(probe, pipe_s)
+        bound += ep_s
         fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
                  ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
                  ("sequence_parallel", bool(spar)), ("zero_stage", key[0]), ("cp", deg["cp"]),
