@@ -576,7 +576,12 @@ class LLMModel:
             memo[key] = (self.lower_bound_s(m, tp_groups=(m.group("tp"),))
                          + (m.num_micro_batches + (m.pp - 1) / m.interleave) * self.num_moe_layers
                          * self._ep_exposed_floor_s(m) / m.pp) * (1 - 1e-12)
-        return memo[key]
+        if m.zero_stage != 2:
+            return memo[key]
+        # ZeRO-2: the reduce-scatters on m's own dp x cp and expert data-parallel groups, over
+        # the pipeline part of the bound (it less the optimizer floor lower_bound_s adds)
+        pipeline_s = memo[key] - self.optimizer_s(m, self.params_per_chip_floor(m))
+        return memo[key] + self.zero2_exposed_floor_s(m, pipeline_s)
 
     def _ep_exposed_floor_s(self, m: Mapping) -> float:
         """Least exposed all-to-all time of one MoE layer and micro-batch of ``m`` before its
@@ -623,6 +628,8 @@ class LLMModel:
         if (m.zero_stage != 2 or m.num_micro_batches <= 1 or m.dp_cp == 1 or o > 1
                 or m.offload_optimizer != "none" or m.offload_weights or m.offload_activations):
             return 0.0
+        if not worst_params_floor and not worst_experts_floor:
+            worst_params_floor, worst_experts_floor = self._presolve_stage_floors(m)
         params = max(self.params_per_chip_floor(m), worst_params_floor)
         reduce_floor_s = min(min(r_g, r_e) * params + max(0.0, r_e - r_g) * worst_experts_floor
                              for r_g, r_e in self._grad_rs_rates(m))
@@ -653,24 +660,50 @@ class LLMModel:
         return memo[key]
 
     def _worst_stage_floors(self, m: Mapping, layer: BlockTimes, emb, head, dense) -> tuple[float, float]:
-        """(parameters, MoE expert parameters) the most-parameter stage of ``m`` holds at least
-        (:meth:`evaluate`: ``worst_experts`` = its MoE layers x the layer's expert parameters).
-        With ``S`` the parameters of all stages and ``O`` those outside the MoE layers (dense
-        layers, embedding, head, MTP, tied copy), the worst stage holds ``P_w >= S / pp`` and
-        ``P_w >= n* Lp`` (``n* >= ceil(L / pp)``, the most MoE layers of a stage), and at most
-        ``O`` besides its ``n_w`` MoE layers: ``n_w >= (max(S / pp, ceil(L / pp) Lp) - O) / Lp``.
-        (0, 0) while a block is unsolved."""
+        """:meth:`_stage_floors_of` with the solved blocks' exact per-chip parameters (the
+        MoE layer's, its experts', and the ``O`` outside the MoE layers: dense layers,
+        embedding, head, MTP, tied copy); (0, 0) while a block is unsolved."""
         e = expert_params(layer.sharded.graph)
         if emb is None or head is None or (self.num_dense_layers and dense is None) or not e:
             return 0.0, 0.0
-        lp, n = layer.params_per_chip, self.num_moe_layers
+        lp = layer.params_per_chip
         other = (self.num_dense_layers * (dense.params_per_chip if dense else 0.0) + emb.params_per_chip
-                 + head.params_per_chip + self._mtp_params_per_chip(m, lp)
+                 + head.params_per_chip + self._mtp_params_per_chip(m, lp) - self.num_mtp_layers * lp
                  + mem.tied_embedding_copy_params(vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp,
                                                   pp=m.pp, tie_embeddings=self.model.tie_embeddings))
-        params = max((n * lp + other) / m.pp, math.ceil(n / m.pp) * lp)
-        layers = max(0, math.ceil((params - other) / lp * (1 - 1e-9)))
-        return params * (1 - 1e-9), layers * e
+        params, experts = self._stage_floors_of(m, lp, e, other)
+        mean = ((self.num_moe_layers + self.num_mtp_layers) * lp + other) / m.pp  # (O exact: the mean)
+        return max(params, mean * (1 - 1e-9)), experts
+
+    def _presolve_stage_floors(self, m: Mapping) -> tuple[float, float]:
+        """:meth:`_stage_floors_of` before any block is solved: a chip holds at least ``1 / tp``
+        of a layer's non-expert parameters and ``1 / (ep_outside_tp tp)`` of its experts (as
+        :meth:`memory_before_blocks`' mean-stage floor), and at most all of any block's (``O``: every parameter
+        outside the MoE layers, plus the MTP modules' projections and two embedding copies,
+        unsharded; the MTP modules' MoE layers are counted as ``Lp`` each)."""
+        total, layer, experts, _ = self._param_counts
+        if total is None or not experts or self.num_experts <= 1:
+            return 0.0, 0.0
+        h = self.model.hidden
+        other = total - self.num_moe_layers * layer + self.num_mtp_layers * 2 * h * h + 2 * self.model.vocab_size * h
+        per_chip = experts / (m.ep_outside_tp * m.tp)  # a rank holds E / (ep_outside_tp x tp) experts either way
+        return self._stage_floors_of(m, (layer - experts) / m.tp + per_chip, per_chip, other)
+
+    def _stage_floors_of(self, m: Mapping, layer_params: float, layer_experts: float,
+                         other_params: float) -> tuple[float, float]:
+        """(parameters, MoE expert parameters) the most-parameter stage of ``m`` holds at least
+        (:meth:`evaluate`'s ``worst_params`` and ``worst_experts``, its ``n_w`` MoE layers x
+        the layer's experts), from floors on a MoE layer's parameters ``Lp`` and experts per
+        chip and a ceiling ``O`` on those outside the MoE layers and the k MTP modules' layers
+        (``Lp`` each, :meth:`_mtp_params_per_chip`). With L MoE layers the worst stage holds
+        ``P_w >= ((L + k) Lp + O) / pp`` (the mean) and ``P_w >= ceil(L / pp) Lp`` (the stage
+        with the most MoE layers), and at most ``O + k Lp`` besides its own MoE layers, so
+        ``n_w >= max(L / pp - (O / Lp + k) (1 - 1 / pp), ceil(L / pp) - O / Lp - k)``."""
+        n, k, pp, lp, o = self.num_moe_layers, self.num_mtp_layers, m.pp, layer_params, other_params
+        if lp <= 0:
+            return 0.0, 0.0
+        layers = max(0, math.ceil(max(n / pp - (o / lp + k) * (1 - 1 / pp), math.ceil(n / pp) - o / lp - k) - 1e-9))
+        return math.ceil(n / pp) * lp * (1 - 1e-9), layers * layer_experts * (1 - 1e-9)
 
     def offload_stage_floor_s(self, m: Mapping) -> float:
         """Least mean stage time per micro-batch from host transfers (0 without offload): a
