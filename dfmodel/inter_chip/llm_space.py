@@ -633,10 +633,11 @@ class LLMSpace:
         probe = self._probe(deg, mb, m, v, rc, key, bool(spar))  # (offloaded activations: SP shrinks them)
         bound, floor = 0.0 if self._bounds_off else model.lower_bound_s(probe), model.leaf_floor_bytes(probe)
         ep_s = self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
+        zero2_s = 0.0
         if not self._bounds_off and key[0] == 2:  # ZeRO-2's per-micro-batch reduce-scatters over the pipeline bound
-            pipe_s = bound - model.optimizer_s(probe, model.params_per_chip_floor(probe)) + ep_s
-            ep_s += model.zero2_exposed_floor_s(probe, pipe_s)
-        bound += ep_s
+            pipeline_s = bound - model.optimizer_s(probe, model.params_per_chip_floor(probe)) + ep_s
+            zero2_s = model.zero2_exposed_floor_s(probe, pipeline_s)
+        bound += ep_s + zero2_s
         fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
                  ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
                  ("sequence_parallel", bool(spar)), ("zero_stage", key[0]), ("cp", deg["cp"]),
