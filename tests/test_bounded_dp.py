@@ -54,20 +54,26 @@ def test_floor_below_every_plan_of_every_remainder(seed, heavy, monkeypatch):
     with 2 heavy kernels the others are light (memory_floor_s adds their bytes)."""
     from dfmodel.intra_chip import bounded_dp
     monkeypatch.setattr(bounded_dp, "HEAVY_KERNELS", heavy)
+    for cm, plan, blocks, ev in _evaluated_plans(seed):
+        full = (1 << cm.n) - 1
+        assert np.all(floor_s(cm, blocks)[ev["feasible"]] <= ev["time_s"][ev["feasible"]] * (1 + 1e-12))
+        if not ev["feasible"].all():
+            continue
+        # every suffix of the plan is a plan of the kernels after its first ideal
+        for j, (placed, _) in enumerate(plan):
+            rest = float(ev["time_s"][j:].sum())
+            assert floor_s(cm, _row(cm, full & ~placed))[0] <= rest * (1 + 1e-12)
+
+
+def _evaluated_plans(seed):
+    """(cost model, plan, its blocks as rows, its evaluation) for every ordered plan of a random
+    5-kernel graph on three chips (plenty of SRAM, 8 MiB, no overlap)."""
     graph, net = random_graph(seed, n=5)
     for c in (chip(), chip(sram_mib=8), chip(overlap=False)):
         cm = CostModel(graph, c, net)
-        full = (1 << cm.n) - 1
         for plan in dpmod.ordered_plans(cm):
             blocks = np.vstack([_row(cm, b) for _, b in plan])
-            ev = cm.evaluate(blocks, np.vstack([_row(cm, p) for p, _ in plan]))
-            assert np.all(floor_s(cm, blocks)[ev["feasible"]] <= ev["time_s"][ev["feasible"]] * (1 + 1e-12))
-            if not ev["feasible"].all():
-                continue
-            # every suffix of the plan is a plan of the kernels after its first ideal
-            for j, (placed, _) in enumerate(plan):
-                rest = float(ev["time_s"][j:].sum())
-                assert floor_s(cm, _row(cm, full & ~placed))[0] <= rest * (1 + 1e-12)
+            yield cm, plan, blocks, cm.evaluate(blocks, np.vstack([_row(cm, p) for p, _ in plan]))
 
 
 def _wide_graph():
@@ -169,20 +175,15 @@ def test_memory_floor_below_the_memory_of_every_plan(seed, heavy, monkeypatch):
     term alone, so a byte charged that a plan need not move shows."""
     from dfmodel.intra_chip import bounded_dp
     monkeypatch.setattr(bounded_dp, "HEAVY_KERNELS", heavy)
-    graph, net = random_graph(seed, n=5)
     checked = 0
-    for c in (chip(), chip(sram_mib=8), chip(overlap=False)):
-        cm = CostModel(graph, c, net)
+    for cm, plan, _, ev in _evaluated_plans(seed):
+        if not ev["feasible"].all():
+            continue
         full = (1 << cm.n) - 1
-        for plan in dpmod.ordered_plans(cm):
-            blocks = np.vstack([_row(cm, b) for _, b in plan])
-            ev = cm.evaluate(blocks, np.vstack([_row(cm, p) for p, _ in plan]))
-            if not ev["feasible"].all():
-                continue
-            f = np.asarray(cm.fractions)[ev["tile"]]
-            mem = ev["memory_s"] + cm.kernel_overhead_s + cm.tile_overhead_s / f
-            for j, (placed, _) in enumerate(plan):
-                lb = bounded_dp.memory_floor_s(cm, _row(cm, full & ~placed))[0]
-                assert lb <= mem[j:].sum() * (1 + 1e-12)
-                checked += 1
+        f = np.asarray(cm.fractions)[ev["tile"]]
+        mem = ev["memory_s"] + cm.kernel_overhead_s + cm.tile_overhead_s / f
+        for j, (placed, _) in enumerate(plan):
+            lb = bounded_dp.memory_floor_s(cm, _row(cm, full & ~placed))[0]
+            assert lb <= mem[j:].sum() * (1 + 1e-12)
+            checked += 1
     assert checked > 0
