@@ -133,24 +133,22 @@ def partition(
 #: On dragonfly (few tiles) the same lattice has few pairs and the full DP, whose pair
 #: structure is shared by every graph of the shape, stays faster.
 BOUNDED_MIN_IDEALS = 4096
-#: ... and give up (to the MILP) past this share of the full DP's pair guard (~1 CPU s per
-#: million pairs). Where the floors are within ~1 % of the optimum the pairs within reach stay
-#: at a few million: DeepSeek-V3's MoE backward at TP 8 on sn30 (floor 42.67 s, optimum
-#: 42.86 s) keeps 7.5 M, proven in ~7 CPU s, where the MILP returned its warm start with a 99 %
-#: gap after ~50 s.
-BOUNDED_PAIR_SHARE = 1
 
 
 def _exact_dp(cm: CostModel, max_partitions, max_ideals, max_pairs):
     """Optimal plan by the ideal-lattice DP (None: nothing fits); TooLarge past the guards.
     Large lattices of dataflow chips without a partition limit go through the floor-pruned
-    DP, seeded with the best plan along one topological order."""
+    DP, seeded with the best plan along one topological order; it gives up (to the MILP) past
+    the full DP's own pair guard (~1 CPU s per million pairs: where the floors are within ~1 %
+    of the optimum the pairs within reach stay at a few million -- DeepSeek-V3's MoE backward at
+    TP 8 on sn30, floor 42.67 s, optimum 42.86 s, keeps 7.5 M, proven in ~7 CPU s, where the
+    MILP returned its warm start with a 99 % gap after ~50 s)."""
     unlimited = max_partitions is None or max_partitions >= cm.n
     if cm.dataflow and unlimited:
         lat = _dp.enumerate_ideals(cm, max_ideals)
         if lat.size > BOUNDED_MIN_IDEALS and _dp.estimate_pairs(lat, cm.tiles) > max_pairs // 2:
             seed = _dp.solve_dp(cm, None, lattice=_dp.chain_lattice(cm))
-            return solve_bounded(cm, lat, seed, max_pairs=max_pairs // BOUNDED_PAIR_SHARE)
+            return solve_bounded(cm, lat, seed, max_pairs=max_pairs)
     return _dp.solve_dp(cm, max_partitions, max_ideals=max_ideals, max_pairs=max_pairs)
 
 

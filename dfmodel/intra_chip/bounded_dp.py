@@ -24,7 +24,7 @@ import numpy as np
 
 from dfmodel.algorithms import TooLarge
 from dfmodel.intra_chip.cost import CostModel, combine_times
-from dfmodel.intra_chip.ideals import Lattice, _pack
+from dfmodel.intra_chip.ideals import Lattice, _pack, supersets_in
 from dfmodel.solvers.deadline import check as check_deadline
 
 #: relative slack of the pruning test (costs are sums of floats: a plan equal to the bound
@@ -118,7 +118,7 @@ def certain_crossing(cm: CostModel, S: np.ndarray, outside: np.ndarray | None) -
     moved, scaled = np.zeros(m), np.zeros(m)
     out = np.zeros_like(S, dtype=bool) if outside is None else np.asarray(outside, dtype=bool)
     for t in cm.tensors:
-        ends = ([t.producer] if t.producer >= 0 else []) + list(t.consumers)
+        ends = _ends(t)
         touched = S[:, ends].any(axis=1)
         certain = t.producer < 0 or t.is_output
         cross = touched & (certain | out[:, ends].any(axis=1))
@@ -142,7 +142,7 @@ def heavy_floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
     heavy, table, _ = _heavy_table(cm)
     if S.shape[0] == 0:
         return np.zeros(0)
-    code = S[:, heavy].astype(np.int64) @ (np.int64(1) << np.arange(heavy.size, dtype=np.int64))
+    code = _heavy_codes(S, heavy)
     return table[code]
 
 
@@ -158,7 +158,7 @@ def memory_floor_s(cm: CostModel, S: np.ndarray) -> np.ndarray:
     heavy, _, table = _heavy_table(cm)
     if S.shape[0] == 0:
         return np.zeros(0)
-    code = S[:, heavy].astype(np.int64) @ (np.int64(1) << np.arange(heavy.size, dtype=np.int64))
+    code = _heavy_codes(S, heavy)
     return table[code] + light_bytes(cm, S) * cm.s_per_byte
 
 
@@ -175,13 +175,24 @@ def light_bytes(cm: CostModel, S: np.ndarray) -> np.ndarray:
         if light[list(w.kernels)].all():
             out += w.bytes * S[:, list(w.kernels)].any(axis=1)
     for t in cm.tensors:
-        ends = ([t.producer] if t.producer >= 0 else []) + list(t.consumers)
+        ends = _ends(t)
         if not light[ends].all():
             continue
         inside = S[:, ends]
         cross = inside.any(axis=1) & ((t.producer < 0 or t.is_output) | ~inside.all(axis=1))
         out += t.bytes * cross
     return out
+
+
+def _heavy_codes(S: np.ndarray, heavy: np.ndarray) -> np.ndarray:
+    """Per row of ``S``, the bitmask of the heavy kernels it holds (bit i: ``heavy[i]``), the
+    index into the tables of :func:`_heavy_table`."""
+    return S[:, heavy].astype(np.int64) @ (np.int64(1) << np.arange(heavy.size, dtype=np.int64))
+
+
+def _ends(t) -> list[int]:
+    """The kernels a tensor joins: its producer (none for a graph input) and its consumers."""
+    return ([t.producer] if t.producer >= 0 else []) + list(t.consumers)
 
 
 def _heavy_table(cm: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -274,7 +285,7 @@ class _State:
         self.starts = np.searchsorted(self.sizes, np.arange(cm.n + 2))
         self._h = np.full(lat.size, np.nan)  # floor of the rest after each ideal, on demand
         heavy, self._table, _ = _heavy_table(cm)
-        self._code = lat.bits[:, heavy].astype(np.int64) @ (np.int64(1) << np.arange(heavy.size, dtype=np.int64))
+        self._code = _heavy_codes(lat.bits, heavy)
         self._all = (1 << heavy.size) - 1
         self.seen = 0
 
@@ -334,7 +345,7 @@ def _supersets(packed: np.ndarray, starts: np.ndarray, layer: np.ndarray, s: int
     for k, i in enumerate(layer):
         if k % 256 == 0:
             check_deadline()
-        js = np.flatnonzero(np.all((packed[i] & ~packed[lo:hi]) == 0, axis=1)) + lo
+        js = np.flatnonzero(supersets_in(packed, i, lo, hi)) + lo
         src_l.append(np.full(js.size, i, dtype=np.int64))
         dst_l.append(js)
     return np.concatenate(src_l), np.concatenate(dst_l)

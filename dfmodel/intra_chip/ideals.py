@@ -196,7 +196,7 @@ def _structure(lat: Lattice, max_size: int, max_pairs: int):
         hi = np.searchsorted(sizes, sizes[i] + max_size, side="right")
         if lo >= hi:
             continue
-        js = np.flatnonzero(np.all((packed[i] & ~packed[lo:hi]) == 0, axis=1)) + lo
+        js = np.flatnonzero(supersets_in(packed, i, lo, hi)) + lo
         if js.size:
             src_l.append(np.full(js.size, i, dtype=np.int64))
             dst_l.append(js)
@@ -216,6 +216,11 @@ def _structure(lat: Lattice, max_size: int, max_pairs: int):
     return out
 
 
+def supersets_in(packed: np.ndarray, i: int, lo: int, hi: int) -> np.ndarray:
+    """Which of the packed rows ``lo:hi`` hold every kernel of row ``i`` (boolean per row)."""
+    return np.all((packed[i] & ~packed[lo:hi]) == 0, axis=1)
+
+
 def estimate_pairs(lat: Lattice, max_size: int, samples: int = 64) -> float:
     """Estimated count of pairs ``I < J`` with ``|J - I| <= max_size`` (what :func:`_structure`
     enumerates): the mean superset count of ``samples`` evenly spaced ideals times the ideals."""
@@ -226,7 +231,7 @@ def estimate_pairs(lat: Lattice, max_size: int, samples: int = 64) -> float:
     for i in idx:
         lo = np.searchsorted(sizes, sizes[i], side="right")
         hi = np.searchsorted(sizes, sizes[i] + max_size, side="right")
-        total += int(np.all((packed[i] & ~packed[lo:hi]) == 0, axis=1).sum())
+        total += int(supersets_in(packed, i, lo, hi).sum())
     return total * lat.size / idx.size
 
 
@@ -277,7 +282,7 @@ def _pairs_screened(cm: CostModel, lat: Lattice, max_size: int, weights: np.ndar
         hi = np.searchsorted(sizes, sizes[i] + max_size, side="right")
         if lo >= hi:
             continue
-        ok = np.all((packed[i] & ~packed[lo:hi]) == 0, axis=1)
+        ok = supersets_in(packed, i, lo, hi)
         ok &= weights[lo:hi] - weights[i] <= cm.sram_bytes * (1 + 1e-12)
         js = np.flatnonzero(ok) + lo
         if js.size:
