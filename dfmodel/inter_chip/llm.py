@@ -1118,6 +1118,7 @@ class LLMModel:
         if key in self._memory_floors or off.uses_offload(m):  # (offload: the host screen reads it all)
             return self.memory_before_blocks(m).total_bytes
         memo = self.__dict__.setdefault("_screen_fit_memo", {})
+        key += (capacity_bytes,)  # (the value found depends on the capacity asked about)
         if key not in memo:
             parts = self._split_parts(m)
             done: dict = {}
