@@ -82,3 +82,30 @@ def test_userbuffers_parts_add_up_and_hide_the_comm():
     assert parts["tp_comm"] == pytest.approx(0.0, abs=1e-12)  # 0.6 s of comm under 3 s of GEMMs
     slow = _phase([_row("fwd.fc1", 0.2), _row("comm1.all_gather.x", network_s=2.0)], 2.0)
     assert _userbuffers_parts(slow, 8, 132)["tp_comm"] > 0  # comm longer than its GEMM stays exposed
+
+
+def test_moe_layer_userbuffers_serve_attention_only():
+    """Megatron-Core's TELinear turns userbuffers off for expert linears and leaves their TP
+    exchange to the token dispatcher (explicit_expert_comm): in an MoE layer only QKV / the
+    projection pair with their collectives; the experts' fc1 / fc2 and their collectives do not."""
+    from dfmodel.inter_chip.llm import _userbuffers_s
+
+    attn = [_row("comm1.all_gather.ln1_out", network_s=0.3), _row("fwd.qkv", 1.0),
+            _row("fwd.out_proj", 0.5), _row("comm2.reduce_scatter.attn_out", network_s=0.3)]
+    experts = [_row("fwd.fc1", 4.0), _row("fwd.fc2", 2.0), _row("comm3.reduce_scatter.expert_out", network_s=0.6)]
+    dense = _phase(attn + experts, 1.2)
+    moe = _phase(attn + [_row("fwd.router", 0.1)] + experts, 1.2)
+    # dense: all 1.2 s of collectives under the 7.5 s of the four linears' GEMMs
+    f = {n: 132 / (132 - nccl.userbuffers_sms(n, "fprop", 4)) for n in ("qkv", "out_proj", "fc1", "fc2")}
+    slow_d = (1.0 * f["qkv"] + 0.5 * f["out_proj"] + 4.0 * f["fc1"] + 2.0 * f["fc2"]) / 7.5
+    assert _userbuffers_s(dense, 4, 132) == pytest.approx(
+        nccl.tp_overlapped_phase_s(dense.time_s, 1.2, 7.5, 1.2, 4, gemm_slowdown=slow_d), rel=1e-12)
+    # MoE: 0.6 s (the experts' half of the collectives) stays exposed; 0.6 s pairs with 1.5 s of GEMMs
+    slow_m = (1.0 * f["qkv"] + 0.5 * f["out_proj"]) / 1.5
+    expect = 0.6 + nccl.tp_overlapped_phase_s(moe.time_s - 0.6, 0.6, 1.5, 0.6, 4, gemm_slowdown=slow_m)
+    assert _userbuffers_s(moe, 4, 132) == pytest.approx(expect, rel=1e-12)
+    assert _userbuffers_s(moe, 4, 132) > _userbuffers_s(dense, 4, 132) + 0.1  # beyond the router's 0.1 s
+    from dfmodel.inter_chip.llm import _userbuffers_parts
+    assert _userbuffers_parts(moe, 4, 132)["tp_comm"] >= 0.6 - 1e-12  # the experts' exchange stays exposed
+    assert _userbuffers_parts(dense, 4, 132)["tp_comm"] == pytest.approx(0.0, abs=1e-12)
+    assert _userbuffers_s(moe, 4, 132) <= moe.time_s  # never worse than no overlap

@@ -205,12 +205,38 @@ def _userbuffers_parts(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> d
     return parts
 
 
+#: In an MoE layer userbuffers serve attention's linears only. Megatron-Core's TELinear
+#: (megatron/core/extensions/transformer_engine.py) turns them off for expert linears ("Disable ub
+#: overlap for experts": ub_split_ag / ub_split_rs False when is_expert) and gives TE no TP group
+#: for them (explicit_expert_comm): the experts' TP exchange is the token dispatcher's own
+#: collective, exposed. The TP collectives userbuffers still hide there are those of QKV's input and
+#: its gradient and of the projection's output and its gradient (tensor names of build_llm_layer).
+UB_MOE_LINEAR = ("qkv", "out_proj")
+UB_MOE_TENSORS = ("ln1_out", "d_ln1_out", "attn_out", "d_r1")
+
+
+def _is_moe_phase(phase: PhaseTime) -> bool:
+    """Whether a layer phase is an MoE layer's (it has the router: ``fwd/bwd/wgrad.router``)."""
+    return any(k.split(".")[1:2] == ["router"] for r in phase.partitions for k in r["kernels"])
+
+
+def _comm_tensor(row) -> str:
+    """The tensor a communication partition moves (``commN.<collective>.<tensor>``), else ''."""
+    k = row["kernels"][0] if len(row["kernels"]) == 1 else ""
+    return k.split(".", 2)[2] if k.startswith("comm") and k.count(".") >= 2 else ""
+
+
 def _userbuffers_split(phase: PhaseTime, tp: int, sms: int) -> tuple[float, float]:
-    """(time, TP communication still exposed) of a phase under userbuffers (:func:`_userbuffers_s`)."""
+    """(time, TP communication still exposed) of a phase under userbuffers (:func:`_userbuffers_s`).
+    In an MoE layer only attention's GEMMs and collectives take part (:data:`UB_MOE_LINEAR`); the
+    experts' TP collectives keep their exposed share of the phase's ``tp_comm``."""
+    moe = _is_moe_phase(phase)
+    ub_linear = UB_MOE_LINEAR if moe else UB_LINEAR
+
     def linear(row) -> tuple[str, str] | None:
         for k in row["kernels"]:
             p = k.split(".")
-            if len(p) > 1 and p[1] in UB_LINEAR:
+            if len(p) > 1 and p[1] in ub_linear:
                 return p[1], {"fwd": "fprop", "bwd": "dgrad", "wgrad": "wgrad"}.get(p[0], "fprop")
         return None
 
@@ -223,11 +249,14 @@ def _userbuffers_split(phase: PhaseTime, tp: int, sms: int) -> tuple[float, floa
         gemm_s += t
         slowed_s += t * nccl.contended_kernel_s(1.0, 0.0, comm_channels=min(nccl.userbuffers_sms(*role, tp), sms - 1),
                                                 sms=sms, comm_hbm_Bps=0.0, hbm_Bps=1.0)
-    comm_s = sum(r["network_s"] for r in phase.partitions)
+    all_comm_s = sum(r["network_s"] for r in phase.partitions)
+    comm_s = sum(r["network_s"] for r in phase.partitions if _comm_tensor(r) in UB_MOE_TENSORS) if moe else all_comm_s
     if comm_s <= 0 or gemm_s <= 0:
         return phase.time_s, phase.parts_s["tp_comm"]
-    time_s = nccl.tp_overlapped_phase_s(phase.time_s, phase.parts_s["tp_comm"], gemm_s, comm_s, tp,
-                                        gemm_slowdown=slowed_s / gemm_s)
+    # the exposed TP time not for userbuffers (experts'), pro rata of the collectives' times
+    kept_s = phase.parts_s["tp_comm"] * (1.0 - comm_s / all_comm_s)
+    time_s = kept_s + nccl.tp_overlapped_phase_s(phase.time_s - kept_s, phase.parts_s["tp_comm"] - kept_s, gemm_s,
+                                                 comm_s, tp, gemm_slowdown=slowed_s / gemm_s)
     rest_s = max(0.0, phase.time_s - phase.parts_s["tp_comm"] - gemm_s)
     return time_s, max(0.0, time_s - rest_s - slowed_s)
 
