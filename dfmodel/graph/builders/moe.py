@@ -272,7 +272,10 @@ def _moe_tensors(g, w: LLMWorkload, T: int, TR: int, pr, act_shape: tuple, route
     fs, fs_in = _shared_ffn(w)
     ln2_cons = ["fwd.router", "wgrad.router", "fwd.permute"] + (["fwd.shared_fc1", "wgrad.shared_fc1"] if shared else [])
     ln2_ops = ["a", "a", "x"] + (["a", "a"] if shared else [])
-    g.tensor("ln2_out", "fwd.ln2", ln2_cons, tok * pr.allgather, ln2_ops, act_shape)
+    # 16-bit even with FP8 all-gather: an MoE layer's pre-MLP norm is a standalone TENorm (Megatron-Core
+    # gpt_layer_specs.py: pre_mlp_layernorm=TENorm if num_experts), not a LayerNormLinear that writes FP8;
+    # the router, the permute and the dispatcher's TP all-gather take its bf16 output
+    g.tensor("ln2_out", "fwd.ln2", ln2_cons, tok * p, ln2_ops, act_shape)
     g.tensor("router_logits", "fwd.router", "fwd.route", T * E * ROUTER_BYTES, "x", (b, s, E))
     g.tensor("router_probs", "fwd.route", ["fwd.permute", "fwd.unpermute", "bwd.route"],
              T * k * 2 * ROUTER_BYTES, ["x", "x", "saved"], (b, s, k))
