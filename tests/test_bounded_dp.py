@@ -119,12 +119,16 @@ def test_pair_estimate_is_exact_when_every_ideal_is_sampled(tiles):
     assert exact > 0
 
 
+@pytest.mark.parametrize("floor", ["relaxed", "expanded1", "expanded8"])
 @pytest.mark.parametrize("seed", range(30))
-def test_relaxed_floor_with_outside_below_every_partition(seed):
-    """relaxed_floor_s(B, outside) is below the time of every feasible partition P holding B and
-    none of ``outside`` (every P, B inside P, outside inside the complement of P; brute force),
-    with SRAM small enough that the tile, streaming and double buffers bind."""
-    from dfmodel.intra_chip.bounded_dp import relaxed_floor_s
+def test_relaxed_floor_with_outside_below_every_partition(seed, floor, monkeypatch):
+    """relaxed_floor_s(B, outside) and expanded_floor_s (one neighbour enumerated, or all) are
+    below the time of every feasible partition P holding B and none of ``outside`` (every P, B
+    inside P, outside inside the complement of P; brute force), with SRAM small enough that the
+    tile, streaming and double buffers bind; the expanded floor is at least the relaxed one."""
+    from dfmodel.intra_chip import bounded_dp
+    monkeypatch.setattr(bounded_dp, "EXPAND_NEIGHBOURS", 1 if floor == "expanded1" else 8)
+    relaxed_floor_s = bounded_dp.relaxed_floor_s if floor == "relaxed" else bounded_dp.expanded_floor_s
     graph, net = random_graph(seed, n=5)
     checked = 0
     for c in (chip(), chip(sram_mib=8), chip(sram_mib=2), chip(overlap=False)):
@@ -145,6 +149,7 @@ def test_relaxed_floor_with_outside_below_every_partition(seed):
         rows = lambda ms: np.array([[(m >> k) & 1 for k in range(cm.n)] for m in ms], dtype=bool)
         ev = cm.evaluate(rows(P_rows))
         lb = relaxed_floor_s(cm, rows(B_rows), rows(O_rows))
+        assert np.all(lb >= bounded_dp.relaxed_floor_s(cm, rows(B_rows), rows(O_rows)) * (1 - 1e-12))
         ok = ev["feasible"]
         checked += ok.sum()
         assert np.all(lb[ok] <= ev["time_s"][ok] * (1 + 1e-12))

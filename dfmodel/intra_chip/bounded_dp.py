@@ -167,20 +167,47 @@ def light_bytes(cm: CostModel, S: np.ndarray) -> np.ndarray:
     :func:`memory_floor_s` charges: the extra bytes of its light kernels, weights no heavy kernel
     reads (read once by some part), and tensors no heavy kernel touches that cross the part
     holding their end in ``S`` (a graph input or output, or one end outside ``S``)."""
-    heavy, _, _ = _heavy_table(cm)
-    light = np.ones(cm.n, dtype=bool)
-    light[heavy] = False
-    out = S.astype(float) @ np.where(light, cm.extra_bytes, 0.0)
-    for w in cm.weights:
-        if light[list(w.kernels)].all():
-            out += w.bytes * S[:, list(w.kernels)].any(axis=1)
-    for t in cm.tensors:
-        ends = _ends(t)
-        if not light[ends].all():
-            continue
-        inside = S[:, ends]
-        cross = inside.any(axis=1) & ((t.producer < 0 or t.is_output) | ~inside.all(axis=1))
-        out += t.bytes * cross
+    extra, weights, tensors = _light_items(cm)
+    S = np.asfortranarray(S, dtype=bool)  # column reads below are then contiguous
+    out = np.zeros(S.shape[0])
+    for k in np.flatnonzero(extra):
+        out += extra[k] * S[:, k]
+    for kernels, nbytes in weights:
+        out += nbytes * _any(S, kernels)
+    for ends, nbytes, certain in tensors:
+        inside = _any(S, ends)
+        out += nbytes * (inside if certain else inside & ~_all(S, ends))
+    return out
+
+
+def _light_items(cm: CostModel):
+    """(extra bytes per kernel, zero at heavy ones; (readers, bytes) of the weights only light
+    kernels read; (ends, bytes, crosses whatever the split) of the tensors only light kernels
+    touch) for :func:`light_bytes`, computed once per cost model."""
+    hit = cm.__dict__.get("_light_items")
+    if hit is None:
+        heavy, _, _ = _heavy_table(cm)
+        light = np.ones(cm.n, dtype=bool)
+        light[heavy] = False
+        weights = [(list(w.kernels), w.bytes) for w in cm.weights if light[list(w.kernels)].all()]
+        tensors = [(_ends(t), t.bytes, t.producer < 0 or t.is_output) for t in cm.tensors if light[_ends(t)].all()]
+        hit = cm.__dict__["_light_items"] = (np.where(light, cm.extra_bytes, 0.0), weights, tensors)
+    return hit
+
+
+def _any(S: np.ndarray, cols: list[int]) -> np.ndarray:
+    """Per row of ``S``, whether it holds any of the kernels ``cols``."""
+    out = S[:, cols[0]].copy()
+    for c in cols[1:]:
+        out |= S[:, c]
+    return out
+
+
+def _all(S: np.ndarray, cols: list[int]) -> np.ndarray:
+    """Per row of ``S``, whether it holds every kernel of ``cols``."""
+    out = S[:, cols[0]].copy()
+    for c in cols[1:]:
+        out &= S[:, c]
     return out
 
 
@@ -208,10 +235,60 @@ def _heavy_table(cm: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             rows[code, heavy[[i for i in range(m) if (code >> i) & 1]]] = True
         outside = np.zeros_like(rows)
         outside[:, heavy] = ~rows[:, heavy]  # the other heavy kernels run in other parts
-        tables = (_cheapest_split(relaxed_floor_s(cm, rows, outside)),
+        tables = (_cheapest_split(expanded_floor_s(cm, rows, outside)),
                   _cheapest_split(relaxed_memory_floor_s(cm, rows, outside)))
         hit = cm.__dict__["_heavy_table"] = (heavy, *tables)
     return hit
+
+
+#: light neighbours of a group whose in-or-out choices :func:`expanded_floor_s` enumerates (at
+#: most ``2 ** EXPAND_NEIGHBOURS`` relaxed floors per group)
+EXPAND_NEIGHBOURS = 8
+
+
+def expanded_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray) -> np.ndarray:
+    """Per row ``B`` of ``S``, a lower bound of every partition holding ``B`` and none of the same
+    row of ``outside``, at least :func:`relaxed_floor_s`: the least relaxed floor over the ways
+    such a partition ``P`` can treat ``B``'s undecided neighbours ``N`` (kernels sharing a tensor
+    with ``B``, the :data:`EXPAND_NEIGHBOURS` sharing the most bytes): ``P`` holds some ``N'`` of
+    them and none of the rest, so ``P`` holds ``B | N'`` and none of ``outside | (N - N')``.
+
+    Why it binds: a tensor between ``B`` and a neighbour is either a crossing (DRAM bytes, a
+    double buffer) or internal, and then the neighbour's own tensors are touched too; the relaxed
+    floor alone assumes the cheaper of both for every tensor at once. DeepSeek-V3's MoE backward
+    at TP 8 on sn30: ``bwd.fc2`` (1.75 GiB of expert weights, streamed) 0.400 -> 0.776 s alone,
+    against 0.815 s in the optimum's partition."""
+    S, outside = np.asarray(S, dtype=bool), np.asarray(outside, dtype=bool)
+    adjacent = _adjacency_bytes(cm)
+    rows, outs, parent = [], [], []
+    for r in range(S.shape[0]):
+        shared = S[r].astype(float) @ adjacent
+        shared[S[r] | outside[r]] = 0.0
+        nb = np.argsort(-shared, kind="stable")[: min(EXPAND_NEIGHBOURS, int((shared > 0).sum()))]
+        pick = ((np.arange(1 << nb.size)[:, None] >> np.arange(nb.size)) & 1).astype(bool)
+        b = np.repeat(S[r][None], pick.shape[0], axis=0)
+        o = np.repeat(outside[r][None], pick.shape[0], axis=0)
+        b[:, nb] |= pick
+        o[:, nb] |= ~pick
+        rows.append(b), outs.append(o), parent.append(np.full(pick.shape[0], r))
+    if not rows:
+        return np.zeros(0)
+    lb = relaxed_floor_s(cm, np.vstack(rows), np.vstack(outs))
+    out = np.full(S.shape[0], np.inf)
+    np.minimum.at(out, np.concatenate(parent), lb)
+    return out
+
+
+def _adjacency_bytes(cm: CostModel) -> np.ndarray:
+    """``(n, n)``: bytes of the tensors each pair of kernels shares (0 on the diagonal)."""
+    a = np.zeros((cm.n, cm.n))
+    for t in cm.tensors:
+        ends = _ends(t)
+        for i in ends:
+            for j in ends:
+                if i != j:
+                    a[i, j] += t.bytes
+    return a
 
 
 def _cheapest_split(group: np.ndarray) -> np.ndarray:
@@ -316,9 +393,10 @@ class _State:
             if layer.size == 0:
                 continue
             src, dst = _supersets(self.packed, self.starts, layer, s, min(n, s + cm.tiles))
-            sets = bits[dst] & ~bits[src]
-            keep = dist[src] + heavy_floor_s(cm, sets) + self.h_cheap(dst) <= ub * (1 + _SLACK)  # cheap first
-            src, dst, sets = src[keep], dst[keep], sets[keep]
+            # cheap first: heavy_floor_s of dst - src, whose heavy kernels are dst's less src's
+            keep = dist[src] + self._table[self._code[dst] ^ self._code[src]] + self.h_cheap(dst) <= ub * (1 + _SLACK)
+            src, dst = src[keep], dst[keep]
+            sets = np.asfortranarray(bits[dst] & ~bits[src])  # column-major: _terms reads by kernel
             terms = cm._terms(sets)  # once: for the floor and for the cost of the survivors
             floor = floor_s(cm, sets, terms)
             keep = dist[src] + floor + self.h(dst) <= ub * (1 + _SLACK)
