@@ -314,10 +314,8 @@ class CostModel:
 
     def _terms_of(self, S: np.ndarray) -> dict[str, np.ndarray]:
         m = S.shape[0]
-        Sf = S.astype(float)
-
-        def per_kernel(values):  # Sf @ values; einsum avoids BLAS threads, ~10x faster on these shapes
-            return np.einsum("ij,j->i", Sf, values)
+        def per_kernel(values):  # S @ values; einsum avoids BLAS threads, ~10x faster on these shapes, and
+            return np.einsum("ij,j->i", S, values)  # reads the booleans as they are (no float copy of S)
 
         mem = per_kernel(self.extra_bytes)
         stream = 2.0 * per_kernel(self.accumulator_bytes)  # Q: re-read per extra streamed row tile
