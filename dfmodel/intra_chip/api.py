@@ -133,13 +133,19 @@ def partition(
 #: On dragonfly (few tiles) the same lattice has few pairs and the full DP, whose pair
 #: structure is shared by every graph of the shape, stays faster.
 BOUNDED_MIN_IDEALS = 4096
+#: The floor-pruned DP gives up past this many times the full DP's pair guard (it holds only
+#: one ideal size's pairs at a time, ~1 CPU s per million): DeepSeek-V3's MoE backward at TP 8
+#: on sn30 at a small micro-batch (floor 0.591 s, optimum 0.633 s, 7 % above it) keeps 16.5 M
+#: pairs over its passes and is proven in ~24 CPU s, where the MILP stopped at its time limit
+#: without improving its warm start.
+BOUNDED_PAIR_FACTOR = 3
 
 
 def _exact_dp(cm: CostModel, max_partitions, max_ideals, max_pairs):
     """Optimal plan by the ideal-lattice DP (None: nothing fits); TooLarge past the guards.
     Large lattices of dataflow chips without a partition limit go through the floor-pruned
     DP, seeded with the best plan along one topological order; it gives up (to the MILP) past
-    the full DP's own pair guard (~1 CPU s per million pairs: where the floors are within ~1 %
+    :data:`BOUNDED_PAIR_FACTOR` times the full DP's own pair guard (~1 CPU s per million pairs: where the floors are within ~1 %
     of the optimum the pairs within reach stay at a few million -- DeepSeek-V3's MoE backward at
     TP 8 on sn30, floor 42.67 s, optimum 42.86 s, keeps 7.5 M, proven in ~7 CPU s, where the
     MILP returned its warm start with a 99 % gap after ~50 s)."""
@@ -148,7 +154,7 @@ def _exact_dp(cm: CostModel, max_partitions, max_ideals, max_pairs):
         lat = _dp.enumerate_ideals(cm, max_ideals)
         if lat.size > BOUNDED_MIN_IDEALS and _dp.estimate_pairs(lat, cm.tiles) > max_pairs // 2:
             seed = _dp.solve_dp(cm, None, lattice=_dp.chain_lattice(cm))
-            return solve_bounded(cm, lat, seed, max_pairs=max_pairs)
+            return solve_bounded(cm, lat, seed, max_pairs=BOUNDED_PAIR_FACTOR * max_pairs)
     return _dp.solve_dp(cm, max_partitions, max_ideals=max_ideals, max_pairs=max_pairs)
 
 
