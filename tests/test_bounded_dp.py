@@ -46,15 +46,19 @@ def _row(cm, mask):
     return np.array([[(mask >> k) & 1 for k in range(cm.n)]], dtype=bool)
 
 
+@pytest.mark.parametrize("expand", [False, True])
 @pytest.mark.parametrize("heavy", [2, 8])
 @pytest.mark.parametrize("seed", range(40))
-def test_floor_below_every_plan_of_every_remainder(seed, heavy, monkeypatch):
+def test_floor_below_every_plan_of_every_remainder(seed, heavy, expand, monkeypatch):
     """h(I) = floor(V - I) is below every feasible plan of the kernels after ideal I, and
     floor(S) below every single partition S (brute force over all chains from every ideal);
-    with 2 heavy kernels the others are light (memory_floor_s adds their bytes)."""
+    with 2 heavy kernels the others are light (memory_floor_s adds their bytes); with the
+    heavy groups' floors expanded (expand_heavy_table) or not."""
     from dfmodel.intra_chip import bounded_dp
     monkeypatch.setattr(bounded_dp, "HEAVY_KERNELS", heavy)
     for cm, plan, blocks, ev in _evaluated_plans(seed):
+        if expand:
+            bounded_dp.expand_heavy_table(cm)
         full = (1 << cm.n) - 1
         assert np.all(floor_s(cm, blocks)[ev["feasible"]] <= ev["time_s"][ev["feasible"]] * (1 + 1e-12))
         if not ev["feasible"].all():
