@@ -240,26 +240,28 @@ def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core)
 __all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
 
 
-def pass_floor_s(model, m, is_core, tp_groups=None) -> float:
+def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None) -> float:
     """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
     block on one dataflow chip (``LLMModel.pass_floor_s`` on ``execution: dataflow``; ``is_core``
     picks selective recompute's kernels): each
     block's :class:`DataflowBlockFloor` times its count. With ``tp_groups`` (TP > 1): each phase
     also holds its forced TP reductions (:func:`.comm_floor.forced_phase_comm_s`), on the
-    cheapest of the groups. Memoised per block key on ``model``."""
+    cheapest of the groups. ``stash_cap``: at most this many of the (MoE) layers keep their
+    stash in SRAM (``LLMModel.stash_cap``: from the layer's solved on-chip plans), the others
+    pay the DRAM floor. Memoised per block key on ``model``."""
     if tp_groups and m.tp > 1:
-        return min(_pass_floor_on_s(model, m, is_core, tuple(g)) for g in tp_groups)
-    return _pass_floor_on_s(model, m, is_core, None)
+        return min(_pass_floor_on_s(model, m, is_core, tuple(g), stash_cap) for g in tp_groups)
+    return _pass_floor_on_s(model, m, is_core, None, stash_cap)
 
 
-def _pass_floor_on_s(model, m, is_core, group) -> float:
+def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None) -> float:
     """:func:`pass_floor_s` on one TP group (None: without the TP collectives)."""
     ub = m.tp_comm_overlap and m.tp > 1
     dense = model.num_experts <= 1  # (MoE layers keep the 1 / tp shares: their expert layouts differ)
     sp = m.sequence_parallel and m.tp > 1
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
         () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + (
-        (sp, m.num_micro_batches) if dense else ())
+        (sp, m.num_micro_batches) if dense else ()) + (() if stash_cap is None else ("cap", stash_cap))
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -287,6 +289,8 @@ def _pass_floor_on_s(model, m, is_core, group) -> float:
                 on = staged_layers_on_chip(fl, m.micro_batch, sram, count, in_flight, rc, model._checkpoint_bytes(m))
             else:
                 on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc, model._checkpoint_bytes(m))
+            if stash_cap is not None and which == "layer":  # (floors decrease with on: kept <= dram)
+                on = min(on, stash_cap)
             total += min(on * kept + (count - on) * dram for kept, dram in pairs)
         else:
             total += count * min(kept for kept, _ in pairs)

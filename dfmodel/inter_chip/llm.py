@@ -468,11 +468,14 @@ class LLMModel:
                 raise
         return self._blocks[key]
 
+    def _shard_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool, whole_experts: bool) -> ShardedGraph:
+        """A block's graph sharded over the TP group (Megatron layouts: time and memory from the same)."""
+        return shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver,
+                     megatron_layouts=True, whole_experts=whole_experts, memo=self._shard_memo)
+
     def _solve_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool, core_bwd: bool = False,
                      whole_experts: bool = False) -> BlockTimes:
-        sharded = shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver,
-                        megatron_layouts=True,  # time and memory from the same (Megatron) layouts
-                        whole_experts=whole_experts, memo=self._shard_memo)
+        sharded = self._shard_block(graph, tp, tp_group, sp, whole_experts)
         g = sharded.graph
         by_phase = {
             "fwd": [k.name for k in g.kernels if k.phase == Phase.forward],
@@ -519,17 +522,71 @@ class LLMModel:
         """A layer's input per micro-batch and chip (what full recompute keeps)."""
         return m.micro_batch * (self.model.seq_len // m.cp) * self.model.hidden * self.training.activation_bytes / m.tp
 
-    def _solve_onchip(self, g: DataflowGraph, fwd: list[str], bwd: list[str], net) -> OnChipStash | None:
+    def _solve_onchip(self, g: DataflowGraph, fwd: list[str], bwd: list[str], net,
+                      forward_only: bool = False) -> OnChipStash | None:
         """The layer's forward and backward with its stash kept in SRAM (:mod:`.onchip_stash`);
-        None when one layer's stash alone exceeds the SRAM (no layer could ever keep it)."""
+        None when one layer's stash alone exceeds the SRAM (no layer could ever keep it).
+        ``forward_only``: the forward plan alone (backward time NaN, peak SRAM the forward's:
+        no more than the whole layer's, so :meth:`_onchip_layers_cap` on it caps no lower)."""
         if sum(stash_tensors(g, set(fwd), set(bwd)).values()) > float(self.system.chip.sram_bytes):
             return None
         g_f, g_b, stash = onchip_graphs(g, fwd, bwd)
         net_f, net_b = {n: net[n] for n in fwd if n in net}, {n: net[n] for n in bwd if n in net}
         pf = self._phase_time((g_f.content_key, tuple(net_f.items())), lambda: g_f, net_f)
+        if forward_only:
+            peak = max((float(r.get("sram_bytes") or 0.0) for r in pf.partitions), default=0.0)
+            return OnChipStash(stash, pf.time_s, math.nan, peak)
         pb = self._phase_time((g_b.content_key, tuple(net_b.items())), lambda: g_b, net_b)
         peak = max((float(r.get("sram_bytes") or 0.0) for r in pf.partitions + pb.partitions), default=0.0)
         return OnChipStash(stash, pf.time_s, pb.time_s, peak)
+
+    def stash_cap(self, m: Mapping, forward_only: bool = False) -> int:
+        """At most this many of ``m``'s (MoE) layers keep their stash in SRAM (dataflow chips;
+        :meth:`_onchip_layers_cap`), from the layer's on-chip plans alone: the layer's DRAM
+        phases (the costlier half of its solve) are not solved. ``forward_only``: from the
+        on-chip forward plan alone (a cap no lower). The plans are memoised by content, so the
+        block solve that may follow reuses them."""
+        key = self._block_key("layer", m)
+        if key in self._blocks:
+            onchip = self._blocks[key].onchip
+        else:
+            memo = self.__dict__.setdefault("_onchip_alone", {})  # (it keeps the OnChipStash alive: ids key memos)
+            mkey = key + (forward_only,)
+            if mkey not in memo:
+                graph = self.graphs(m.micro_batch, m.cp, m.ep_outside_tp).layer
+                sharded = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel,
+                                            m.whole_experts)
+                g = sharded.graph
+                fwd = [k.name for k in g.kernels if k.phase == Phase.forward]
+                bwd = [k.name for k in g.kernels if k.phase != Phase.forward]
+                memo[mkey] = self._solve_onchip(g, fwd, bwd, sharded.network_time_s, forward_only)
+            onchip = memo[mkey]
+        return 0 if onchip is None else self._onchip_layers_cap(m, onchip)
+
+    def _stash_screen(self, m: Mapping, cutoff_s: float) -> bool:
+        """True when, on a dataflow chip, ``m`` is proven slower than ``cutoff_s`` from its layer's
+        on-chip plans alone (:meth:`stash_bound_s`; first the forward plan, then both), before
+        its DRAM phases are solved: a large micro-batch's stash that leaves no room in SRAM
+        sends every layer's stash through DRAM, which the dataflow floor then counts."""
+        if self.system.chip.execution != "dataflow" or self._block_key("layer", m) in self._blocks:
+            return False
+        try:
+            return any(self.stash_bound_s(m, fo) > cutoff_s for fo in (True, False))
+        except InfeasibleError:  # (the block solve reports it)
+            return False
+
+    def stash_bound_s(self, m: Mapping, forward_only: bool = False) -> float:
+        """:meth:`presolve_bound_s` (on ``m``'s own TP and ep groups) with at most
+        :meth:`stash_cap` layers keeping their stash in SRAM: a valid lower bound on
+        ``evaluate(m).iteration_time_s`` on a dataflow chip."""
+        cap = self.stash_cap(m, forward_only)
+        out = self.lower_bound_s(m, tp_groups=(m.group("tp"),), stash_cap=cap)
+        if self.num_experts > 1 and m.ep > 1:
+            out += ((m.num_micro_batches + (m.pp - 1) / m.interleave) * self.num_moe_layers
+                    * self._ep_exposed_floor_s(m) / m.pp)
+        if m.zero_stage == 2:
+            out += self.zero2_exposed_floor_s(m, out - self.optimizer_s(m, self.params_per_chip_floor(m)))
+        return out * (1 - 1e-12)
 
     # -- bounds ---------------------------------------------------------------------------------
     @cached_property
@@ -623,16 +680,18 @@ class LLMModel:
             ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=m.pp, num_micro_batches=m.num_micro_batches)
         return ep_s
 
-    def lower_bound_s(self, m: Mapping, tp_groups=None) -> float:
+    def lower_bound_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None) -> float:
         """Valid lower bound on ``evaluate(m).iteration_time_s``.
 
         Each chip does at least 1/tp of the compute floor of its stage, and a stage at least
         the average (a cp rank does exactly 1/cp of the FLOP: see :mod:`.context`); the 1F1B makespan ``m T* + (sum T - T*)/v`` grows with the bottleneck
         ``T* >= avg``, so it is at least ``(m + (pp - 1)/v) avg``. The optimizer step is added
         with the fewest parameters a chip can hold. ``tp_groups``: the TP groups the forced TP
-        collectives may run on (default: every one a placement of the degrees gives)."""
+        collectives may run on (default: every one a placement of the degrees gives).
+        ``stash_cap`` (dataflow chips): at most this many layers keep their stash in SRAM
+        (:meth:`stash_cap`)."""
         avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.cp * m.pp)
-        kernels_s = self.pass_floor_s(m, tp_groups)  # per-kernel traffic and forced TP collectives (GPUs)
+        kernels_s = self.pass_floor_s(m, tp_groups, stash_cap=stash_cap)  # per-kernel traffic and forced TP collectives (GPUs)
         if kernels_s is not None:
             avg_stage_s = max(avg_stage_s, kernels_s / m.pp)
         avg_stage_s = max(avg_stage_s, self.offload_stage_floor_s(m))
@@ -789,7 +848,7 @@ class LLMModel:
             memo[key] = tuple(sorted({tuple(pick(p)) for p in places[degrees]}))
         return memo[key]
 
-    def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True) -> float | None:
+    def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True, stash_cap: int | None = None) -> float | None:
         """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
         block on one chip (layers, embedding, head), before any exposed communication of other
         dimensions: each block's :func:`~dfmodel.inter_chip.block_floor.block_floor` (per-kernel
@@ -800,7 +859,7 @@ class LLMModel:
         the DRAM traffic no partition plan avoids: weights, block inputs and outputs)."""
         if self.system.chip.execution == "dataflow":
             groups = (self._tp_groups(m) if tp_groups is None else tp_groups) if comm and m.tp > 1 else None
-            return dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups)
+            return dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups, stash_cap)
         ub = m.tp_comm_overlap and m.tp > 1
         key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
         memo = self.__dict__.setdefault("_pass_floor_memo", {})
@@ -1304,6 +1363,8 @@ class LLMModel:
         dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))  # Megatron-Core dp x cp
         key = (m.micro_batch, m.tp, tp_group, m.sequence_parallel)
         # expert TP 1: the TP group holds E / (ep / tp) experts and splits them over its members
+        if cutoff_s is not None and self._stash_screen(m, cutoff_s):
+            return None  # its stash leaves SRAM in most layers: proven past the cutoff before the DRAM phases
         layer = self.block("layer", *key, m.cp, m.ep_outside_tp, whole_experts=m.whole_experts)
         if cutoff_s is not None and self._bound_from_blocks(m, layer, None, None, None) > cutoff_s:
             return None  # the layers alone put it past the cutoff: its embedding and head need no solve
