@@ -73,6 +73,7 @@ class PhaseFloor:
     # with fewer tiles than the phase has kernels), divided by the TP degree ``tp``
     plan: PlanFloor | None = None
     tp: int = 1
+    sram_bytes: float | None = None  # the chip's (the plan floor's options must fit it: fused_floor)
 
     def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool, network_s: float = 0.0,
                hidden: bool = False) -> float:
@@ -87,7 +88,7 @@ class PhaseFloor:
         m = (k * self.act_bytes + self.fixed_bytes) * s_per_byte
         busy = max(c, m) if overlap else c + m
         if self.plan is not None:  # sum_p max(c_p, m_p) over the best relaxed plan, its partitions
-            busy = max(busy, self.plan.best_s(k, s_per_byte, overlap) / self.tp)
+            busy = max(busy, self.plan.best_s(k, s_per_byte, overlap, self.tp, self.sram_bytes) / self.tp)
             overhead_s *= max(1, self.plan.min_partitions)
         if hidden:
             return max(busy + overhead_s, network_s)
@@ -215,7 +216,8 @@ def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int,
             fixed += b
         else:
             act += b
-    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count, plan_floor(graph, system, names, stash_free), tp)
+    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count, plan_floor(graph, system, names, stash_free), tp,
+                      float(chip.sram_bytes))
 
 
 def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core) -> DataflowBlockFloor:

@@ -25,6 +25,16 @@ This floor solves the partition problem itself, exactly, on a relaxation:
   grow at least ``k``-fold with the micro-batch, ``F`` its weights and weight gradients,
   which do not (as :class:`.dataflow_floor.PhaseFloor`); SRAM, tile fractions, streaming
   re-reads and DRAM capacity are dropped (they only add time or remove plans);
+- SRAM (:meth:`PlanFloor.best_s` with ``tp`` and the chip's SRAM): a partition runs at one
+  option (row-tile fraction ``f``, weights resident or streamed; ``CostModel.option_table``)
+  whose SRAM ``f X + c F`` fits (``c = 1`` resident, ``STREAM_BUFFER_FRACTION`` streamed;
+  ``X`` the row-scaled bytes at ``f = 1``, at least ``k``-fold with the micro-batch, ``F``
+  weights and fixed tensors) and a streamed one re-reads ``(1 / f - 1) Q`` bytes (``Q`` twice
+  its weights and accumulators). The restriction of a sharded partition holds no more of each
+  (at no less than ``1 / tp`` of its bytes, as above), so a set costs at least its cheapest
+  option of every fraction ``2^-j`` (``tile_fractions`` gives at most 12) whose relaxed SRAM
+  ``(f k X + c F) / tp`` fits, and a set no option fits is no partition. On the dragonfly chip
+  (220 MiB) the attention partitions run at ``f = 1/16`` and re-read their weights 15 times;
 - plus at least ``ceil(n / compute_tiles)`` partitions' fixed overheads (kernel overhead and
   one tile's start-up), and the phase's TP collectives ``N`` as :class:`PhaseFloor` takes
   them: ``sum_p max(c_p, m_p, n_p) >= max(sum_p max(c_p, m_p), N)``.
@@ -51,12 +61,16 @@ from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase, Tensor
 from dfmodel.inter_chip.sharding import is_weight_gradient
 from dfmodel.intra_chip import ideals as _dp
-from dfmodel.intra_chip.cost import CostModel, tensor_boundary
+from dfmodel.intra_chip.cost import STREAM_BUFFER_FRACTION, CostModel, tensor_boundary
 from dfmodel.system.processor import achieved_rate_Fps
 from dfmodel.system.schema import System
 
 #: (ideal, superset) pairs a floor may keep: beyond, the phase keeps the closed-form floor
 MAX_FLOOR_PAIRS = 400_000
+
+#: every row-tile fraction a partition may run at: ``tile_fractions`` halves from 1 and stops at
+#: 12 fractions (a superset of any graph's list: the floor's options include the solver's)
+RELAXED_FRACTIONS = tuple(2.0 ** -j for j in range(12))
 
 
 @dataclass
@@ -72,17 +86,40 @@ class PlanFloor:
     inverse: np.ndarray  # set index of each pair
     level: np.ndarray  # size of each ideal (ideals sorted by size)
     min_partitions: int
+    # per set: row-scaled SRAM bytes at tile fraction 1 (X), fixed SRAM bytes (weights and
+    # fixed tensors, Fs) and streamed re-read bytes per extra row tile (Q): CostModel._terms
+    X: np.ndarray | None = None
+    Fs: np.ndarray | None = None
+    Q: np.ndarray | None = None
     _memo: dict = field(default_factory=dict)
 
-    def best_s(self, k: int, s_per_byte: float, overlap: bool) -> float:
+    def best_s(self, k: int, s_per_byte: float, overlap: bool, tp: int = 1,
+               sram_bytes: float | None = None) -> float:
         """Least ``sum_p max(k C_p, s (k A_p + F_p))`` (the sum without overlap) over every plan
-        of partitions of at most ``compute_tiles`` kernels (before dividing by ``tp``)."""
-        key = (k, s_per_byte, overlap)
+        of partitions of at most ``compute_tiles`` kernels (before dividing by ``tp``). With
+        ``sram_bytes``: each set at its cheapest option that fits the SRAM on a TP group of
+        ``tp`` (module doc), plus its streamed re-reads."""
+        key = (k, s_per_byte, overlap, tp, sram_bytes)
         if key not in self._memo:
-            mem = (k * self.A + self.F) * s_per_byte
-            per_set = np.maximum(k * self.C, mem) if overlap else k * self.C + mem
+            C, mem = k * self.C, (k * self.A + self.F) * s_per_byte
+            if sram_bytes is None or self.X is None:
+                per_set = np.maximum(C, mem) if overlap else C + mem
+            else:
+                per_set = self._option_floor(C, mem, k, s_per_byte, overlap, tp, float(sram_bytes))
             self._memo[key] = _shortest_s(self.level, self.src, self.dst, per_set[self.inverse])
         return self._memo[key]
+
+    def _option_floor(self, C: np.ndarray, mem: np.ndarray, k: int, s_per_byte: float, overlap: bool,
+                      tp: int, sram_bytes: float) -> np.ndarray:
+        """Per set: the least relaxed time over the options that fit (inf where none does)."""
+        best = np.full(C.shape, np.inf)
+        for f in RELAXED_FRACTIONS:
+            for c, rereads in ((1.0, 0.0), (STREAM_BUFFER_FRACTION, 1.0 / f - 1.0)):
+                fits = (f * k * self.X + c * self.Fs) / tp <= sram_bytes
+                m = mem + rereads * self.Q * s_per_byte
+                t = np.maximum(C, m) if overlap else C + m
+                best = np.where(fits, np.minimum(best, t), best)
+        return best
 
 
 def _shortest_s(level: np.ndarray, src: np.ndarray, dst: np.ndarray, cost: np.ndarray) -> float:
@@ -150,7 +187,9 @@ def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_fre
         return None
     src, dst, sets, inverse = st
     C, A, F = _set_terms(cm, sub, sets)
-    return PlanFloor(C, A, F, src, dst, inverse, lat.bits.sum(axis=1), math.ceil(cm.n / cm.tiles))
+    terms = cm._terms_of(np.asarray(sets, dtype=bool))
+    return PlanFloor(C, A, F, src, dst, inverse, lat.bits.sum(axis=1), math.ceil(cm.n / cm.tiles),
+                     terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"])
 
 
 def _set_terms(cm: CostModel, graph: DataflowGraph, S: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
