@@ -87,10 +87,18 @@ def test_shortest_path_equals_brute_force(seed, tiles):
         assert pf.best_s(k, s, True) == pytest.approx(_brute_force_s(g, system, k, tiles), rel=1e-12)
 
 
-def test_no_plan_floor_when_one_partition_holds_the_phase():
-    """A phase of no more kernels than tiles: one partition can hold it, nothing to gain."""
+def test_small_phase_plan_floor_without_sram_is_the_closed_form():
+    """A phase of no more kernels than tiles: one partition can hold it, so without the SRAM the
+    plan floor is the closed form (one set); a large phase one partition may hold gets none."""
     g = _random_dag(0, 4)
-    assert ff.plan_floor(g, load_system(_few_tile_system(4)), {k.name for k in g.kernels}, False) is None
+    system = load_system(_few_tile_system(4))
+    pf = ff.plan_floor(g, system, {k.name for k in g.kernels}, False)
+    cm = CostModel(g, system)
+    C, A, F = ff._set_terms(cm, g, np.ones((1, 4), dtype=bool))
+    for k in (1, 3):
+        assert pf.best_s(k, cm.s_per_byte, True) == pytest.approx(max(k * C[0], (k * A[0] + F[0]) * cm.s_per_byte))
+    big = _random_dag(0, ff.SMALL_PHASE_KERNELS + 1)
+    assert ff.plan_floor(big, load_system(_few_tile_system(16)), {k.name for k in big.kernels}, False) is None
 
 
 @pytest.mark.parametrize("tp,group", [(1, ()), (8, (("local", 8),)), (16, (("local", 8), ("global", 2)))])
@@ -191,3 +199,17 @@ def test_deepseek_v3_layer_floor_with_sram_on_dragonfly(ep, whole, mb):
     blind_s = blind.phase_s(blind.fwd_dram, mb) + blind.phase_s(blind.bwd_dram, mb)
     assert fd + bd >= (1.2 if whole else 1.0) * blind_s
     assert fd + bd >= 0.85 * (blk.fwd.time_s + blk.bwd.time_s)
+
+
+@pytest.mark.parametrize("mb", [1, 3])
+def test_deepseek_v3_head_floor_with_sram_on_dragonfly(mb):
+    """The LM head (few kernels, 1.9 GB of weights: 232 MB a chip at TP 8, beyond the 220 MiB
+    SRAM) on the dragonfly chip: streamed, its weights re-read per row tile. The SRAM-aware
+    floors stay below the solved phases and well above the SRAM-blind closed form."""
+    model = LLMModel(load_workload("deepseek_v3"), load_system("dragonfly", num_chips=512))
+    blk = model.block("head", mb, 8, (("local", 8),), True)
+    fl = dff._block_floor_of(model.graphs(1).head, model.system, 8, True, False, _is_attention_core)
+    f, b = fl.phase_s(fl.fwd_dram, mb), fl.phase_s(fl.bwd_dram, mb)  # (evaluate's head: stash through DRAM)
+    assert f <= blk.fwd.time_s * (1 + 1e-9) and b <= blk.backward_s("none") * (1 + 1e-9)
+    closed = dataclasses.replace(fl.bwd_dram, plan=None)
+    assert b >= 1.5 * fl.phase_s(closed, mb)

@@ -98,5 +98,6 @@ def test_least_share_floor_below_every_solved_phase_on_dragonfly(tp, group, sp):
                 assert new.phase_s(new.bwd, mb) <= blk.onchip.bwd_s * (1 + 1e-9)
             if which == "layer":
                 assert mb * new.stash_bytes <= (blk.onchip.stash_bytes if blk.onchip else float("inf")) * (1 + 1e-9)
-                tighter += new.dram_kernels_s(mb, "none") > 1.2 * old.dram_kernels_s(mb, "none")
+                # (1.1: the 1 / tp floor counts the SRAM-forced re-reads too now, fused_floor; 1.17 at TP 8)
+                tighter += new.dram_kernels_s(mb, "none") > 1.1 * old.dram_kernels_s(mb, "none")
     assert tighter == 2 if not sp else tighter == 0

@@ -294,8 +294,8 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None) -> 
             if stash_cap is not None and which == "layer":  # (floors decrease with on: kept <= dram)
                 on = min(on, stash_cap)
             total += min(on * kept + (count - on) * dram for kept, dram in pairs)
-        else:
-            total += count * min(kept for kept, _ in pairs)
+        else:  # (evaluate times the embedding and head with their stash through DRAM, always)
+            total += count * min(dram for _, dram in pairs)
     memo[key] = total
     return total
 
@@ -317,9 +317,8 @@ def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m,
             nets = forced_phase_comm_s(tp_floor, m.micro_batch, model.costs, group,
                                        model.__dict__.setdefault("_collective_memo", {}))
             hidden = ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
-    layer = which in ("layer", "dense_layer")
     memo[key] = out = tuple((fl.kernels_s(m.micro_batch, rc, net, hidden),
-                             fl.dram_kernels_s(m.micro_batch, rc, net, hidden) if layer else 0.0) for net in nets)
+                             fl.dram_kernels_s(m.micro_batch, rc, net, hidden)) for net in nets)
     return out
 
 

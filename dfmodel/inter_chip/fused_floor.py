@@ -42,8 +42,9 @@ This floor solves the partition problem itself, exactly, on a relaxation:
 The minimum over plans is a shortest path over the ideals of the phase's DAG
 (:mod:`dfmodel.intra_chip.ideals`, DESIGN.md section 5), edges limited to ``compute_tiles``
 kernels: built once per (block, phase) and re-costed per micro-batch (a few milliseconds).
-It is used only where the phase has more kernels than the chip has tiles (otherwise one
-partition holds everything and the relaxation equals the old floor) and the lattice is small.
+It is used where the phase has more kernels than the chip has tiles, or few kernels
+(``SMALL_PHASE_KERNELS``: one partition may hold them all, but not always their SRAM), and
+the lattice is small.
 tests/test_fused_floor.py checks it against brute force on small graphs and below every solved
 phase of the shipped layers on the dragonfly chip.
 """
@@ -67,6 +68,12 @@ from dfmodel.system.schema import System
 
 #: (ideal, superset) pairs a floor may keep: beyond, the phase keeps the closed-form floor
 MAX_FLOOR_PAIRS = 400_000
+
+#: a phase of at most this many kernels gets a plan floor even when one partition may hold it
+#: all (its SRAM may not: the LM head's 1.9 GB of weights on 8 dragonfly chips is streamed and
+#: re-read per row tile); its lattice has at most 2^8 ideals. Larger phases that one partition
+#: may hold (SN30, WSE-2) keep the closed form, their lattices being large.
+SMALL_PHASE_KERNELS = 8
 
 #: every row-tile fraction a partition may run at: ``tile_fractions`` halves from 1 and stops at
 #: 12 fractions (a superset of any graph's list: the floor's options include the solver's)
@@ -155,7 +162,7 @@ def plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free
     None when its kernels fit one partition (nothing to gain) or its ideals are too many.
     Memoised per (graph, phase, chip): the search asks again at every TP degree."""
     chip = system.chip
-    if chip.execution != "dataflow" or len(names) <= chip.compute_tiles:
+    if chip.execution != "dataflow" or SMALL_PHASE_KERNELS < len(names) <= chip.compute_tiles:
         return None
     key = (id(graph), frozenset(names), stash_free, max_pairs, chip.model_dump_json())
     hit = _PLANS.get(key)
