@@ -213,3 +213,25 @@ def test_deepseek_v3_head_floor_with_sram_on_dragonfly(mb):
     assert f <= blk.fwd.time_s * (1 + 1e-9) and b <= blk.backward_s("none") * (1 + 1e-9)
     closed = dataclasses.replace(fl.bwd_dram, plan=None)
     assert b >= 1.5 * fl.phase_s(closed, mb)
+
+
+def test_infinite_floor_only_where_no_plan_fits():
+    """A phase no option of any plan fits (DeepSeek-V3's experts at low TP x EP on 220 MiB)
+    gets an infinite floor, never NaN (0 layers x inf), and such mappings are infeasible."""
+    import math
+
+    assert dff._times(0, math.inf) == 0.0 and dff._times(2, 1.5) == 3.0
+    model = LLMModel(load_workload("deepseek_v3"), load_system("dragonfly", num_chips=512))
+    cands = [m for i, m in enumerate(llm_candidates_of(model)) if i % 97 == 0][:120]
+    bounds = [model.lower_bound_s(m) for m in cands]
+    assert not any(math.isnan(b) for b in bounds)
+    infinite = [m for m, b in zip(cands, bounds) if math.isinf(b)]
+    assert infinite
+    for m in infinite[::max(1, len(infinite) // 4)][:4]:
+        with pytest.raises(InfeasibleError):
+            model.evaluate(m)
+
+
+def llm_candidates_of(model):
+    from dfmodel.inter_chip.llm_space import llm_candidates
+    return llm_candidates(model, Knobs(micro_batch=1))

@@ -293,11 +293,18 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None) -> 
                 on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc, model._checkpoint_bytes(m))
             if stash_cap is not None and which == "layer":  # (floors decrease with on: kept <= dram)
                 on = min(on, stash_cap)
-            total += min(on * kept + (count - on) * dram for kept, dram in pairs)
+            total += min(_times(on, kept) + _times(count - on, dram) for kept, dram in pairs)
         else:  # (evaluate times the embedding and head with their stash through DRAM, always)
             total += count * min(dram for _, dram in pairs)
     memo[key] = total
     return total
+
+
+def _times(n: int, floor_s: float) -> float:
+    """``n`` layers at ``floor_s`` each: 0 for none, even when the floor is infinite (no plan of
+    the phase fits the SRAM: fused_floor), where ``0 * inf`` would be NaN, a bound the search
+    could neither prune nor order."""
+    return n * floor_s if n else 0.0
 
 
 def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m, rc: str, ep: int, group, ub: bool) -> tuple:
