@@ -381,6 +381,7 @@ def _full_recompute_cap(onchip: OnChipStash, sram_bytes: float, layers: int, in_
     return layers if per <= 0 else min(layers, math.floor(free / per * (1 + 1e-12)))
 
 
+@lru_cache(maxsize=65536)
 def _balance(num_layers: int, pp: int, interleave: int, layer_s: float, first_s: float, last_s: float) -> tuple[int, ...]:
     """Memoised :func:`pipeline.balance_layers`: candidates differing only in placement of
     PP/DP share their layer split."""
@@ -1352,9 +1353,10 @@ class LLMModel:
                  screen_memory: bool = False) -> "Evaluation | MemoryFloorMiss | None":
         """The mapping's time, memory and breakdown. With ``cutoff_s``: None instead when a
         valid lower bound proves the time above it before the costly pipeline simulation (the
-        search then needs no more than that). With ``screen_memory``: a
-        :class:`MemoryFloorMiss` when :meth:`memory_before_blocks` proves, before any block
-        solve, that it cannot fit."""
+        search then needs no more than that), and a :class:`MemoryFloorMiss` holding its exact
+        memory when its layer split cannot fit (before the pipeline simulation). With
+        ``screen_memory``: a :class:`MemoryFloorMiss` when :meth:`memory_before_blocks` proves,
+        before any block solve, that it cannot fit."""
         if screen_memory and self._blocks.get(self._block_key("layer", m)) is None:
             floor = self.memory_before_blocks(m)
             if not floor.fits:
@@ -1405,6 +1407,9 @@ class LLMModel:
         stage_bwd[0] += emb_b
         stage_fwd[-1] += head_f + mtp_f
         stage_bwd[-1] += head_b + mtp_b
+        params_stage, memory = self._stage_memory(m, layer, emb, head, dense, moe_st, dense_st)
+        if cutoff_s is not None and not memory.fits:
+            return MemoryFloorMiss(m, memory)  # (exact, not a floor: the search needs no time for it)
 
         p2p_s = self.p2p_s(m.micro_batch, m.cp, m.tp, pp_group) if m.pp > 1 else 0.0
         pt = pipe.pipeline_time(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
@@ -1416,14 +1421,6 @@ class LLMModel:
             # the closed form is only a lower bound when p2p exceeds a chunk op: simulate
             pt = pipe.pipeline_time_simulated(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
 
-        params_stage = [n * layer.params_per_chip + d * (dense.params_per_chip if dense else 0.0)
-                        for n, d in zip(moe_st, dense_st)]
-        params_stage[0] += emb.params_per_chip if emb else 0.0
-        params_stage[-1] += head.params_per_chip if head else 0.0
-        params_stage[-1] += self._mtp_params_per_chip(m, layer.params_per_chip)
-        params_stage[-1] += mem.tied_embedding_copy_params(
-            vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp, pp=m.pp,
-            tie_embeddings=self.model.tie_embeddings)
         worst_params = max(params_stage)
 
         # MoE: expert gradients and optimizer state live on the expert data-parallel ranks,
@@ -1474,10 +1471,6 @@ class LLMModel:
             breakdown[k] = breakdown.get(k, 0.0) + comm.pop(k, 0.0)
         if self.system.host is not None:  # (a system without one keeps today's keys exactly)
             breakdown["offload"] = comm.pop("offload", 0.0) + offload_s  # host transfers and CPU step exposed
-        moe_mem = moe_st[:-1] + [moe_st[-1] + self.num_mtp_layers]  # the MTP blocks' weights and stash
-        memory = self.memory_check(m, params_stage, moe_mem, layer.params_per_chip, layer.sharded.graph,
-                                   dense_per_stage=dense_st if dense else None,
-                                   dense_layer_params=dense.params_per_chip if dense else 0.0)
         proven = layer.fwd.proven_optimal and layer.bwd.proven_optimal
         return Evaluation(
             m,
@@ -1493,6 +1486,27 @@ class LLMModel:
             input_bound=input_s > 0,
             io=io,
         )
+
+    def _stage_memory(self, m: Mapping, layer: BlockTimes, emb, head, dense, moe_st: list[int],
+                      dense_st: list[int]) -> tuple[list[float], "mem.MemoryBreakdown"]:
+        """(parameters per chip of each stage, the worst stage's memory) of ``m``'s layer split
+        (``moe_st`` MoE and ``dense_st`` dense layers per stage): the embedding on the first
+        stage, the head, MTP modules and tied copy on the last (:meth:`memory_check`). It reads
+        no time, so :meth:`evaluate` asks it before the pipeline simulation: a mapping that
+        cannot fit needs none."""
+        params_stage = [n * layer.params_per_chip + d * (dense.params_per_chip if dense else 0.0)
+                        for n, d in zip(moe_st, dense_st)]
+        params_stage[0] += emb.params_per_chip if emb else 0.0
+        params_stage[-1] += head.params_per_chip if head else 0.0
+        params_stage[-1] += self._mtp_params_per_chip(m, layer.params_per_chip)
+        params_stage[-1] += mem.tied_embedding_copy_params(
+            vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp, pp=m.pp,
+            tie_embeddings=self.model.tie_embeddings)
+        moe_mem = moe_st[:-1] + [moe_st[-1] + self.num_mtp_layers]  # the MTP blocks' weights and stash
+        memory = self.memory_check(m, params_stage, moe_mem, layer.params_per_chip, layer.sharded.graph,
+                                   dense_per_stage=dense_st if dense else None,
+                                   dense_layer_params=dense.params_per_chip if dense else 0.0)
+        return params_stage, memory
 
     @property
     def num_mtp_layers(self) -> int:
