@@ -135,3 +135,70 @@ def _leaf_mappings(node):
     if node.leaf:
         return node.expand()
     return [m for child in node.expand() for m in _leaf_mappings(child)]
+
+
+def _relief_subs_of(space):
+    """Every twin group (:meth:`LLMSpace._relief_sub`) of the sub groups of ``space``'s roots."""
+    out, stack = [], list(space.roots())
+    while stack:
+        node = stack.pop()
+        if node.leaf:
+            continue
+        children = node.expand()
+        stack.extend(children)
+        for child in children:
+            if not child.leaf and dict(child.knobs).get("recompute") is not None and child.relief is not None:
+                r = child.relief()
+                if r is not None:
+                    out.append(r)
+    return out
+
+
+def test_twin_groups_bound_their_children_and_every_evaluation_under_them():
+    """A twin group is built lazily: its bound (and its refined bound) is at most each child's
+    refined bound and each evaluated mapping's time under it, and it counts exactly the
+    mappings under it; some twin group's refined bound rises above its unrefined one."""
+    model = _model(capacity="9 GiB")
+    space = LLMSpace(model, Knobs(micro_batch=1))
+    groups = _relief_subs_of(space)
+    assert groups
+    raised = evaluated = 0
+    for g in groups:
+        bound = g.bound_s
+        finer = g.refine() if g.refine is not None else bound
+        raised += finer > bound * (1 + 1e-9)
+        children = g.expand()
+        assert g.count == sum(c.count for c in children) > 0
+        assert g.floor_bytes <= min(c.floor_bytes for c in children)
+        for c in children:
+            assert c.refine is None and c.bound_s >= max(bound, finer) * (1 - 1e-12), c.knobs
+            for m in _leaf_mappings(c)[:3]:
+                ev = model.evaluate(m)
+                assert ev.iteration_time_s >= finer * (1 - 1e-12), m
+                evaluated += 1
+    assert evaluated > 10 and raised > 0, (evaluated, raised)
+
+
+@pytest.mark.parametrize("capacity", ["224 MiB", "320 MiB"])
+def test_evaluate_with_cutoff_reports_exact_memory_of_splits_that_cannot_fit(capacity):
+    """evaluate(m, cutoff_s) returns a MemoryFloorMiss exactly when the full evaluation does not
+    fit, with the full evaluation's memory (the time-balanced split's, not a floor)."""
+    model = _model(capacity=capacity)
+    misses = fits = 0
+    for m in (_probes(model, 1) + _probes(model, 2))[::23]:  # (some fit, some do not, at either capacity)
+        try:
+            full = model.evaluate(m)
+        except Exception as exc:  # noqa: BLE001 (an inner pass without a plan raises the same either way)
+            with pytest.raises(type(exc)):
+                model.evaluate(m, cutoff_s=1e9)
+            continue
+        cut = model.evaluate(m, cutoff_s=1e9)
+        assert cut.fits == full.fits
+        if full.fits:
+            assert cut.iteration_time_s == full.iteration_time_s
+            fits += 1
+        else:
+            assert type(cut).__name__ == "MemoryFloorMiss"
+            assert cut.memory.total_bytes == full.memory.total_bytes
+            misses += 1
+    assert misses > 5 and fits > 5, (misses, fits)

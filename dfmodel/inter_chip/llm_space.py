@@ -447,12 +447,12 @@ class LLMSpace:
             return None
         model = self.model
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
-        keys = list(dict.fromkeys(self._key(o) for o in opts))
+        keys = self._keys(opts)
         # bound: (M + (pp-1)/v) mb F(1) = per_dp F(1) + (pp-1) mb F(1) / v, least over the
         # (mb, v) pairs; the optimizer step at its cheapest ZeRO stage / offload
         avg_s = f1 / (tp * cp * pp)
         probes = [self._probe(deg, mbs[0][0], mbs[0][1], 1, rcs[0], k, sp) for k in keys for sp in sps]
-        opt_s = min(self._opt_floor_s(p) for p in probes)
+        opt_s = self._opt_min_s(deg, opts, probes)
         # (compute only: the per-kernel floors of every root's blocks and micro-batches cost more
         # up front than they prune -- a 1 s limit needs the roots in ~0.1 s; the micro-batch
         # groups add them, _pass_floor_min)
@@ -478,6 +478,33 @@ class LLMSpace:
         if key not in memo:
             memo[key] = self.model.optimizer_s(p, self.model.params_per_chip_floor(p))
         return memo[key]
+
+    def _keys(self, opts: list[dict]) -> list[tuple]:
+        """The distinct :meth:`_key` of ``opts``, in order of first appearance; memoised on the
+        list's identity (kept alive by the memo): each group builder asks it of its option list."""
+        memo = self.__dict__.setdefault("_keys_memo", {})
+        hit = memo.get(id(opts))
+        if hit is None:
+            hit = memo[id(opts)] = (opts, list(dict.fromkeys(self._key(o) for o in opts)))
+        return hit[1]
+
+    def _opt_min_s(self, deg, opts: list[dict], probes: list[Mapping]) -> float:
+        """Least :meth:`_opt_floor_s` over ``probes`` (``opts``' keys at one micro-batching):
+        it reads the degrees and the key only, so the least is memoised on the degrees and the
+        option list's identity, shared by every micro-batch, recompute and SP group."""
+        memo = self.__dict__.setdefault("_opt_min_memo", {})
+        key = (deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"], id(opts))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = (opts, min(self._opt_floor_s(p) for p in probes))
+        return hit[1]
+
+    def _offload_floor_min_s(self, opts: list[dict], probes: list[Mapping]) -> float:
+        """Least ``LLMModel.offload_stage_floor_s`` over ``probes`` (``opts``' keys): 0 without
+        computing any when some key offloads nothing (its floor is 0, every floor >= 0)."""
+        if not all(k[2] != "none" or k[3] or k[4] for k in self._keys(opts)):
+            return 0.0
+        return min(self.model.offload_stage_floor_s(p) for p in probes)
 
     def _pass_floor_min(self, deg, mb, m, rcs, sps, keys, comm: bool = True) -> float:
         """Least ``LLMModel.pass_floor_s / pp`` (per-kernel traffic and forced TP collectives) over
@@ -519,9 +546,9 @@ class LLMSpace:
         if not per_leaf:
             return None
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
-        keys = list(dict.fromkeys(self._key(o) for o in opts))
+        keys = self._keys(opts)
         probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
-        opt_s = min(self._opt_floor_s(p) for p in probes)
+        opt_s = self._opt_min_s(deg, opts, probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
@@ -573,13 +600,12 @@ class LLMSpace:
         count = len(vs) * sum(len(pl) for _, _, pl in self._pairs(tp, [spar], mine, places_by))
         if not count:
             return None
-        keys = list(dict.fromkeys(self._key(o) for o in mine))
+        keys = self._keys(mine)
         probes = [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys]
         # (offloaded twins: a stage is never shorter than its layers' host transfers, least over
         # the options; LLMModel.lower_bound_s holds it for each leaf)
-        compute_s = max(model.compute_floor_s(mb, rc) / (tp * cp * pp),
-                        min(model.offload_stage_floor_s(p) for p in probes))
-        opt_s = min(self._opt_floor_s(p) for p in probes)
+        compute_s = max(model.compute_floor_s(mb, rc) / (tp * cp * pp), self._offload_floor_min_s(mine, probes))
+        opt_s = self._opt_min_s(deg, mine, probes)
         ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
@@ -608,21 +634,53 @@ class LLMSpace:
         return out
 
     def _relief_sub(self, deg, mb, m, vs, rc, spar, ub, places_by, mine) -> SpaceNode | None:
-        """The offloaded twins of every mapping of a group pruned for memory: one group per
-        activation offload over the twins' options (:meth:`_sub_node`, whose bound and floor
-        need no leaf built: a group pruned for memory far above the cutoff costs little)."""
+        """The offloaded twins of every mapping of a group pruned for memory: a group whose
+        children, one group per activation offload over the twins' options (:meth:`_sub_node`),
+        are built only when it reaches the top of the queue below the cutoff. Its bound is each
+        child's without the optimizer step and host-transfer floors (:meth:`_twin_pipeline_s`:
+        both >= 0 and the children's bound grows with them), refined with the per-kernel floor
+        as theirs are: on DeepSeek-V3 / 512 H100 4083 of the 9115 twin groups lie above the
+        optimum on it and were built for nothing. Counted as its children (no mapping is built)."""
+        twins = self._relief_opts(deg, mine)
+        parts = []  # (the twins of one activation offload, their mappings)
+        for oa in dict.fromkeys(o.get("offload_activations", False) for o in twins):
+            mine_t = self._mine(twins, ub, oa)
+            count = len(vs) * sum(len(pl) for _, _, pl in self._pairs(deg["tp"], [spar], mine_t, places_by))
+            if count:
+                parts.append((mine_t, count))
+        if not parts:
+            return None
+        args = (deg, mb, m, vs, rc, spar, places_by)
+        knobs = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
+                 ("num_micro_batches", m), ("recompute", rc), ("sequence_parallel", bool(spar)), ("tp_comm_overlap", ub))
+        return SpaceNode(min(self._twin_pipeline_s(*args, t, False) for t, _ in parts), 0.0,
+                         sum(c for _, c in parts), knobs,
+                         partial(self._relief_subs, deg, mb, m, vs, rc, spar, ub, places_by, mine),
+                         refine=None if self._bounds_off else
+                         lambda: min(self._twin_pipeline_s(*args, t, True) for t, _ in parts))
+
+    def _twin_pipeline_s(self, deg, mb, m, vs, rc, spar, places_by, mine, refined: bool) -> float:
+        """:meth:`_sub_node`'s bound of the group of options ``mine`` without its optimizer step
+        and host-transfer floors (a lower bound on it): the compute floor (``refined``: or the
+        per-kernel floor, :meth:`_pass_floor_min`) and the exposed all-to-alls per stage."""
+        tp, cp, pp = deg["tp"], deg["cp"], deg["pp"]
+        stage_s = self.model.compute_floor_s(mb, rc) / (tp * cp * pp)
+        if refined:
+            stage_s = max(stage_s, self._pass_floor_min(deg, mb, m, [rc], [spar], self._keys(mine)))
+        ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
+        return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + self._p2p_floor_s(deg, mb, m, vs)) * (1 - 1e-12)
+
+    def _relief_subs(self, deg, mb, m, vs, rc, spar, ub, places_by, mine) -> list[SpaceNode]:
+        """The children of :meth:`_relief_sub`'s group, their per-kernel floors taken at once
+        (memoised, shared with the pruned group's): each joins the queue under its own bound."""
         twins = self._relief_opts(deg, mine)
         subs = [self._sub_node(deg, mb, m, vs, rc, spar, ub, places_by, twins, False, oa)
                 for oa in dict.fromkeys(o.get("offload_activations", False) for o in twins)]
         subs = [x for x in subs if x is not None]
-        if not subs:
-            return None
-        for x in subs:  # their per-kernel floors at once (memoised, shared with the pruned group's):
-            # a twin group's compute-only bound would hold a time-limited search's proven bound down
+        for x in subs:
             if x.refine is not None:
                 x.bound_s, x.refine = max(x.bound_s, x.refine()), None
-        return SpaceNode(min(x.bound_s for x in subs), min(x.floor_bytes for x in subs),
-                         sum(x.count for x in subs), subs[0].knobs[:8], lambda: subs)
+        return subs
 
     def _leaf(self, deg, mb, m, v, rc, key, spar, places_by, mine, relief) -> SpaceNode | None:
         pairs = self._pairs(deg["tp"], [spar], mine, places_by)
