@@ -202,3 +202,31 @@ def test_evaluate_with_cutoff_reports_exact_memory_of_splits_that_cannot_fit(cap
             assert cut.memory.total_bytes == full.memory.total_bytes
             misses += 1
     assert misses > 5 and fits > 5, (misses, fits)
+
+
+@pytest.mark.parametrize("dense", [0, 1])
+def test_last_stage_floor_bounds_every_plain_1f1b_evaluation(dense):
+    """The refined bound with the last stage's head, MTP and one layer (LLMModel._last_stage_floor_s)
+    stays below the evaluation of every plain-1F1B mapping of a small MoE space, and is above the
+    mean-stage bound on some (else it would prune nothing)."""
+    model = _model(first_dense_layers=dense)
+    seen = raised = 0
+    for m in (_probes(model, 1) + _probes(model, 2))[::7]:
+        if m.pp == 1 or m.interleave != 1:
+            continue
+        try:
+            ev = model.evaluate(m)
+        except Exception:  # noqa: BLE001 (no plan: nothing to bound)
+            continue
+        bound = model.refined_bound_s(m)
+        assert bound <= ev.iteration_time_s * (1 + 1e-12), m
+        seen += 1
+        key = (m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel)
+        layer = model._blocks[("layer", *key, *model._layer_key_tail(m))]
+        head = model._blocks[("head", *key)]
+        dense_b = model._blocks.get(("dense_layer", *key)) if model.num_dense_layers else None
+        last = model._last_stage_floor_s(m, head, sum(model._layer_phases_s(m, layer, model._layer_comm_shared(m, layer))),
+                                         dense_b)
+        assert last <= max(ev.stage_fwd_s[-1] + ev.stage_bwd_s[-1], 0.0) * (1 + 1e-12), m
+        raised += last * m.pp > sum(f + b for f, b in zip(ev.stage_fwd_s, ev.stage_bwd_s))
+    assert seen > 20 and raised > 0, (seen, raised)

@@ -974,12 +974,30 @@ class LLMModel:
             total += self.num_mtp_layers * (moe_layer_s + (head.fwd.time_s + head.backward_s("none") if head else 0.0))
         avg_stage_s = total / m.pp
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s
+        if m.pp > 1 and m.interleave == 1 and head is not None and layer.onchip is None:
+            # the last stage holds the head, the MTP modules and at least one layer, whatever the split
+            last_s = self._last_stage_floor_s(m, head, moe_layer_s, dense)
+            pipeline_s = max(pipeline_s, (m.num_micro_batches - 1) * last_s + total)
         if m.pp > 1 and m.interleave == 1:  # plain 1F1B's exposed p2p on its own PP group (comm_floor)
             pipeline_s += (pipe.p2p_transfers_on_critical_path(m.pp, m.num_micro_batches)
                            * self.p2p_s(m.micro_batch, m.cp, m.tp, m.group("pp")))
         zero2_s = self.zero2_exposed_floor_s(m, pipeline_s, *self._worst_stage_floors(m, layer, emb, head, dense)
                                              ) if m.zero_stage == 2 else 0.0
         return pipeline_s + zero2_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+
+    def _last_stage_floor_s(self, m: Mapping, head: BlockTimes, moe_layer_s: float, dense: BlockTimes | None) -> float:
+        """Least per-micro-batch time of plain 1F1B's last stage (:meth:`evaluate`): the head,
+        the MTP modules (each a MoE layer and the head again, as :meth:`_bound_from_blocks`
+        counts them) and at least one layer (``pipeline.balance_layers`` leaves none empty).
+        ``pipeline.pipeline_time`` is ``M T* + sum T - T*`` with ``T* >= T_last``, so the
+        step is at least ``(M - 1) T_last + sum T``: with DeepSeek-V3's head and MTP module
+        (about four layers' work) on one stage this exceeds the mean-stage bound from pp 16 on."""
+        layer_s = moe_layer_s
+        if self.num_dense_layers:  # (a dense layer may be the cheaper one; unsolved: count none)
+            layer_s = min(layer_s, sum(self._layer_phases_s(m, dense, self._layer_comm_shared(m, dense, experts=False)))
+                          ) if dense is not None else 0.0
+        head_s = head.fwd.time_s + head.backward_s("none")
+        return layer_s + head_s + self.num_mtp_layers * (moe_layer_s + head_s)
 
     def _onchip_layers_cap(self, m: Mapping, onchip: OnChipStash) -> int:
         """At most this many of the (MoE) layers keep their stash in SRAM, whatever the layer split
