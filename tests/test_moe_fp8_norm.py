@@ -62,3 +62,42 @@ def test_bf16_norm_output_makes_the_fp8_moe_layer_slower_and_bounds_hold(monkeyp
     monkeypatch.setattr(base.GraphBuilder, "tensor", fp8_norm)
     before = LLMModel(load_workload(big), s).evaluate(m)
     assert now.iteration_time_s > before.iteration_time_s
+
+
+def test_moe_userbuffers_floor_leaves_the_experts_collectives_exposed(monkeypatch):
+    """The per-kernel pass floor under tp_comm_overlap pairs only attention's forced TP reductions
+    with attention's GEMMs in an MoE layer and adds the experts' outright, as
+    ``_userbuffers_split`` charges them (Megatron-Core TELinear: no userbuffers for expert
+    linears). Oracle: every search bound stays below the evaluation of every sampled
+    userbuffers mapping with TP-split experts, and the floor is above the one that paired every
+    linear's reductions with the GEMMs (what the floor did before) on some of them."""
+    from dfmodel.inter_chip import llm
+    from dfmodel.inter_chip.llm import LLMModel
+    from dfmodel.inter_chip.config import Knobs
+    from dfmodel.inter_chip.llm_space import llm_candidates
+
+    s = load_system(small_system(4, 2))
+    w = load_workload(moe_workload())
+    model = LLMModel(w, s)
+    cands = [c for c in llm_candidates(model, Knobs(tp=4, ep=2, recompute="none"))
+             if c.tp_comm_overlap and not c.whole_experts]
+    assert cands
+    picked = cands[::max(1, len(cands) // 12)]
+    assert_bounds_below_evaluation(model, picked)
+    for m in picked:  # sharp, per layer: the layer floor against the layer's userbuffers time
+        model.evaluate(m)
+        layer = model.block("layer", m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel, m.cp,
+                            m.ep_outside_tp, whole_experts=m.whole_experts)
+        fl = model._block_floor("layer", m.tp, m.cp, m.sequence_parallel, m.ep_outside_tp, m.whole_experts)
+        g = m.group("tp")
+        exposed = model._forced_comm_s(fl, m.micro_batch, g, m.recompute, launches=False, paired=False)
+        paired = model._forced_comm_s(fl, m.micro_batch, g, m.recompute, launches=False, paired=True)
+        assert exposed > 0 and paired > 0  # TP-split experts reduce partial sums, attention too
+        floor = fl.kernels_overlapped_s(m.micro_batch, m.recompute, paired) + exposed
+        assert floor <= sum(llm._layer_times_s(layer, m, s.chip.compute_tiles)) * (1 + 1e-9)
+    now = [model.pass_floor_s(m) for m in picked]
+    monkeypatch.setattr(llm, "_is_ub_moe_linear", llm._is_ub_linear)  # every linear paired: the old floor
+    old_model = LLMModel(w, s)
+    old = [old_model.pass_floor_s(m) for m in picked]
+    assert all(a >= b * (1 - 1e-12) for a, b in zip(now, old))
+    assert any(a > b * (1 + 1e-3) for a, b in zip(now, old))

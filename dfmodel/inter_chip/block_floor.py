@@ -52,7 +52,8 @@ class BlockFloor:
     workload): a kernel under strategy ``o`` takes at least ``max(k C, s (k A + W))``
     (``C`` its FLOP time, ``A`` its activation bytes, ``W`` its fixed bytes per chip, ``s`` s/byte).
     ``forced`` holds per weight group, per strategy option, the partial-sum outputs it must
-    reduce as (bytes, forward?, grows with k?)."""
+    reduce as (bytes, forward?, grows with k?); ``paired`` per weight group whether one of its
+    kernels is a GEMM tp_comm_overlap pairs with its collectives (``linear``)."""
 
     C: np.ndarray  # (kernels, options) seconds, inf where a kernel has fewer options
     A: np.ndarray  # activation bytes
@@ -64,6 +65,7 @@ class BlockFloor:
     s_per_byte: float
     overlap: bool
     linear: np.ndarray | None = None  # the GEMMs tp_comm_overlap pairs with TP collectives
+    paired: tuple = ()  # per ``forced`` group: its reductions are a paired GEMM's (tp_comm_overlap)
 
     def kernel_floors_s(self, k: int) -> np.ndarray:
         """Each kernel's floor at micro-batch ``k``: least over its options, plus its launch."""
@@ -165,7 +167,9 @@ def block_floor(graph: DataflowGraph, system: System, tp: int, sequence_parallel
             W[i, j] = const + k.weight_bytes / (tp if s.splits_weight else 1)
     fwd = np.array([k.phase == Phase.forward for k in kernels], dtype=bool)
     core = np.array([k.phase == Phase.forward and is_core is not None and is_core(k) for k in kernels], dtype=bool)
-    forced = []
+    forced, paired = [], []
+    linear = np.array([is_linear is not None and is_linear(k) for k in kernels], dtype=bool)
+    is_paired = {k.name for k, lin in zip(kernels, linear) if lin}
     if tp > 1:
         for g, ks in problem.groups.items():
             per_option = []
@@ -182,19 +186,20 @@ def block_floor(graph: DataflowGraph, system: System, tp: int, sequence_parallel
                 per_option.append(tuple(items))
             if per_option and all(per_option):  # every option leaves a partial sum to reduce
                 forced.append(tuple(per_option))
-    linear = np.array([is_linear is not None and is_linear(k) for k in kernels], dtype=bool)
+                paired.append(any(k.name in is_paired for k in ks))
     return BlockFloor(C, A, W, fwd, core, tuple(forced), float(chip.efficiency.kernel_overhead_s),
-                      memory_time_s(chip, 1.0), bool(chip.overlap), linear)
+                      memory_time_s(chip, 1.0), bool(chip.overlap), linear, tuple(paired))
 
 
 def forced_comm_s(floor: BlockFloor, k: int, costs, group, recompute: str, memo: dict | None = None,
-                  launches: bool = True) -> float:
+                  launches: bool = True, paired: bool | None = None) -> float:
     """Least TP-collective time of the block at micro-batch ``k`` on ``group`` (a placement
     tuple) whatever the sharding: per weight group, its cheapest option's partial-sum
     reductions (an all-reduce or reduce-scatter of the logical bytes, whichever is cheaper,
     each its own communication kernel with its launch overhead); full recompute repeats the
     forward ones. ``memo`` caches collective times across calls; ``launches=False``: the
-    network seconds alone."""
+    network seconds alone. ``paired`` True / False: only the weight groups whose reductions
+    tp_comm_overlap pairs / does not pair with their GEMMs (:attr:`BlockFloor.paired`)."""
     if not floor.forced:
         return 0.0
     memo = {} if memo is None else memo
@@ -207,7 +212,9 @@ def forced_comm_s(floor: BlockFloor, k: int, costs, group, recompute: str, memo:
 
     again = 2.0 if recompute == "full" else 1.0
     total = 0.0
-    for per_option in floor.forced:
+    for i, per_option in enumerate(floor.forced):
+        if paired is not None and floor.paired[i] != paired:
+            continue
         total += min(sum(reduce_s(b * k if grows else b) * (again if fwd else 1.0) for b, fwd, grows in items)
                      for items in per_option)
     return total

@@ -185,6 +185,12 @@ def _is_ub_linear(kernel) -> bool:
     return len(p) > 1 and p[1] in UB_LINEAR
 
 
+def _is_ub_moe_linear(kernel) -> bool:
+    """A GEMM tp_comm_overlap pairs with a TP collective in an MoE layer (:data:`UB_MOE_LINEAR`)."""
+    p = kernel.name.split(".")
+    return len(p) > 1 and p[1] in UB_MOE_LINEAR
+
+
 def _userbuffers_s(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> float:
     """A layer phase's time with the TP collectives chunked under their GEMMs
     (:func:`dfmodel.netmodels.nccl.tp_overlapped_phase_s`). Each GEMM is slowed by the SMs its
@@ -892,9 +898,13 @@ class LLMModel:
             if fl is None or not count:
                 continue
             if userbuffers:  # tp_comm_overlap: the collectives run under the layer's GEMMs
+                # (in an MoE layer those of attention only; the experts' stay exposed: _userbuffers_split)
+                split = which == "layer" and self.num_experts > 1
                 if comm and groups:
                     kernels_s += count * min(fl.kernels_overlapped_s(k, brc, self._forced_comm_s(
-                        fl, k, tuple(g), brc, launches=False)) for g in groups)
+                        fl, k, tuple(g), brc, launches=False, paired=True if split else None))
+                        + (self._forced_comm_s(fl, k, tuple(g), brc, launches=False, paired=False) if split else 0.0)
+                        for g in groups)
                 else:
                     kernels_s += count * fl.kernels_overlapped_s(k, brc, 0.0)
                 continue
@@ -906,16 +916,17 @@ class LLMModel:
                        for g in groups)
         return out
 
-    def _forced_comm_s(self, fl: "bf.BlockFloor", k: int, group: tuple, recompute: str, launches: bool = True) -> float:
+    def _forced_comm_s(self, fl: "bf.BlockFloor", k: int, group: tuple, recompute: str, launches: bool = True,
+                       paired: bool | None = None) -> float:
         """:func:`~dfmodel.inter_chip.block_floor.forced_comm_s` memoised on what it reads: the
         block floor (one object per block key, kept by :meth:`_block_floor`), the micro-batch,
         the TP group, full recompute or not, and the launches. Degree tuples that differ only in
         pp or dp share their TP groups, so most calls are hits."""
         memo = self.__dict__.setdefault("_forced_comm_memo", {})
-        key = (id(fl), k, group, recompute == "full", launches)
+        key = (id(fl), k, group, recompute == "full", launches, paired)
         if key not in memo:
             cmemo = self.__dict__.setdefault("_collective_memo", {})
-            memo[key] = bf.forced_comm_s(fl, k, self.costs, group, recompute, cmemo, launches=launches)
+            memo[key] = bf.forced_comm_s(fl, k, self.costs, group, recompute, cmemo, launches=launches, paired=paired)
         return memo[key]
 
     def _block_floor(self, which: str, tp: int, cp: int, sp: bool, ep: int, whole: bool) -> "bf.BlockFloor | None":
@@ -925,9 +936,11 @@ class LLMModel:
         memo = self.__dict__.setdefault("_block_floors", {})
         if key not in memo:
             graph = getattr(self.graphs(1, cp, ep), which)
+            # an MoE layer's userbuffers serve attention's GEMMs only, as _userbuffers_split pairs them
+            linear = _is_ub_moe_linear if which == "layer" and self.num_experts > 1 else _is_ub_linear
             memo[key] = None if graph is None else bf.block_floor(graph, self.system, tp, sp and tp > 1,
                                                                   whole_experts=whole and tp > 1,
-                                                                  is_core=_is_attention_core, is_linear=_is_ub_linear)
+                                                                  is_core=_is_attention_core, is_linear=linear)
         return memo[key]
 
     def _tp_groups(self, m: Mapping) -> tuple:
