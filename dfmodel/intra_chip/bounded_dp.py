@@ -229,16 +229,23 @@ def _heavy_table(cm: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if hit is None:
         alone = relaxed_floor_s(cm, np.eye(cm.n, dtype=bool))
         heavy = np.argsort(-np.where(np.isfinite(alone), alone, np.inf), kind="stable")[: min(HEAVY_KERNELS, cm.n)]
-        m = heavy.size
-        rows = np.zeros((1 << m, cm.n), dtype=bool)
-        for code in range(1 << m):
-            rows[code, heavy[[i for i in range(m) if (code >> i) & 1]]] = True
-        outside = np.zeros_like(rows)
-        outside[:, heavy] = ~rows[:, heavy]  # the other heavy kernels run in other parts
+        rows, outside = _heavy_groups(cm, heavy)
         tables = (_cheapest_split(relaxed_floor_s(cm, rows, outside)),
                   _cheapest_split(relaxed_memory_floor_s(cm, rows, outside)))
         hit = cm.__dict__["_heavy_table"] = (heavy, *tables)
     return hit
+
+
+def _heavy_groups(cm: CostModel, heavy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(every group of the heavy kernels, by bitmask, as kernel rows; per group the other heavy
+    kernels, which run in other parts) for the grouping tables."""
+    m = heavy.size
+    rows = np.zeros((1 << m, cm.n), dtype=bool)
+    for code in range(1 << m):
+        rows[code, heavy[[i for i in range(m) if (code >> i) & 1]]] = True
+    outside = np.zeros_like(rows)
+    outside[:, heavy] = ~rows[:, heavy]
+    return rows, outside
 
 
 def expand_heavy_table(cm: CostModel) -> None:
@@ -249,12 +256,7 @@ def expand_heavy_table(cm: CostModel) -> None:
     heavy, _, memory = _heavy_table(cm)
     if cm.__dict__.get("_heavy_expanded"):
         return
-    m = heavy.size
-    rows = np.zeros((1 << m, cm.n), dtype=bool)
-    for code in range(1 << m):
-        rows[code, heavy[[i for i in range(m) if (code >> i) & 1]]] = True
-    outside = np.zeros_like(rows)
-    outside[:, heavy] = ~rows[:, heavy]  # the other heavy kernels run in other parts
+    rows, outside = _heavy_groups(cm, heavy)
     cm.__dict__["_heavy_table"] = (heavy, _cheapest_split(expanded_floor_s(cm, rows, outside)), memory)
     cm.__dict__["_heavy_expanded"] = True
 
