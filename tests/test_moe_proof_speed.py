@@ -21,6 +21,7 @@ from dfmodel.inter_chip.search import search
 from test_inter_chip import small_system
 from test_moe_physics import moe_workload
 from test_offload import with_host
+from test_search_space import inner_groups
 
 
 def _model(first_dense_layers: int = 1, capacity: str | None = None) -> LLMModel:
@@ -139,13 +140,8 @@ def _leaf_mappings(node):
 
 def _relief_subs_of(space):
     """Every twin group (:meth:`LLMSpace._relief_sub`) of the sub groups of ``space``'s roots."""
-    out, stack = [], list(space.roots())
-    while stack:
-        node = stack.pop()
-        if node.leaf:
-            continue
-        children = node.expand()
-        stack.extend(children)
+    out = []
+    for _, children in inner_groups(space.roots()):
         for child in children:
             if not child.leaf and dict(child.knobs).get("recompute") is not None and child.relief is not None:
                 r = child.relief()

@@ -156,6 +156,18 @@ def test_memory_screen_three_stages_equal_every_stage():
     assert seen > 20
 
 
+def inner_groups(roots):
+    """Every group (not a leaf) under ``roots``, depth first, with its children (expanded once)."""
+    todo = list(roots)
+    while todo:
+        node = todo.pop()
+        if node.leaf:
+            continue
+        kids = node.expand()
+        todo.extend(kids)
+        yield node, kids
+
+
 def _leaf_bounds_under(node) -> list[float]:
     """The bounds the search gives the mappings under ``node``: their leaf groups' (the model's
     ``lower_bound_s`` plus, with experts, the exposed all-to-alls, LLMSpace._exposed_ep_s)."""
@@ -169,13 +181,7 @@ def test_lazy_group_bounds_are_valid_and_tighter(workload, system, knobs):
     GPU-style chip it tightens some group's compute-only bound (or the laziness would be moot)."""
     model = LLMModel(load_workload(workload), load_system(system))
     tighter = 0
-    todo = list(LLMSpace(model, knobs).roots())
-    while todo:
-        node = todo.pop()
-        if node.leaf:
-            continue
-        kids = node.expand()
-        todo.extend(kids)
+    for node, _ in inner_groups(LLMSpace(model, knobs).roots()):
         if node.refine is None:
             continue
         finer = node.refine()
