@@ -179,16 +179,10 @@ def _is_attention_core(kernel) -> bool:
 UB_LINEAR = ("qkv", "out_proj", "fc1", "fc2")
 
 
-def _is_ub_linear(kernel) -> bool:
+def _is_ub_linear(kernel, linears: tuple[str, ...] = UB_LINEAR) -> bool:
     """A GEMM tp_comm_overlap pairs with a TP collective (as ``_userbuffers_split`` finds them)."""
     p = kernel.name.split(".")
-    return len(p) > 1 and p[1] in UB_LINEAR
-
-
-def _is_ub_moe_linear(kernel) -> bool:
-    """A GEMM tp_comm_overlap pairs with a TP collective in an MoE layer (:data:`UB_MOE_LINEAR`)."""
-    p = kernel.name.split(".")
-    return len(p) > 1 and p[1] in UB_MOE_LINEAR
+    return len(p) > 1 and p[1] in linears
 
 
 def _userbuffers_s(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> float:
@@ -219,6 +213,7 @@ def _userbuffers_parts(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> d
 #: its gradient and of the projection's output and its gradient (tensor names of build_llm_layer).
 UB_MOE_LINEAR = ("qkv", "out_proj")
 UB_MOE_TENSORS = ("ln1_out", "d_ln1_out", "attn_out", "d_r1")
+_is_ub_moe_linear = partial(_is_ub_linear, linears=UB_MOE_LINEAR)
 
 
 def _is_moe_phase(phase: PhaseTime) -> bool:
@@ -586,14 +581,7 @@ class LLMModel:
         """:meth:`presolve_bound_s` (on ``m``'s own TP and ep groups) with at most
         :meth:`stash_cap` layers keeping their stash in SRAM: a valid lower bound on
         ``evaluate(m).iteration_time_s`` on a dataflow chip."""
-        cap = self.stash_cap(m, forward_only)
-        out = self.lower_bound_s(m, tp_groups=(m.group("tp"),), stash_cap=cap)
-        if self.num_experts > 1 and m.ep > 1:
-            out += ((m.num_micro_batches + (m.pp - 1) / m.interleave) * self.num_moe_layers
-                    * self._ep_exposed_floor_s(m) / m.pp)
-        if m.zero_stage == 2:
-            out += self.zero2_exposed_floor_s(m, out - self.optimizer_s(m, self.params_per_chip_floor(m)))
-        return out * (1 - 1e-12)
+        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, self.stash_cap(m, forward_only)))
 
     # -- bounds ---------------------------------------------------------------------------------
     @cached_property
@@ -666,15 +654,25 @@ class LLMModel:
         key = (tuple(v for k, v in vars(m).items() if k not in _NOT_IN_PRESOLVE), m.group("tp"), m.group("ep"))
         memo = self.__dict__.setdefault("_presolve_memo", {})
         if key not in memo:
-            memo[key] = (self.lower_bound_s(m, tp_groups=(m.group("tp"),))
-                         + (m.num_micro_batches + (m.pp - 1) / m.interleave) * self.num_moe_layers
-                         * self._ep_exposed_floor_s(m) / m.pp) * (1 - 1e-12)
+            memo[key] = self._own_groups_bound_s(m)
+        return self._with_zero2_floor_s(m, memo[key])
+
+    def _own_groups_bound_s(self, m: Mapping, stash_cap: int | None = None) -> float:
+        """:meth:`lower_bound_s` on ``m``'s own TP group (``stash_cap``: as there) plus the token
+        all-to-alls exposed on its own ep group (MoE): before ZeRO-2's exposed reduce-scatters."""
+        out = self.lower_bound_s(m, tp_groups=(m.group("tp"),), stash_cap=stash_cap)
+        if self.num_experts > 1 and m.ep > 1:
+            out += ((m.num_micro_batches + (m.pp - 1) / m.interleave) * self.num_moe_layers
+                    * self._ep_exposed_floor_s(m) / m.pp)
+        return out * (1 - 1e-12)
+
+    def _with_zero2_floor_s(self, m: Mapping, bound_s: float) -> float:
+        """``bound_s`` plus, under ZeRO-2, the reduce-scatters on ``m``'s own dp x cp and expert
+        data-parallel groups over the pipeline part of it (it less the optimizer floor
+        :meth:`lower_bound_s` adds)."""
         if m.zero_stage != 2:
-            return memo[key]
-        # ZeRO-2: the reduce-scatters on m's own dp x cp and expert data-parallel groups, over
-        # the pipeline part of the bound (it less the optimizer floor lower_bound_s adds)
-        pipeline_s = memo[key] - self.optimizer_s(m, self.params_per_chip_floor(m))
-        return memo[key] + self.zero2_exposed_floor_s(m, pipeline_s)
+            return bound_s
+        return bound_s + self.zero2_exposed_floor_s(m, bound_s - self.optimizer_s(m, self.params_per_chip_floor(m)))
 
     def _ep_exposed_floor_s(self, m: Mapping) -> float:
         """Least exposed all-to-all time of one MoE layer and micro-batch of ``m`` before its
