@@ -68,6 +68,9 @@ class CaseTraining(Strict):
     param_remainders: bool | None = None
     #: the run replayed its layers as CUDA graphs (no host floor: chip ``efficiency.host_linear_s``)
     cuda_graphs: bool | None = None
+    #: the run's userbuffers SMs per TE exchange (workload ``training.userbuffers_sms``; ``te_default``:
+    #: tp_comm_overlap without a ub_tp_comm_overlap_cfg); None: NeMo's tuned configs
+    userbuffers_sms: Literal["te_default"] | dict[str, int] | None = None
 
 
 class CaseSystem(Strict):
@@ -278,6 +281,8 @@ def workload_of(case: Case) -> dict[str, Any]:
         training["param_remainders"] = case.training.param_remainders
     if case.training.cuda_graphs is not None:
         training["cuda_graphs"] = case.training.cuda_graphs
+    if case.training.userbuffers_sms is not None:
+        training["userbuffers_sms"] = case.training.userbuffers_sms
     if precision == "fp8":
         fp8 = {"fp8_weights": case.training.fp8_weights, "recipe": fp8_recipe_of(case)}
         training["fp8"] = {k: v for k, v in fp8.items() if v is not None}

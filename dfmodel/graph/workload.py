@@ -76,6 +76,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    NonNegativeInt,
     PositiveInt,
     PrivateAttr,
     RootModel,
@@ -159,6 +160,10 @@ class FP8Recipe(Strict):
     recipe: RecipeName = "delayed"
 
 
+#: Transformer Engine userbuffers exchanges that hold SMs (:data:`dfmodel.netmodels.nccl.UB_SM_EXCHANGES`)
+UBExchange = Literal["proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"]
+
+
 class Training(Strict):
     """How a network family is trained: batch, precision, optimizer and input pipeline.
 
@@ -190,6 +195,18 @@ class Training(Strict):
     #: bf16 O2 weights): the fp32 master weight is the bf16 weight plus a 16-bit remainder, so the
     #: optimizer keeps 2 bytes/param of it instead of 4 (megatron_base_model.py setup_optimization)
     param_remainders: bool = False
+    #: LLM with Megatron's tp_comm_overlap: the SMs each Transformer Engine userbuffers exchange
+    #: holds beside its GEMM, as the run's ``ub_tp_comm_overlap_cfg`` sets ``num_sm`` (keys: TE's
+    #: SM-holding exchanges proj_fprop, fc2_fprop, qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad; one
+    #: left out holds TE's default 16). ``te_default``: a run without a config (every exchange 16).
+    #: Default (null): NeMo's tuned H100 configs (:data:`dfmodel.netmodels.nccl.USERBUFFERS_SMS_BY_TP`).
+    userbuffers_sms: Literal["te_default"] | dict[UBExchange, NonNegativeInt] | None = None
+
+    def userbuffers_config(self) -> tuple[tuple[str, int], ...] | None:
+        """``userbuffers_sms`` as sorted (exchange, SMs) pairs (hashable; () = TE's defaults), or None."""
+        if self.userbuffers_sms is None:
+            return None
+        return () if self.userbuffers_sms == "te_default" else tuple(sorted(self.userbuffers_sms.items()))
 
     @property
     def grad_bytes(self) -> int:

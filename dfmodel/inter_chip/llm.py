@@ -177,6 +177,8 @@ def _is_attention_core(kernel) -> bool:
 
 #: The linear layers whose GEMMs Megatron's tp_comm_overlap pairs with the TP collectives.
 UB_LINEAR = ("qkv", "out_proj", "fc1", "fc2")
+#: a run's userbuffers SMs per TE exchange (:meth:`Training.userbuffers_config`); None: NeMo's tables
+UBConfig = tuple[tuple[str, int], ...] | None
 
 
 def _is_ub_linear(kernel, linears: tuple[str, ...] = UB_LINEAR) -> bool:
@@ -185,19 +187,20 @@ def _is_ub_linear(kernel, linears: tuple[str, ...] = UB_LINEAR) -> bool:
     return len(p) > 1 and p[1] in linears
 
 
-def _userbuffers_s(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> float:
+def _userbuffers_s(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS, ub_config: UBConfig = None) -> float:
     """A layer phase's time with the TP collectives chunked under their GEMMs
     (:func:`dfmodel.netmodels.nccl.tp_overlapped_phase_s`). Each GEMM is slowed by the SMs its
-    own exchange holds (:func:`~dfmodel.netmodels.nccl.userbuffers_sms`, NeMo's per-GEMM
-    configs, of the chip's ``sms``): the phase's GEMMs slow down by their time-weighted mean."""
-    return _userbuffers_split(phase, tp, sms)[0]
+    own exchange holds (:func:`~dfmodel.netmodels.nccl.userbuffers_sms`: the run's ``ub_config``,
+    :meth:`Training.userbuffers_config`, else NeMo's per-GEMM configs; of the chip's ``sms``):
+    the phase's GEMMs slow down by their time-weighted mean."""
+    return _userbuffers_split(phase, tp, sms, ub_config)[0]
 
 
-def _userbuffers_parts(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS) -> dict[str, float]:
+def _userbuffers_parts(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS, ub_config: UBConfig = None) -> dict[str, float]:
     """The phase's breakdown parts with userbuffers: the TP communication still exposed after
     the overlap stays ``tp_comm``; the GEMMs' slowdown from the SMs the exchanges hold counts as
     compute; memory unchanged. They add up to :func:`_userbuffers_s`."""
-    time_s, exposed_s = _userbuffers_split(phase, tp, sms)
+    time_s, exposed_s = _userbuffers_split(phase, tp, sms, ub_config)
     parts = dict(phase.parts_s)
     before = phase.time_s - parts["tp_comm"]  # the phase without its exposed TP communication
     parts["tp_comm"] = exposed_s
@@ -227,7 +230,7 @@ def _comm_tensor(row) -> str:
     return k.split(".", 2)[2] if k.startswith("comm") and k.count(".") >= 2 else ""
 
 
-def _userbuffers_split(phase: PhaseTime, tp: int, sms: int) -> tuple[float, float]:
+def _userbuffers_split(phase: PhaseTime, tp: int, sms: int, ub_config: UBConfig = None) -> tuple[float, float]:
     """(time, TP communication still exposed) of a phase under userbuffers (:func:`_userbuffers_s`).
     In an MoE layer only attention's GEMMs and collectives take part (:data:`UB_MOE_LINEAR`); the
     experts' TP collectives keep their exposed share of the phase's ``tp_comm``."""
@@ -241,6 +244,7 @@ def _userbuffers_split(phase: PhaseTime, tp: int, sms: int) -> tuple[float, floa
                 return p[1], {"fwd": "fprop", "bwd": "dgrad", "wgrad": "wgrad"}.get(p[0], "fprop")
         return None
 
+    config = None if ub_config is None else dict(ub_config)
     gemm_s = slowed_s = 0.0
     for r in phase.partitions:
         role = linear(r)
@@ -248,7 +252,7 @@ def _userbuffers_split(phase: PhaseTime, tp: int, sms: int) -> tuple[float, floa
             continue
         t = max(r["compute_s"], r["memory_s"])
         gemm_s += t
-        slowed_s += t * nccl.contended_kernel_s(1.0, 0.0, comm_channels=min(nccl.userbuffers_sms(*role, tp), sms - 1),
+        slowed_s += t * nccl.contended_kernel_s(1.0, 0.0, comm_channels=min(nccl.userbuffers_sms(*role, tp, config), sms - 1),
                                                 sms=sms, comm_hbm_Bps=0.0, hbm_Bps=1.0)
     all_comm_s = sum(r["network_s"] for r in phase.partitions)
     comm_s = sum(r["network_s"] for r in phase.partitions if _comm_tensor(r) in UB_MOE_TENSORS) if moe else all_comm_s
@@ -262,16 +266,16 @@ def _userbuffers_split(phase: PhaseTime, tp: int, sms: int) -> tuple[float, floa
     return time_s, max(0.0, time_s - rest_s - slowed_s)
 
 
-def _layer_times_s(layer: BlockTimes, m: Mapping, sms: int = nccl.H100_SMS) -> tuple[float, float]:
+def _layer_times_s(layer: BlockTimes, m: Mapping, sms: int = nccl.H100_SMS, ub_config: UBConfig = None) -> tuple[float, float]:
     """(forward, backward incl. recompute) of one layer and micro-batch before the record's
     extra communication; with Megatron's ``tp_comm_overlap`` (TE userbuffers) the TP collectives
     run under their GEMMs (:func:`_userbuffers_s`, on a chip of ``sms`` SMs), so the time can be
-    below the phase's."""
+    below the phase's; ``ub_config``: the run's userbuffers SMs (:meth:`Training.userbuffers_config`)."""
     if m.tp_comm_overlap and m.tp > 1:
-        ub = layer.__dict__.get("_userbuffers_s")  # per block, tp and SMs (bounds ask often)
-        if ub is None or ub[0] != (m.tp, sms):
-            ub = layer.__dict__["_userbuffers_s"] = ((m.tp, sms), _userbuffers_s(layer.fwd, m.tp, sms),
-                                                      _userbuffers_s(layer.bwd, m.tp, sms))
+        ub = layer.__dict__.get("_userbuffers_s")  # per block, tp, SMs and config (bounds ask often)
+        if ub is None or ub[0] != (m.tp, sms, ub_config):
+            ub = layer.__dict__["_userbuffers_s"] = ((m.tp, sms, ub_config), _userbuffers_s(layer.fwd, m.tp, sms, ub_config),
+                                                      _userbuffers_s(layer.bwd, m.tp, sms, ub_config))
         _, fwd_ub, bwd_ub = ub
         redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
         return fwd_ub, bwd_ub + redo
@@ -1577,7 +1581,7 @@ class LLMModel:
     def _layer_phases_s(self, m: Mapping, layer: BlockTimes, extra: dict[str, tuple[float, float]]) -> tuple[float, float]:
         """(forward, backward) time of one layer and micro-batch with its exposed communication
         ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
-        t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles)
+        t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles, self._ub_config)
         c_f, c_b = _fp8_prep_s(layer, self.system.chip, *self._fp8_kind)  # TE's FP8 cast/transpose kernels (serial)
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts
         redo_f += self._mla_up_redo_s(m)
@@ -1586,6 +1590,12 @@ class LLMModel:
         # an eager framework's host queues the layer no faster than _host_floor_s: the GPU's wait
         # shows in the backward (the CPU runs ahead once the forward's kernels are queued)
         return f, max(b, self._host_floor_s(layer) - f)
+
+    @property
+    def _ub_config(self) -> tuple[tuple[str, int], ...] | None:
+        """The run's userbuffers SMs per exchange (None: NeMo's tuned tables), for :func:`_layer_times_s`."""
+        config = getattr(self.training, "userbuffers_config", None)
+        return config() if config is not None else None
 
     @property
     def _fp8_kind(self) -> tuple[str, bool]:
@@ -1613,7 +1623,7 @@ class LLMModel:
         tp_comm_overlap: the TP communication under its GEMMs)."""
         if m.tp_comm_overlap and m.tp > 1:
             sms = self.system.chip.compute_tiles
-            f, b = _userbuffers_parts(layer.fwd, m.tp, sms), _userbuffers_parts(layer.bwd, m.tp, sms)
+            f, b = _userbuffers_parts(layer.fwd, m.tp, sms, self._ub_config), _userbuffers_parts(layer.bwd, m.tp, sms, self._ub_config)
             redo = {"none": None, "selective": layer.attention_core.parts_s, "full": f}[m.recompute]
             parts = {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
         else:

@@ -127,16 +127,40 @@ USERBUFFERS_SMS_BY_TP = {
 }
 
 
-def userbuffers_sms(layer: str, gemm_pass: str, tp: int) -> float:
-    """SMs the userbuffers exchange paired with GEMM ``(layer, gemm_pass)`` holds at TP ``tp``
-    (:data:`USERBUFFERS_SMS_BY_TP`; tp <= 4 uses the TP-4 config, larger tp the TP-8 one; a GEMM
-    no exchange pairs with, e.g. a wgrad of proj/fc2, keeps every SM).
+#: SMs Transformer Engine gives an exchange its run's userbuffers config does not set: ``num_sm``
+#: defaults to 16 (TE v1.x module/base.py ``initialize_ub``: ``add_ub(..., num_sm=16, ...)`` for an
+#: exchange absent from ``ub_cfgs``, ``ub_cfg.get("num_sm", 16)`` for one present without it). A
+#: NeMo 1.x run with ``ub_tp_comm_overlap`` and no ``ub_tp_comm_overlap_cfg`` gets these for every
+#: exchange (megatron_gpt_model.py ``initialize_ub_func`` passes ``ub_cfgs=None``).
+TE_DEFAULT_UB_SMS = 16
+
+#: The exchanges that hold SMs, by TE's default method (TE initialize_ub ``methods``): the
+#: pipelined reduce-scatters after proj/fc2 fprop and the bulk exchanges beside qkv/fc1 dgrad and
+#: wgrad; the ring exchanges (qkv/fc1 fprop, proj/fc2 dgrad) run on the copy engines (0 SMs).
+#: Key: (layer as the graph names it, GEMM pass) -> TE's exchange name.
+UB_SM_EXCHANGES = {("out_proj", "fprop"): "proj_fprop", ("fc2", "fprop"): "fc2_fprop",
+                   ("qkv", "dgrad"): "qkv_dgrad", ("qkv", "wgrad"): "qkv_wgrad",
+                   ("fc1", "dgrad"): "fc1_dgrad", ("fc1", "wgrad"): "fc1_wgrad"}
+
+
+def userbuffers_sms(layer: str, gemm_pass: str, tp: int, config: dict[str, int] | None = None) -> float:
+    """SMs the userbuffers exchange paired with GEMM ``(layer, gemm_pass)`` holds at TP ``tp``.
+
+    ``config`` None: NeMo's tuned H100 configs (:data:`USERBUFFERS_SMS_BY_TP`; tp <= 4 uses the
+    TP-4 config, larger tp the TP-8 one). Else the run's own ``num_sm`` per TE exchange name
+    (``{"proj_fprop": 24, ...}``; ``{}`` is TE's defaults): an SM-holding exchange it leaves out
+    holds :data:`TE_DEFAULT_UB_SMS`. A GEMM no SM-holding exchange pairs with (a ring exchange,
+    or a wgrad of proj/fc2) keeps every SM.
 
     >>> userbuffers_sms("fc2", "fprop", 4), userbuffers_sms("fc2", "fprop", 8), userbuffers_sms("fc1", "fprop", 8)
     (16, 8, 0)
+    >>> userbuffers_sms("fc2", "fprop", 8, {}), userbuffers_sms("qkv", "wgrad", 4, {"qkv_wgrad": 8}), userbuffers_sms("fc1", "fprop", 8, {})
+    (16, 8, 0)
     """
-    table = USERBUFFERS_SMS_BY_TP[4 if tp <= 4 else 8]
-    return table.get((layer, gemm_pass), 0)
+    if config is None:
+        return USERBUFFERS_SMS_BY_TP[4 if tp <= 4 else 8].get((layer, gemm_pass), 0)
+    exchange = UB_SM_EXCHANGES.get((layer, gemm_pass))
+    return 0 if exchange is None else config.get(exchange, TE_DEFAULT_UB_SMS)
 
 
 def userbuffers_gemm_slowdown(sms: int = H100_SMS, ub_sms: float = USERBUFFERS_SMS) -> float:
