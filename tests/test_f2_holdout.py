@@ -97,3 +97,61 @@ def test_te_default_userbuffers_move_the_340b_prediction_up():
     t_tuned = optimize_as_megatron(tuned, system, n, knobs_of(case)).iteration_time_s
     t_off = optimize_as_megatron(w, system, n, {**knobs_of(case), "tp_comm_overlap": False}).iteration_time_s
     assert t_tuned < t_default < t_off
+
+
+def _fp8_small(recipe="delayed", cuda_graphs=False):
+    from test_inter_chip import SMALL_LLM, small_system
+
+    w = {**SMALL_LLM, "training": {**SMALL_LLM["training"], "precision": "fp8", "fp8": {"recipe": recipe},
+                                    "cuda_graphs": cuda_graphs}}
+    s = small_system(4, 2)
+    s["chip"] = {**s["chip"], "peak_flops": {"bf16": "312 TFLOPS", "fp8": "624 TFLOPS"}}
+    return w, s
+
+
+def _step_s(w, s, **knobs):
+    from dfmodel import optimize
+
+    fixed = dict(tp=2, pp=1, dp=4, micro_batch=1, recompute="none", sequence_parallel=False,
+                 tp_comm_overlap=False, distributed_optimizer=False)
+    return optimize(w, s, **{**fixed, **knobs}).iteration_time_s
+
+
+def test_delayed_scaling_amax_allreduce_per_chunk_by_hand(monkeypatch):
+    """TE's delayed scaling all-reduces the amaxes of a model chunk's FP8 tensors at the exit of
+    its fp8_autocast (forward: input, weight, output per GEMM) and in its backward (two gradients
+    per GEMM), over every tp x dp rank. SMALL_LLM: 8 layers of 4 weight GEMMs (qkv, out_proj,
+    fc1, fc2), one chunk (pp 1): 4 B x 3 x 4 x 8 = 384 B forward, 256 B backward, over all 8
+    ranks (4 per node x 2 nodes), once per micro-batch (16 / dp 4 = 4 of them)."""
+    from dfmodel import load_system, load_workload
+    from dfmodel.inter_chip.llm import LLMModel
+
+    w, s = _fp8_small()
+    model = LLMModel(load_workload(w), load_system(s))
+    group = (("nvlink", 4), ("ib", 2))
+    per_mb = model.costs.time_s("all_reduce", 384, group) + model.costs.time_s("all_reduce", 256, group)
+    assert per_mb > 0
+    with_term = _step_s(w, s)
+    monkeypatch.setattr(LLMModel, "_amax_reduce_s", lambda self, m, layer: (0.0, 0.0))
+    without = _step_s(w, s)
+    assert with_term - without == pytest.approx(4 * per_mb, rel=1e-6)
+
+
+@pytest.mark.parametrize("recipe,graphs", [("current", False), ("delayed", True)])
+def test_no_amax_allreduce_without_delayed_scaling_or_with_cuda_graphs(monkeypatch, recipe, graphs):
+    from dfmodel.inter_chip.llm import LLMModel
+
+    w, s = _fp8_small(recipe, graphs)
+    before = _step_s(w, s)
+    monkeypatch.setattr(LLMModel, "_amax_reduce_s", lambda self, m, layer: (1.0, 1.0))  # would add seconds
+    patched = _step_s(w, s)
+    assert patched > before  # the hook is on the step's path ...
+    monkeypatch.undo()
+    from dfmodel import load_system, load_workload
+    from dfmodel.inter_chip.config import Mapping
+
+    model = LLMModel(load_workload(w), load_system(s))
+    m = Mapping(2, 1, 4, 1, 4, placement=(("tp", (("nvlink", 2),)), ("pp", ()), ("dp", (("nvlink", 2), ("ib", 2))),
+                                          ("cp", ()), ("ep", ())))
+    layer = model.block("layer", 1, 2, m.group("tp"), False, 1, 1, whole_experts=False)
+    assert model._amax_reduce_s(m, layer) == (0.0, 0.0)  # ... and 0 for these runs

@@ -177,6 +177,8 @@ def _is_attention_core(kernel) -> bool:
 
 #: The linear layers whose GEMMs Megatron's tp_comm_overlap pairs with the TP collectives.
 UB_LINEAR = ("qkv", "out_proj", "fc1", "fc2")
+#: bytes of one amax in TE's delayed-scaling buffers (fp32, ``amax_history`` rows)
+FP8_AMAX_BYTES = 4
 #: a run's userbuffers SMs per TE exchange (:meth:`Training.userbuffers_config`); None: NeMo's tables
 UBConfig = tuple[tuple[str, int], ...] | None
 
@@ -1444,6 +1446,9 @@ class LLMModel:
         if cutoff_s is not None and not memory.fits:
             return MemoryFloorMiss(m, memory)  # (exact, not a floor: the search needs no time for it)
 
+        amax_f, amax_b = self._amax_reduce_s(m, layer)  # TE delayed scaling: per model chunk and pass
+        stage_fwd = [t + m.interleave * amax_f for t in stage_fwd]
+        stage_bwd = [t + m.interleave * amax_b for t in stage_bwd]
         p2p_s = self.p2p_s(m.micro_batch, m.cp, m.tp, pp_group) if m.pp > 1 else 0.0
         pt = pipe.pipeline_time(stage_fwd, stage_bwd, m.num_micro_batches, m.interleave, p2p_s)
         if not pt.exact and m.interleave > 1:
@@ -1602,6 +1607,35 @@ class LLMModel:
         """(FP8 recipe, whether MoE tokens are dispatched in FP8): what :func:`_fp8_prep_s` reads."""
         moe = getattr(self.model, "moe", None)
         return self.training.fp8.recipe, bool(moe is not None and moe.dispatch_fp8)
+
+    def _amax_reduce_s(self, m: Mapping, layer: BlockTimes) -> tuple[float, float]:
+        """(forward, backward) seconds per model chunk and micro-batch of Transformer Engine's
+        delayed-scaling amax reduction: at the exit of the outermost ``fp8_autocast`` (Megatron-Core
+        wraps each TransformerBlock, i.e. each model chunk, in one) TE concatenates the amaxes of
+        the chunk's FP8 tensors and all-reduces them (MAX, ``async_op=False``) over the
+        autocast's ``fp8_group``, then the first module's backward does the same for the
+        gradients (TE v1.x fp8.py ``fp8_autocast_exit`` -> ``reduce_and_update_fp8_tensors``;
+        linear.py backward ``reduce_and_update_bwd_fp8_tensors``). Megatron-Core passes
+        ``get_amax_reduction_group(with_context_parallel=True)``: every tp x cp x dp rank of the
+        pipeline stage. The message is a few KiB (fp32 per tensor: input, weight, output of each
+        GEMM forward; two gradients backward), so the time is the collective's latency over that
+        group, which grows with the data-parallel width. 0 unless the run is FP8 with
+        ``delayed`` scaling, eagerly (a CUDA-graphed step reduces once per graph), over >1 rank."""
+        if (self.precision != Precision.fp8 or self.training.fp8.recipe != "delayed"
+                or getattr(self.training, "cuda_graphs", False) or m.tp * m.dp_cp == 1):
+            return 0.0, 0.0
+        cached = layer.__dict__.get("_amax_reduce_s")
+        key = (m.group("tp"), m.group("cp"), m.group("dp"), -(-self.num_layers // (m.pp * m.interleave)))
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        gemms = sum(1 for k in layer.sharded.graph.kernels
+                    if k.phase == Phase.forward and k.kind.is_matrix and k.weight_bytes > 0 and k.precision == "fp8")
+        group = merge_groups(self.system, m.group("tp"), m.group("cp"), m.group("dp"))
+        n = gemms * key[-1]
+        out = (self.costs.time_s("all_reduce", FP8_AMAX_BYTES * 3 * n, group) if n else 0.0,
+               self.costs.time_s("all_reduce", FP8_AMAX_BYTES * 2 * n, group) if n else 0.0)
+        layer.__dict__["_amax_reduce_s"] = (key, out)
+        return out
 
     def _host_floor_s(self, layer: BlockTimes) -> float:
         """:func:`_host_floor_s` of this run (0 when its layers run as CUDA graphs)."""
