@@ -283,7 +283,7 @@ class LLMSpace:
         self.system = model.system
         self._classes = symmetric_dims(self.system)
         self._places: dict[tuple, list[tuple]] = {}
-        self._ep_memo: dict[tuple, float] = {}
+        self._ep_memo: dict[tuple, tuple] = {}
         self._probe_memo: dict[tuple, Mapping] = {}
         self.roots_built: list[SpaceNode] = []
         # offload (dfmodel.inter_chip.offload): enumerated up front only where the host's step
@@ -604,13 +604,17 @@ class LLMSpace:
         probes = [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys]
         # (offloaded twins: a stage is never shorter than its layers' host transfers, least over
         # the options; LLMModel.lower_bound_s holds it for each leaf)
-        compute_s = max(model.compute_floor_s(mb, rc) / (tp * cp * pp), self._offload_floor_min_s(mine, probes))
+        compute_s = model.compute_floor_s(mb, rc) / (tp * cp * pp)
+        off_s = self._offload_floor_min_s(mine, probes)
         opt_s = self._opt_min_s(deg, mine, probes)
         ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
-        def bound_with(stage_s: float) -> float:
-            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + p2p_s + opt_s) * (1 - 1e-12)
+        def bound_with(work_s: float) -> float:
+            # (host transfers hide behind a layer's whole pass, all-to-alls included:
+            # LLMModel.offload_ep_overlap_s)
+            stage_s = work_s + ep_s if off_s <= work_s else max(work_s + ep_s, off_s)
+            return ((m + (pp - 1) / max(vs)) * stage_s + p2p_s + opt_s) * (1 - 1e-12)
 
         floor = min(model.leaf_floor_bytes(p) for p in probes)  # (rc and SP fixed: their activations)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
@@ -691,6 +695,8 @@ class LLMSpace:
         probe = self._probe(deg, mb, m, v, rc, key, bool(spar))  # (offloaded activations: SP shrinks them)
         bound, floor = 0.0 if self._bounds_off else model.lower_bound_s(probe), model.leaf_floor_bytes(probe)
         ep_s = self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
+        if ep_s and not self._bounds_off and offload.uses_offload(probe):  # (host transfers hide behind the all-to-alls too)
+            ep_s = max(0.0, ep_s - model.offload_ep_overlap_s(probe, self._ep_layers_s(deg, mb, m, [rc], places_by, mine)))
         zero2_s = 0.0
         if not self._bounds_off and key[0] == 2:  # ZeRO-2's per-micro-batch reduce-scatters over the pipeline bound
             pipeline_s = bound - model.optimizer_s(probe, model.params_per_chip_floor(probe)) + ep_s
@@ -726,25 +732,47 @@ class LLMSpace:
         (:meth:`_exposed_ep_s`)."""
         if deg["ep"] <= 1:
             return 0.0
-        overlap = any(o.get("overlap_moe_expert_parallel_comm", False) for o in opts)
-        places = tuple(p for pl in places_by.values() for p in pl)
-        key = (tuple(sorted(deg.items())), mb, tuple(rcs), overlap, tuple(sorted(places_by)))
-        if key not in self._ep_memo:
+        overlap = self._a2a_overlap_offered(opts)
+        # (places_by is one dict per degree tuple, kept alive by the memo: its identity stands for
+        # the degrees' placements; hashing them on every call cost more than the floor)
+        key = (id(places_by), deg["tp"], deg["cp"], deg["ep"], deg["pp"], deg["dp"], mb, tuple(rcs), overlap)
+        hit = self._ep_memo.get(key)
+        if hit is None:
             rc = next((r for r in rcs if r != "full"), rcs[0])  # full recompute repeats the forward pair
             # LLMModel._ep_comm without overlap: forward pair, backward pair (+ the forward again
-            # under full recompute); it reads the ep group and the tokens only, so the distinct
-            # ep groups of the placements stand for all of them
-            tokens = mb * (self.model.model.seq_len // deg["cp"]) // deg["tp"]
-            groups = dict.fromkeys(dict(place)["ep"] for place in places)
-            pairs = [self.model.ep_pair_s(g, tokens) for g in groups]
-            ep_s = min(p + (p + (p if rc == "full" else 0.0)) for p in pairs) if pairs else 0.0
+            # under full recompute), increasing in the pair's time: the cheapest pair's
+            p = self._ep_pair_min_s(deg, mb, places_by)
+            ep_s = 0.0 if p is None else p + (p + (p if rc == "full" else 0.0))
             # overlapped, at least the share of the SMs the communication kernels hold stays
             # exposed (experts.overlapped_a2a_exposed_s: max(a - c, f a) >= f a), and the
             # unpaired warm-up / cool-down micro-batches whole (experts.with_unpaired, increasing)
             if overlap and moe_terms.a2a_overlap_applies(ep=deg["ep"], num_micro_batches=m):
                 ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=deg["pp"], num_micro_batches=m)
-            self._ep_memo[key] = self.model.num_moe_layers * ep_s / deg["pp"]
-        return self._ep_memo[key]
+            hit = self._ep_memo[key] = (places_by, self.model.num_moe_layers * ep_s / deg["pp"])
+        return hit[1]
+
+    def _ep_pair_min_s(self, deg, mb, places_by) -> float | None:
+        """Least ``LLMModel.ep_pair_s`` (one dispatch + combine) over the ep groups of the
+        placements ``places_by`` at micro-batch ``mb`` (it reads the ep group and the tokens
+        only, so the distinct ep groups stand for every placement); None without placements."""
+        tokens = mb * (self.model.model.seq_len // deg["cp"]) // deg["tp"]
+        memo = self.__dict__.setdefault("_ep_pair_min_memo", {})
+        key = (id(places_by), tokens)
+        hit = memo.get(key)
+        if hit is None:
+            groups = dict.fromkeys(dict(place)["ep"] for pl in places_by.values() for place in pl)
+            pairs = [self.model.ep_pair_s(g, tokens) for g in groups]
+            hit = memo[key] = (places_by, min(pairs) if pairs else None)
+        return hit[1]
+
+    def _a2a_overlap_offered(self, opts: list[dict]) -> bool:
+        """Whether some option of ``opts`` overlaps the all-to-alls (memoised on the list's
+        identity, kept alive by the memo)."""
+        memo = self.__dict__.setdefault("_a2a_overlap_memo", {})
+        hit = memo.get(id(opts))
+        if hit is None:
+            hit = memo[id(opts)] = (opts, any(o.get("overlap_moe_expert_parallel_comm", False) for o in opts))
+        return hit[1]
 
     def _p2p_floor_s(self, deg, mb, m, vs) -> float:
         """Least exposed pipeline p2p of a group whose interleaves are ``vs``
