@@ -284,3 +284,41 @@ def test_leaf_bounds_hold_where_host_transfers_hide_the_all_to_alls():
             evaluated += 1
             corrected += model.offload_ep_overlap_s(m, model.num_moe_layers * model._ep_exposed_floor_s(m) / m.pp) > 0
     assert evaluated > 1000 and corrected > 0, (evaluated, corrected)
+
+
+def _bounds_by_knobs(space) -> dict:
+    """Every group's (refined) bound below ``space``'s roots, keyed by its knobs and kind."""
+    nodes = []
+    for root in space.roots():
+        _walk(root, 0.0, nodes)
+    return {(n.knobs, n.leaf, n.count): n.bound_s for n, _ in nodes}
+
+
+def test_last_stage_floor_of_groups_bounds_every_evaluation_below_them():
+    """Plain 1F1B's last stage (the head, the MTP module and a layer: per-kernel floors on the
+    cheapest TP group, the cheapest all-to-alls) raises micro-batch, sub and leaf group bounds
+    (LLMSpace._last_stage_min_s, LLMModel.last_stage_bound_s) on a small MoE model with an MTP
+    module; every child's bound stays above its parent's and every leaf's below each of its
+    mappings' evaluations."""
+    model = _slow_dp_model(1, 1)
+    space = LLMSpace(model, Knobs(micro_batch=1))
+    nodes = []
+    for root in space.roots():
+        _walk(root, 0.0, nodes)
+    evaluated = 0
+    for node, parent_bound in nodes:
+        assert node.bound_s >= parent_bound * (1 - 1e-12), node.knobs
+        if node.leaf:
+            for m in node.expand()[:2]:
+                assert model.evaluate(m).iteration_time_s >= node.bound_s * (1 - 1e-12), m
+                evaluated += 1
+    plain = LLMSpace(model, Knobs(micro_batch=1))
+    plain._last_stage_min_s = lambda *a: 0.0
+    plain._last_stage_bound_s = lambda *a: 0.0
+    with_last, without = _bounds_by_knobs(space), _bounds_by_knobs(plain)
+    raised = {leaf: 0 for leaf in (False, True)}
+    for key, bound in with_last.items():
+        if key in without:
+            assert bound >= without[key] * (1 - 1e-12)
+            raised[key[1]] += bound > without[key] * (1 + 1e-9)
+    assert evaluated > 500 and raised[False] > 0 and raised[True] > 0, (evaluated, raised)

@@ -676,11 +676,11 @@ class LLMModel:
         if self.system.chip.execution == "dataflow":
             return 0.0
         group = (tuple(m.group("tp")),)
-        pass_s, layer_s = self.pass_floor_s(m, group), self._block_pass_floor_s(m, "layer")
+        pass_s, layer_s = self.pass_floor_s(m, group), self._block_pass_floor_s(m, "layer", group[0])
         if pass_s is None or layer_s is None:
             return 0.0
         n_moe = self.num_moe_layers
-        moe_s = self._moe_layer_presolve_s(m, layer_s)
+        moe_s = self._moe_layer_presolve_s(m, layer_s, self._moe_fsdp_floor_s(m))
         ep_s = n_moe * self._moe_ep_floor_s(m)  # (host transfers hide behind the all-to-alls too)
         sum_s = max(m.pp * max(self._work_stage_floor_s(m, group) + ep_s / m.pp, self.offload_stage_floor_s(m)),
                     pass_s + n_moe * (moe_s - layer_s) + ep_s)
@@ -692,14 +692,14 @@ class LLMModel:
         pipeline_s += self.p2p_floor_s(m)
         return (pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))) * (1 - 1e-12)
 
-    def _moe_layer_presolve_s(self, m: Mapping, kernels_s: float) -> float:
+    def _moe_layer_presolve_s(self, m: Mapping, kernels_s: float, z_s: float) -> float:
         """Least time of one MoE layer and micro-batch before its all-to-alls, from its per-kernel
         floor ``kernels_s`` and, under ZeRO-3, its parameter gathers and gradient reduce-scatter
         ``2 ag + rs`` (:meth:`_fsdp_exposed`): added whole without prefetch
         (``overlap_param_gather`` off); with it the phases are ``max(fwd, ag)`` and
         ``max(bwd, ag + rs)``, so at least ``2 ag + rs`` -- unless tp_comm_overlap times the layer
-        below the solved phases the max is taken against (then the kernels only)."""
-        z_s = self._moe_fsdp_floor_s(m)
+        below the solved phases the max is taken against (then the kernels only). ``z_s``: that
+        ``2 ag + rs`` (:meth:`_moe_fsdp_floor_s`; 0: none counted)."""
         if not m.overlap_param_gather:
             return kernels_s + z_s
         return kernels_s if m.tp_comm_overlap and m.tp > 1 else max(kernels_s, z_s)
@@ -724,24 +724,56 @@ class LLMModel:
         return self._ep_exposed_floor_s(m) if self.num_experts > 1 and m.ep > 1 else 0.0
 
     def _last_stage_floor_presolve_s(self, m: Mapping) -> float | None:
-        """:meth:`_last_stage_floor_s` from per-kernel floors on ``m``'s own TP group
-        (:meth:`_block_pass_floor_s`) instead of solved blocks: the head, the MTP modules (a MoE
-        layer with its all-to-alls and the head again, each) and at least one layer. None when a block has no floor."""
-        head = self._block_pass_floor_s(m, "head")
-        layer = self._block_pass_floor_s(m, "layer")
+        """:meth:`_last_stage_floor_s` from per-kernel floors on ``m``'s own TP group, its own
+        all-to-alls and ZeRO-3 collectives (:meth:`_last_stage_on_s`)."""
+        return self._last_stage_on_s(m, tuple(m.group("tp")), self._moe_ep_floor_s(m), self._moe_fsdp_floor_s(m))
+
+    def _last_stage_on_s(self, m: Mapping, group: tuple, ep_layer_s: float, fsdp_s: float = 0.0) -> float | None:
+        """:meth:`_last_stage_floor_s` before any block is solved: per-kernel floors on the TP
+        ``group`` (:meth:`_block_pass_floor_s`) of the head, the MTP modules (a MoE layer with
+        its all-to-alls ``ep_layer_s`` and the head again, each) and at least one layer, each MoE
+        layer with its ZeRO-3 collectives ``fsdp_s`` as :meth:`_moe_layer_presolve_s` counts
+        them. None when a block has no floor."""
+        head = self._block_pass_floor_s(m, "head", group)
+        layer = self._block_pass_floor_s(m, "layer", group)
         if head is None or layer is None:
             return None
-        moe_s = self._moe_layer_presolve_s(m, layer) + self._moe_ep_floor_s(m)
+        moe_s = self._moe_layer_presolve_s(m, layer, fsdp_s) + ep_layer_s
         # (the dense layers fill the first chunks, experts.dense_layers_per_stage, and the last
         # stage holds at least the chain's last layer: a MoE one whenever the model has any)
         return moe_s + head + self.num_mtp_layers * (moe_s + head)
 
-    def _block_pass_floor_s(self, m: Mapping, which: str) -> float | None:
-        """One block's share of :meth:`pass_floor_s` per micro-batch on ``m``'s own TP group:
+    def last_stage_bound_s(self, m: Mapping, ep_layer_s: float) -> float:
+        """Plain 1F1B's last-stage bound of every placement of ``m``'s knobs (a leaf group's):
+        ``(M - 1) T_last + sum T`` plus the least exposed p2p and the optimizer floor, with
+        ``T_last`` the least :meth:`_last_stage_on_s` over the TP groups a placement gives and
+        ``sum T`` at least pp times the larger of the work floor with a stage's all-to-alls
+        (``ep_layer_s`` per MoE layer: at most any placement's) and the host transfers
+        (:meth:`offload_ep_overlap_s`). 0 where it does not apply (pp 1, interleaving, dataflow
+        chips, a model without experts: its search is left as it was)."""
+        if (m.pp <= 1 or m.interleave != 1 or self.num_experts <= 1
+                or self.system.chip.execution == "dataflow"):
+            return 0.0
+        last_s = self.last_stage_floor_min_s(m, ep_layer_s)
+        if last_s is None:
+            return 0.0
+        sum_s = m.pp * max(self._work_stage_floor_s(m) + self.num_moe_layers * ep_layer_s / m.pp,
+                           self.offload_stage_floor_s(m))
+        pipeline_s = (m.num_micro_batches - 1) * last_s + sum_s + self.p2p_floor_s(m)
+        return (pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))) * (1 - 1e-12)
+
+    def last_stage_floor_min_s(self, m: Mapping, ep_layer_s: float) -> float | None:
+        """Least :meth:`_last_stage_on_s` over the TP groups a placement of ``m``'s degrees gives
+        (``ep_layer_s``: all-to-alls per MoE layer, at most any placement's); None without floors."""
+        lasts = [self._last_stage_on_s(m, tuple(g), ep_layer_s) for g in self._tp_groups(m)]
+        return None if not lasts or any(x is None for x in lasts) else min(lasts)
+
+    def _block_pass_floor_s(self, m: Mapping, which: str, group: tuple) -> float | None:
+        """One block's share of :meth:`pass_floor_s` per micro-batch on the TP ``group``:
         per-kernel floor plus forced TP collectives (under tp_comm_overlap: overlapped with the
         GEMMs, in an MoE layer attention's only, as :meth:`_pass_floor_of` counts them)."""
         key = (which, m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.whole_experts,
-               m.sequence_parallel and m.tp > 1, m.tp_comm_overlap and m.tp > 1, m.group("tp"))
+               m.sequence_parallel and m.tp > 1, m.tp_comm_overlap and m.tp > 1, group)
         memo = self.__dict__.setdefault("_block_pass_floor_memo", {})
         if key in memo:
             return memo[key]
@@ -749,7 +781,7 @@ class LLMModel:
         brc = m.recompute if layer_like else "none"
         ep, whole = (m.ep_outside_tp, m.whole_experts) if which == "layer" else (1, False)
         fl = self._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep, whole)
-        k, g = m.micro_batch, tuple(m.group("tp"))
+        k, g = m.micro_batch, group
         if fl is None:
             out = None
         elif layer_like and m.tp_comm_overlap and m.tp > 1:

@@ -254,6 +254,15 @@ def canonical_placement(placement: tuple, classes: list[list[str]]) -> tuple:
     return min(options)
 
 
+def _pipeline_s(m: int, pp: int, v: int, stage_s: float, last_s: float = 0.0) -> float:
+    """A group's 1F1B bound ``(M + (pp - 1) / v) T`` on its mean stage time ``T``, or with plain
+    1F1B's last stage at least ``last_s`` (``pipeline_time = (M - 1) T* + sum T``, ``T* >=
+    T_last``, ``sum T >= pp T``) ``(M - 1) last_s + pp T`` when that is larger."""
+    if v == 1 and pp > 1 and last_s > stage_s:
+        return (m - 1) * last_s + pp * stage_s
+    return (m + (pp - 1) / v) * stage_s
+
+
 class LLMSpace:
     """The mapping space of :func:`llm_candidates` as a tree of :class:`SpaceNode` groups (lazy
     branch and bound, :mod:`dfmodel.inter_chip.space`), placements distinct up to relabelling
@@ -552,8 +561,8 @@ class LLMSpace:
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
-        def bound_with(stage_s: float) -> float:
-            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + p2p_s + opt_s) * (1 - 1e-12)
+        def bound_with(stage_s: float, last_s: float = 0.0) -> float:
+            return (_pipeline_s(m, pp, max(vs), stage_s + ep_s, last_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         compute_s = mb * f1 / (tp * cp * pp)
         # (the least over its recompute and SP choices of their activation floors)
@@ -567,7 +576,31 @@ class LLMSpace:
                          relief=partial(self._relief, self._micro_batch_node, deg, opts, deg, mb, m, vs, rcs, sps,
                                         places_by) if relief else None,
                          refine=None if self._bounds_off else
-                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys))))
+                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys)),
+                                            self._last_stage_min_s(deg, mb, m, vs, rcs, sps, keys, ep_s)))
+
+    def _last_stage_min_s(self, deg, mb, m, vs, rcs, sps, keys, ep_stage_s: float) -> float:
+        """Least per-micro-batch time of plain 1F1B's last stage over a group's recompute, SP,
+        expert TP and tp_comm_overlap choices (``LLMModel.last_stage_floor_min_s``; it grows with
+        recompute, which only adds kernels, so the least recompute stands for all on GPUs), with
+        the group's all-to-alls per MoE layer (``ep_stage_s`` per stage, :meth:`_ep_layers_s`).
+        0 unless every mapping of the group runs plain 1F1B on GPUs with pp > 1 (MoE models)."""
+        model = self.model
+        if (self._bounds_off or max(vs) != 1 or deg["pp"] <= 1 or model.num_experts <= 1
+                or model.system.chip.execution == "dataflow"):
+            return 0.0
+        ep_layer_s = ep_stage_s * deg["pp"] / model.num_moe_layers if model.num_moe_layers else 0.0
+        rcs_min = ["none"] if "none" in rcs else list(rcs)
+        best = None
+        for rc in rcs_min:
+            for sp in sps:
+                for etp, ub in dict.fromkeys((k[1], k[5]) for k in keys):
+                    probe = self._probe(deg, mb, m, 1, rc, (0, etp, "none", False, False, ub), bool(sp))
+                    last = model.last_stage_floor_min_s(probe, ep_layer_s)
+                    if last is None:
+                        return 0.0
+                    best = last if best is None else min(best, last)
+        return 0.0 if best is None else best
 
     def _expand_micro_batch(self, deg, mb, m, vs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
         """Leaf groups per (interleave, recompute, ZeRO stage / expert TP / offload, sequence
@@ -610,11 +643,11 @@ class LLMSpace:
         ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
-        def bound_with(work_s: float) -> float:
+        def bound_with(work_s: float, last_s: float = 0.0) -> float:
             # (host transfers hide behind a layer's whole pass, all-to-alls included:
             # LLMModel.offload_ep_overlap_s)
             stage_s = work_s + ep_s if off_s <= work_s else max(work_s + ep_s, off_s)
-            return ((m + (pp - 1) / max(vs)) * stage_s + p2p_s + opt_s) * (1 - 1e-12)
+            return (_pipeline_s(m, pp, max(vs), stage_s, last_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         floor = min(model.leaf_floor_bytes(p) for p in probes)  # (rc and SP fixed: their activations)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
@@ -624,7 +657,8 @@ class LLMSpace:
                          partial(self._expand_sub, deg, mb, m, vs, rc, spar, places_by, mine, relief),
                          relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, ub, places_by, mine) if relief else None,
                          refine=None if self._bounds_off else
-                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys))))
+                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys)),
+                                            self._last_stage_min_s(deg, mb, m, vs, [rc], [spar], keys, ep_s)))
 
     def _expand_sub(self, deg, mb, m, vs, rc, spar, places_by, mine, relief) -> list[SpaceNode]:
         """One leaf group per (interleave, ZeRO stage / expert TP / offload)."""
@@ -697,11 +731,13 @@ class LLMSpace:
         ep_s = self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
         if ep_s and not self._bounds_off and offload.uses_offload(probe):  # (host transfers hide behind the all-to-alls too)
             ep_s = max(0.0, ep_s - model.offload_ep_overlap_s(probe, self._ep_layers_s(deg, mb, m, [rc], places_by, mine)))
+        last_s = self._last_stage_bound_s(deg, mb, m, v, rc, places_by, mine, probe)
         zero2_s = 0.0
         if not self._bounds_off and key[0] == 2:  # ZeRO-2's per-micro-batch reduce-scatters over the pipeline bound
-            pipeline_s = bound - model.optimizer_s(probe, model.params_per_chip_floor(probe)) + ep_s
+            opt_s = model.optimizer_s(probe, model.params_per_chip_floor(probe))
+            pipeline_s = last_s - opt_s if last_s > bound + ep_s else bound - opt_s + ep_s
             zero2_s = model.zero2_exposed_floor_s(probe, pipeline_s)
-        bound += ep_s + zero2_s
+        bound = last_s + zero2_s if last_s > bound + ep_s else bound + (ep_s + zero2_s)
         fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
                  ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
                  ("sequence_parallel", bool(spar)), ("zero_stage", key[0]), ("cp", deg["cp"]),
@@ -712,6 +748,15 @@ class LLMSpace:
                          if (key[2] != "none" or key[3] or key[4]) and not self._bounds_off else None,
                          relief=partial(self._relief_leaf, deg, mb, m, v, rc, spar, places_by, mine)
                          if relief else None)
+
+    def _last_stage_bound_s(self, deg, mb, m, v, rc, places_by, mine, probe) -> float:
+        """``LLMModel.last_stage_bound_s`` of a leaf group of an MoE model in plain 1F1B (its
+        cheapest placement's all-to-alls per layer, from :meth:`_ep_layers_s`); 0 elsewhere."""
+        if self._bounds_off or v != 1 or deg["pp"] <= 1 or self.model.num_experts <= 1:
+            return 0.0
+        n_moe = self.model.num_moe_layers
+        ep_layer_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine) * deg["pp"] / n_moe if n_moe else 0.0
+        return self.model.last_stage_bound_s(probe, ep_layer_s)
 
     def _relief_leaf(self, deg, mb, m, v, rc, spar, places_by, mine) -> SpaceNode | None:
         """The offloaded twins of a leaf group pruned for memory, as one group per option key
