@@ -226,3 +226,99 @@ def test_last_stage_floor_bounds_every_plain_1f1b_evaluation(dense):
         assert last <= max(ev.stage_fwd_s[-1] + ev.stage_bwd_s[-1], 0.0) * (1 + 1e-12), m
         raised += last * m.pp > sum(f + b for f, b in zip(ev.stage_fwd_s, ev.stage_bwd_s))
     assert seen > 20 and raised > 0, (seen, raised)
+
+
+def _slow_dp_model(first_dense_layers: int, mtp_layers: int) -> LLMModel:
+    """The small MoE on a slow inter-node network (ZeRO-3's gathers cost more than a layer's
+    kernels there), with dense layers and MTP modules as DeepSeek-V3 has them."""
+    system = with_host(small_system(4, 2, ib_bw="2 GB/s"))
+    w = moe_workload(first_dense_layers=first_dense_layers, mtp_layers=mtp_layers)
+    return LLMModel(load_workload(w), load_system(system))
+
+
+@pytest.mark.parametrize("dense,mtp", [(0, 0), (1, 1)])
+def test_presolve_pipeline_bound_is_below_every_evaluation(dense, mtp):
+    """The pre-solve pipeline bound (LLMModel._presolve_pipeline_s: ZeRO-3's collectives of each
+    MoE layer on the mapping's own groups, ep 1 included, and plain 1F1B's last stage from
+    per-kernel floors) stays below the evaluation of every mapping of a small MoE space (offloaded
+    twins included), and rises above the bound it adds to (_own_groups_bound_s) on some ZeRO-3
+    mappings and on some pipelines (else it would prune nothing)."""
+    model = _slow_dp_model(dense, mtp)
+    seen = zero3_raised = last_raised = 0
+    for m in (_probes(model, 1) + _probes(model, 2))[::3]:
+        try:
+            ev = model.evaluate(m)
+        except Exception:  # noqa: BLE001 (no plan: nothing to bound)
+            continue
+        pre = model.presolve_bound_s(m)
+        if pre is None:
+            continue
+        assert pre <= ev.iteration_time_s * (1 + 1e-12), m
+        new, old = model._presolve_pipeline_s(m), model._own_groups_bound_s(m)
+        seen += 1
+        zero3_raised += m.zero_stage == 3 and new > old * (1 + 1e-9)
+        last_raised += m.zero_stage != 3 and m.pp > 1 and new > old * (1 + 1e-9)
+    # (the last stage's MTP module and head put it above the mean stage; without them it is not)
+    assert seen > 50 and zero3_raised > 0 and (last_raised > 0) == (mtp > 0), (seen, zero3_raised, last_raised)
+
+
+def test_leaf_bounds_hold_where_host_transfers_hide_the_all_to_alls():
+    """A layer's host transfers hide behind its whole pass, all-to-alls included, so a stage is at
+    least max(work + all-to-alls, transfers), not max(work, transfers) + all-to-alls: with
+    activations offloaded over a slow network (the transfers bind) every leaf bound stays below
+    its mappings' evaluations, every child's bound above its parent's, and the correction
+    (LLMModel.offload_ep_overlap_s) is nonzero somewhere (before it, 24 leaves here were above
+    their evaluations)."""
+    model = _slow_dp_model(0, 0)
+    space = LLMSpace(model, Knobs(micro_batch=2))
+    nodes = []
+    for root in space.roots():
+        _walk(root, 0.0, nodes)
+    evaluated = corrected = 0
+    for node, parent_bound in nodes:
+        assert node.bound_s >= parent_bound * (1 - 1e-12), node.knobs
+        if not node.leaf:
+            continue
+        for m in node.expand()[:1]:
+            assert model.evaluate(m).iteration_time_s >= node.bound_s * (1 - 1e-12), m
+            evaluated += 1
+            corrected += model.offload_ep_overlap_s(m, model.num_moe_layers * model._ep_exposed_floor_s(m) / m.pp) > 0
+    assert evaluated > 1000 and corrected > 0, (evaluated, corrected)
+
+
+def _bounds_by_knobs(space) -> dict:
+    """Every group's (refined) bound below ``space``'s roots, keyed by its knobs and kind."""
+    nodes = []
+    for root in space.roots():
+        _walk(root, 0.0, nodes)
+    return {(n.knobs, n.leaf, n.count): n.bound_s for n, _ in nodes}
+
+
+def test_last_stage_floor_of_groups_bounds_every_evaluation_below_them():
+    """Plain 1F1B's last stage (the head, the MTP module and a layer: per-kernel floors on the
+    cheapest TP group, the cheapest all-to-alls) raises micro-batch, sub and leaf group bounds
+    (LLMSpace._last_stage_min_s, LLMModel.last_stage_bound_s) on a small MoE model with an MTP
+    module; every child's bound stays above its parent's and every leaf's below each of its
+    mappings' evaluations."""
+    model = _slow_dp_model(1, 1)
+    space = LLMSpace(model, Knobs(micro_batch=1))
+    nodes = []
+    for root in space.roots():
+        _walk(root, 0.0, nodes)
+    evaluated = 0
+    for node, parent_bound in nodes:
+        assert node.bound_s >= parent_bound * (1 - 1e-12), node.knobs
+        if node.leaf:
+            for m in node.expand()[:2]:
+                assert model.evaluate(m).iteration_time_s >= node.bound_s * (1 - 1e-12), m
+                evaluated += 1
+    plain = LLMSpace(model, Knobs(micro_batch=1))
+    plain._last_stage_min_s = lambda *a: 0.0
+    plain._last_stage_bound_s = lambda *a: 0.0
+    with_last, without = _bounds_by_knobs(space), _bounds_by_knobs(plain)
+    raised = {leaf: 0 for leaf in (False, True)}
+    for key, bound in with_last.items():
+        if key in without:
+            assert bound >= without[key] * (1 - 1e-12)
+            raised[key[1]] += bound > without[key] * (1 + 1e-9)
+    assert evaluated > 500 and raised[False] > 0 and raised[True] > 0, (evaluated, raised)

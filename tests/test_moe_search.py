@@ -234,7 +234,7 @@ def test_presolve_and_refined_bounds_are_below_every_moe_evaluation(knobs):
     for m in LLMSpace(model, knobs):
         pre = model.presolve_bound_s(m)
         ev = model.evaluate(m)
-        if m.ep > 1:
+        if m.ep > 1 or m.zero_stage == 3:  # (ep 1: ZeRO-3's expert gathers are its own, LLMModel._moe_fsdp_floor_s)
             assert pre is not None and pre <= ev.iteration_time_s * (1 + 1e-12), (m, pre, ev.iteration_time_s)
             tighter += pre > model.lower_bound_s(m) * (1 + 1e-9)
             checked += 1

@@ -652,24 +652,162 @@ class LLMModel:
         blocks are solved, tighter than its group's: the per-kernel / forced TP-collective floor
         on ``m``'s own TP group (:meth:`pass_floor_s`; the group bound takes the cheapest group
         of any placement) plus the token all-to-alls exposed on ``m``'s own ep group (the group
-        bound: its cheapest placement's, ``LLMSpace._exposed_ep_s``). The search asks it of a
+        bound: its cheapest placement's, ``LLMSpace._exposed_ep_s``), or the pipeline bound of
+        :meth:`_presolve_pipeline_s` (ZeRO-3 collectives, plain 1F1B's last stage). The search asks it of a
         mapping once, before solving its blocks (a TP group across slow links then never pays
         a block solve). None for a dense model (its search is left as it was)."""
-        if self.num_experts <= 1 or m.ep <= 1:
-            return None
+        if self.num_experts <= 1 or (m.ep <= 1 and m.zero_stage != 3):
+            return None  # (ep 1: only ZeRO-3's expert gathers are its own, _moe_fsdp_floor_s)
         key = (tuple(v for k, v in vars(m).items() if k not in _NOT_IN_PRESOLVE), m.group("tp"), m.group("ep"))
+        if m.zero_stage == 3:  # (the ZeRO-3 floor reads the dp x cp and expert data-parallel groups, and prefetch)
+            key += (m.group("dp"), m.group("cp"), m.overlap_param_gather)
         memo = self.__dict__.setdefault("_presolve_memo", {})
         if key not in memo:
-            memo[key] = self._own_groups_bound_s(m)
+            # (where it applies it holds the own-group bound's terms: that one is not needed then)
+            memo[key] = self._presolve_pipeline_s(m) or self._own_groups_bound_s(m)
         return self._with_zero2_floor_s(m, memo[key])
+
+    def _presolve_pipeline_s(self, m: Mapping) -> float:
+        """A GPU MoE mapping's pipeline bound before any block is solved, on its own TP, dp x cp
+        and expert data-parallel groups: the stages' summed time ``sum T`` is at least the
+        per-kernel floors of every block (:meth:`pass_floor_s` on ``m``'s TP group) with each MoE
+        layer's ZeRO-3 collectives (:meth:`_moe_layer_presolve_s`) and all-to-alls, or pp times
+        the larger of the work floor (:meth:`_work_stage_floor_s`) with a stage's all-to-alls and
+        the host transfers (:meth:`offload_ep_overlap_s`); it holds :meth:`_own_groups_bound_s`'s
+        terms. The step is at least
+        ``(M + (pp - 1) / v) sum T / pp`` and, in plain 1F1B, ``pipeline_time = (M - 1) T* +
+        sum T >= (M - 1) T_last + sum T`` with ``T_last`` the last stage's floor
+        (:meth:`_last_stage_floor_presolve_s`, as :meth:`_bound_from_blocks` takes it once the
+        blocks are solved). 0 on dataflow chips (their stash may stay in SRAM) or without a floor."""
+        if self.system.chip.execution == "dataflow":
+            return 0.0
+        group = (tuple(m.group("tp")),)
+        pass_s, layer_s = self.pass_floor_s(m, group), self._block_pass_floor_s(m, "layer", group[0])
+        if pass_s is None or layer_s is None:
+            return 0.0
+        n_moe = self.num_moe_layers
+        moe_s = self._moe_layer_presolve_s(m, layer_s, self._moe_fsdp_floor_s(m))
+        ep_s = n_moe * self._moe_ep_floor_s(m)  # (host transfers hide behind the all-to-alls too)
+        sum_s = max(m.pp * max(self._work_stage_floor_s(m, group) + ep_s / m.pp, self.offload_stage_floor_s(m)),
+                    pass_s + n_moe * (moe_s - layer_s) + ep_s)
+        pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * sum_s / m.pp
+        if m.pp > 1 and m.interleave == 1:
+            last_s = self._last_stage_floor_presolve_s(m)
+            if last_s is not None:
+                pipeline_s = max(pipeline_s, (m.num_micro_batches - 1) * last_s + sum_s)
+        pipeline_s += self.p2p_floor_s(m)
+        return (pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))) * (1 - 1e-12)
+
+    def _moe_layer_presolve_s(self, m: Mapping, kernels_s: float, z_s: float) -> float:
+        """Least time of one MoE layer and micro-batch before its all-to-alls, from its per-kernel
+        floor ``kernels_s`` and, under ZeRO-3, its parameter gathers and gradient reduce-scatter
+        ``2 ag + rs`` (:meth:`_fsdp_exposed`): added whole without prefetch
+        (``overlap_param_gather`` off); with it the phases are ``max(fwd, ag)`` and
+        ``max(bwd, ag + rs)``, so at least ``2 ag + rs`` -- unless tp_comm_overlap times the layer
+        below the solved phases the max is taken against (then the kernels only). ``z_s``: that
+        ``2 ag + rs`` (:meth:`_moe_fsdp_floor_s`; 0: none counted)."""
+        if not m.overlap_param_gather:
+            return kernels_s + z_s
+        return kernels_s if m.tp_comm_overlap and m.tp > 1 else max(kernels_s, z_s)
+
+    def _moe_fsdp_floor_s(self, m: Mapping) -> float:
+        """ZeRO-3's ``2 ag + rs`` of one MoE layer per micro-batch (:meth:`_fsdp_collectives_s`) on
+        ``m``'s own dp x cp and expert data-parallel groups, at the fewest parameters a chip
+        holds (:meth:`_split_parts`: every weight split at most tp ways, E / ep experts a rank,
+        split tp ways unless whole); 0 without ZeRO-3, experts or data parallelism."""
+        if m.zero_stage != 3 or m.dp_cp == 1 or self.num_experts <= 1:
+            return 0.0
+        key = (m.placement, m.tp, m.dp, m.cp, m.ep, m.etp)
+        memo = self.__dict__.setdefault("_moe_fsdp_floor_memo", {})
+        if key not in memo:
+            layer, experts = self._split_parts(m)[:2]
+            ag, rs = self._fsdp_collectives_s(m, layer, experts, merge_groups(self.system, m.group("cp"), m.group("dp")))
+            memo[key] = 2 * ag + rs
+        return memo[key]
+
+    def _moe_ep_floor_s(self, m: Mapping) -> float:
+        """:meth:`_ep_exposed_floor_s` of an MoE mapping with expert parallelism, else 0."""
+        return self._ep_exposed_floor_s(m) if self.num_experts > 1 and m.ep > 1 else 0.0
+
+    def _last_stage_floor_presolve_s(self, m: Mapping) -> float | None:
+        """:meth:`_last_stage_floor_s` from per-kernel floors on ``m``'s own TP group, its own
+        all-to-alls and ZeRO-3 collectives (:meth:`_last_stage_on_s`)."""
+        return self._last_stage_on_s(m, tuple(m.group("tp")), self._moe_ep_floor_s(m), self._moe_fsdp_floor_s(m))
+
+    def _last_stage_on_s(self, m: Mapping, group: tuple, ep_layer_s: float, fsdp_s: float = 0.0) -> float | None:
+        """:meth:`_last_stage_floor_s` before any block is solved: per-kernel floors on the TP
+        ``group`` (:meth:`_block_pass_floor_s`) of the head, the MTP modules (a MoE layer with
+        its all-to-alls ``ep_layer_s`` and the head again, each) and at least one layer, each MoE
+        layer with its ZeRO-3 collectives ``fsdp_s`` as :meth:`_moe_layer_presolve_s` counts
+        them. None when a block has no floor."""
+        head = self._block_pass_floor_s(m, "head", group)
+        layer = self._block_pass_floor_s(m, "layer", group)
+        if head is None or layer is None:
+            return None
+        moe_s = self._moe_layer_presolve_s(m, layer, fsdp_s) + ep_layer_s
+        # (the dense layers fill the first chunks, experts.dense_layers_per_stage, and the last
+        # stage holds at least the chain's last layer: a MoE one whenever the model has any)
+        return moe_s + head + self.num_mtp_layers * (moe_s + head)
+
+    def last_stage_bound_s(self, m: Mapping, ep_layer_s: float) -> float:
+        """Plain 1F1B's last-stage bound of every placement of ``m``'s knobs (a leaf group's):
+        ``(M - 1) T_last + sum T`` plus the least exposed p2p and the optimizer floor, with
+        ``T_last`` the least :meth:`_last_stage_on_s` over the TP groups a placement gives and
+        ``sum T`` at least pp times the larger of the work floor with a stage's all-to-alls
+        (``ep_layer_s`` per MoE layer: at most any placement's) and the host transfers
+        (:meth:`offload_ep_overlap_s`). 0 where it does not apply (pp 1, interleaving, dataflow
+        chips, a model without experts: its search is left as it was)."""
+        if (m.pp <= 1 or m.interleave != 1 or self.num_experts <= 1
+                or self.system.chip.execution == "dataflow"):
+            return 0.0
+        last_s = self.last_stage_floor_min_s(m, ep_layer_s)
+        if last_s is None:
+            return 0.0
+        sum_s = m.pp * max(self._work_stage_floor_s(m) + self.num_moe_layers * ep_layer_s / m.pp,
+                           self.offload_stage_floor_s(m))
+        pipeline_s = (m.num_micro_batches - 1) * last_s + sum_s + self.p2p_floor_s(m)
+        return (pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))) * (1 - 1e-12)
+
+    def last_stage_floor_min_s(self, m: Mapping, ep_layer_s: float) -> float | None:
+        """Least :meth:`_last_stage_on_s` over the TP groups a placement of ``m``'s degrees gives
+        (``ep_layer_s``: all-to-alls per MoE layer, at most any placement's); None without floors."""
+        lasts = [self._last_stage_on_s(m, tuple(g), ep_layer_s) for g in self._tp_groups(m)]
+        return None if not lasts or any(x is None for x in lasts) else min(lasts)
+
+    def _block_pass_floor_s(self, m: Mapping, which: str, group: tuple) -> float | None:
+        """One block's share of :meth:`pass_floor_s` per micro-batch on the TP ``group``:
+        per-kernel floor plus forced TP collectives (under tp_comm_overlap: overlapped with the
+        GEMMs, in an MoE layer attention's only, as :meth:`_pass_floor_of` counts them)."""
+        key = (which, m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.whole_experts,
+               m.sequence_parallel and m.tp > 1, m.tp_comm_overlap and m.tp > 1, group)
+        memo = self.__dict__.setdefault("_block_pass_floor_memo", {})
+        if key in memo:
+            return memo[key]
+        layer_like = which != "head"
+        brc = m.recompute if layer_like else "none"
+        ep, whole = (m.ep_outside_tp, m.whole_experts) if which == "layer" else (1, False)
+        fl = self._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep, whole)
+        k, g = m.micro_batch, group
+        if fl is None:
+            out = None
+        elif layer_like and m.tp_comm_overlap and m.tp > 1:
+            split = which == "layer" and self.num_experts > 1
+            out = fl.kernels_overlapped_s(k, brc, self._forced_comm_s(fl, k, g, brc, launches=False,
+                                                                     paired=True if split else None))
+            out += self._forced_comm_s(fl, k, g, brc, launches=False, paired=False) if split else 0.0
+        else:
+            out = fl.kernels_s(k, brc) + (self._forced_comm_s(fl, k, g, brc) if m.tp > 1 else 0.0)
+        memo[key] = out
+        return out
 
     def _own_groups_bound_s(self, m: Mapping, stash_cap: int | None = None) -> float:
         """:meth:`lower_bound_s` on ``m``'s own TP group (``stash_cap``: as there) plus the token
         all-to-alls exposed on its own ep group (MoE): before ZeRO-2's exposed reduce-scatters."""
         out = self.lower_bound_s(m, tp_groups=(m.group("tp"),), stash_cap=stash_cap)
         if self.num_experts > 1 and m.ep > 1:
-            out += ((m.num_micro_batches + (m.pp - 1) / m.interleave) * self.num_moe_layers
-                    * self._ep_exposed_floor_s(m) / m.pp)
+            ep_stage_s = self.num_moe_layers * self._ep_exposed_floor_s(m) / m.pp
+            out += (m.num_micro_batches + (m.pp - 1) / m.interleave) * ep_stage_s
+            out -= self.offload_ep_overlap_s(m, ep_stage_s, (m.group("tp"),), stash_cap)
         return out * (1 - 1e-12)
 
     def _with_zero2_floor_s(self, m: Mapping, bound_s: float) -> float:
@@ -701,15 +839,39 @@ class LLMModel:
         collectives may run on (default: every one a placement of the degrees gives).
         ``stash_cap`` (dataflow chips): at most this many layers keep their stash in SRAM
         (:meth:`stash_cap`)."""
+        avg_stage_s = self._mean_stage_floor_s(m, tp_groups, stash_cap)
+        pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s + self.p2p_floor_s(m)
+        return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+
+    def _mean_stage_floor_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None) -> float:
+        """Least mean stage time per micro-batch (:meth:`lower_bound_s`): compute, per-kernel
+        traffic and forced TP collectives, host transfers, ZeRO-3's gathers, whichever is larger."""
+        return max(self._work_stage_floor_s(m, tp_groups, stash_cap), self.offload_stage_floor_s(m))
+
+    def _work_stage_floor_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None) -> float:
+        """:meth:`_mean_stage_floor_s` without the host transfers: what a layer's other exposed
+        communication (all-to-alls) adds to, and what the transfers hide behind."""
         avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.cp * m.pp)
         kernels_s = self.pass_floor_s(m, tp_groups, stash_cap=stash_cap)  # per-kernel traffic and forced TP collectives (GPUs)
         if kernels_s is not None:
             avg_stage_s = max(avg_stage_s, kernels_s / m.pp)
-        avg_stage_s = max(avg_stage_s, self.offload_stage_floor_s(m))
         # ZeRO-3: every layer's pass takes at least its parameter gathers and gradient reduce-scatter
-        avg_stage_s = max(avg_stage_s, self.num_layers / m.pp * self.fsdp_layer_floor_s(m))
-        pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s + self.p2p_floor_s(m)
-        return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
+        return max(avg_stage_s, self.num_layers / m.pp * self.fsdp_layer_floor_s(m))
+
+    def offload_ep_overlap_s(self, m: Mapping, ep_stage_s: float, tp_groups=None, stash_cap: int | None = None) -> float:
+        """What ``lower_bound_s(m) + (M + (pp - 1) / v) ep_stage_s`` overstates: a layer's host
+        transfers hide behind its whole pass, all-to-alls included (:meth:`_with_offload`:
+        ``max(t + extras, x)``), so a stage is at least ``max(W + E, X)`` (W: the work floor
+        :meth:`_work_stage_floor_s`, E: ``ep_stage_s``, X: the transfers'
+        :meth:`offload_stage_floor_s`), not ``max(W, X) + E``; the difference is
+        ``min(E, max(0, X - W))`` per micro-batch slot, 0 unless the transfers bind."""
+        off_s = self.offload_stage_floor_s(m)
+        if off_s <= 0.0 or ep_stage_s <= 0.0:
+            return 0.0
+        excess_s = off_s - self._work_stage_floor_s(m, tp_groups, stash_cap)
+        if excess_s <= 0.0:
+            return 0.0
+        return (m.num_micro_batches + (m.pp - 1) / m.interleave) * min(ep_stage_s, excess_s) * (1 + 1e-12)
 
     def zero2_exposed_floor_s(self, m: Mapping, pipeline_floor_s: float, worst_params_floor: float = 0.0,
                               worst_experts_floor: float = 0.0) -> float:
@@ -1848,13 +2010,18 @@ class LLMModel:
             return fwd_s, bwd_s
         # 16-bit parameters gathered, gradients reduce-scattered in the framework's reduce precision;
         # MoE experts over the expert data-parallel ranks (dp x cp / ep), the rest over dp x cp
-        experts = expert_params(blk.sharded.graph)
-        parts = self._grad_groups(m, blk.params_per_chip, experts, group)
-        ag = sum(self.costs.time_s("all_gather", p * self.training.activation_bytes, g) for p, g in parts)
-        rs = sum(self.costs.time_s("reduce_scatter", p * self.training.grad_bytes, g) for p, g in parts)
+        ag, rs = self._fsdp_collectives_s(m, blk.params_per_chip, expert_params(blk.sharded.graph), group)
         if m.overlap_param_gather:
             return max(fwd_s, ag), max(bwd_s, ag + rs)
         return fwd_s + ag, bwd_s + ag + rs
+
+    def _fsdp_collectives_s(self, m: Mapping, params: float, experts: float, group) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) seconds of a block's ``params`` per-chip parameters, of
+        which ``experts`` MoE expert ones, in ZeRO-3 (:meth:`_fsdp_exposed`)."""
+        parts = self._grad_groups(m, params, experts, group)
+        ag = sum(self.costs.time_s("all_gather", p * self.training.activation_bytes, g) for p, g in parts)
+        rs = sum(self.costs.time_s("reduce_scatter", p * self.training.grad_bytes, g) for p, g in parts)
+        return ag, rs
 
     def _dp_sync_s(self, m: Mapping, params: float, fwd0_s: float, bwd0_s: float, group,
                    expert_params_per_chip: float = 0.0) -> float:

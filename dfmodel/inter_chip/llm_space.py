@@ -254,6 +254,15 @@ def canonical_placement(placement: tuple, classes: list[list[str]]) -> tuple:
     return min(options)
 
 
+def _pipeline_s(m: int, pp: int, v: int, stage_s: float, last_s: float = 0.0) -> float:
+    """A group's 1F1B bound ``(M + (pp - 1) / v) T`` on its mean stage time ``T``, or with plain
+    1F1B's last stage at least ``last_s`` (``pipeline_time = (M - 1) T* + sum T``, ``T* >=
+    T_last``, ``sum T >= pp T``) ``(M - 1) last_s + pp T`` when that is larger."""
+    if v == 1 and pp > 1 and last_s > stage_s:
+        return (m - 1) * last_s + pp * stage_s
+    return (m + (pp - 1) / v) * stage_s
+
+
 class LLMSpace:
     """The mapping space of :func:`llm_candidates` as a tree of :class:`SpaceNode` groups (lazy
     branch and bound, :mod:`dfmodel.inter_chip.space`), placements distinct up to relabelling
@@ -283,7 +292,7 @@ class LLMSpace:
         self.system = model.system
         self._classes = symmetric_dims(self.system)
         self._places: dict[tuple, list[tuple]] = {}
-        self._ep_memo: dict[tuple, float] = {}
+        self._ep_memo: dict[tuple, tuple] = {}
         self._probe_memo: dict[tuple, Mapping] = {}
         self.roots_built: list[SpaceNode] = []
         # offload (dfmodel.inter_chip.offload): enumerated up front only where the host's step
@@ -552,8 +561,8 @@ class LLMSpace:
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
-        def bound_with(stage_s: float) -> float:
-            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + p2p_s + opt_s) * (1 - 1e-12)
+        def bound_with(stage_s: float, last_s: float = 0.0) -> float:
+            return (_pipeline_s(m, pp, max(vs), stage_s + ep_s, last_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         compute_s = mb * f1 / (tp * cp * pp)
         # (the least over its recompute and SP choices of their activation floors)
@@ -567,7 +576,31 @@ class LLMSpace:
                          relief=partial(self._relief, self._micro_batch_node, deg, opts, deg, mb, m, vs, rcs, sps,
                                         places_by) if relief else None,
                          refine=None if self._bounds_off else
-                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys))))
+                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys)),
+                                            self._last_stage_min_s(deg, mb, m, vs, rcs, sps, keys, ep_s)))
+
+    def _last_stage_min_s(self, deg, mb, m, vs, rcs, sps, keys, ep_stage_s: float) -> float:
+        """Least per-micro-batch time of plain 1F1B's last stage over a group's recompute, SP,
+        expert TP and tp_comm_overlap choices (``LLMModel.last_stage_floor_min_s``; it grows with
+        recompute, which only adds kernels, so the least recompute stands for all on GPUs), with
+        the group's all-to-alls per MoE layer (``ep_stage_s`` per stage, :meth:`_ep_layers_s`).
+        0 unless every mapping of the group runs plain 1F1B on GPUs with pp > 1 (MoE models)."""
+        model = self.model
+        if (self._bounds_off or max(vs) != 1 or deg["pp"] <= 1 or model.num_experts <= 1
+                or model.system.chip.execution == "dataflow"):
+            return 0.0
+        ep_layer_s = ep_stage_s * deg["pp"] / model.num_moe_layers if model.num_moe_layers else 0.0
+        rcs_min = ["none"] if "none" in rcs else list(rcs)
+        best = None
+        for rc in rcs_min:
+            for sp in sps:
+                for etp, ub in dict.fromkeys((k[1], k[5]) for k in keys):
+                    probe = self._probe(deg, mb, m, 1, rc, (0, etp, "none", False, False, ub), bool(sp))
+                    last = model.last_stage_floor_min_s(probe, ep_layer_s)
+                    if last is None:
+                        return 0.0
+                    best = last if best is None else min(best, last)
+        return 0.0 if best is None else best
 
     def _expand_micro_batch(self, deg, mb, m, vs, rcs, sps, places_by, opts, relief) -> list[SpaceNode]:
         """Leaf groups per (interleave, recompute, ZeRO stage / expert TP / offload, sequence
@@ -604,13 +637,17 @@ class LLMSpace:
         probes = [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys]
         # (offloaded twins: a stage is never shorter than its layers' host transfers, least over
         # the options; LLMModel.lower_bound_s holds it for each leaf)
-        compute_s = max(model.compute_floor_s(mb, rc) / (tp * cp * pp), self._offload_floor_min_s(mine, probes))
+        compute_s = model.compute_floor_s(mb, rc) / (tp * cp * pp)
+        off_s = self._offload_floor_min_s(mine, probes)
         opt_s = self._opt_min_s(deg, mine, probes)
         ep_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
 
-        def bound_with(stage_s: float) -> float:
-            return ((m + (pp - 1) / max(vs)) * (stage_s + ep_s) + p2p_s + opt_s) * (1 - 1e-12)
+        def bound_with(work_s: float, last_s: float = 0.0) -> float:
+            # (host transfers hide behind a layer's whole pass, all-to-alls included:
+            # LLMModel.offload_ep_overlap_s)
+            stage_s = work_s + ep_s if off_s <= work_s else max(work_s + ep_s, off_s)
+            return (_pipeline_s(m, pp, max(vs), stage_s, last_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         floor = min(model.leaf_floor_bytes(p) for p in probes)  # (rc and SP fixed: their activations)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
@@ -620,7 +657,8 @@ class LLMSpace:
                          partial(self._expand_sub, deg, mb, m, vs, rc, spar, places_by, mine, relief),
                          relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, ub, places_by, mine) if relief else None,
                          refine=None if self._bounds_off else
-                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys))))
+                         lambda: bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys)),
+                                            self._last_stage_min_s(deg, mb, m, vs, [rc], [spar], keys, ep_s)))
 
     def _expand_sub(self, deg, mb, m, vs, rc, spar, places_by, mine, relief) -> list[SpaceNode]:
         """One leaf group per (interleave, ZeRO stage / expert TP / offload)."""
@@ -691,11 +729,15 @@ class LLMSpace:
         probe = self._probe(deg, mb, m, v, rc, key, bool(spar))  # (offloaded activations: SP shrinks them)
         bound, floor = 0.0 if self._bounds_off else model.lower_bound_s(probe), model.leaf_floor_bytes(probe)
         ep_s = self._exposed_ep_s(deg, mb, m, v, rc, places_by, mine)
+        if ep_s and not self._bounds_off and offload.uses_offload(probe):  # (host transfers hide behind the all-to-alls too)
+            ep_s = max(0.0, ep_s - model.offload_ep_overlap_s(probe, self._ep_layers_s(deg, mb, m, [rc], places_by, mine)))
+        last_s = self._last_stage_bound_s(deg, mb, m, v, rc, places_by, mine, probe)
         zero2_s = 0.0
         if not self._bounds_off and key[0] == 2:  # ZeRO-2's per-micro-batch reduce-scatters over the pipeline bound
-            pipeline_s = bound - model.optimizer_s(probe, model.params_per_chip_floor(probe)) + ep_s
+            opt_s = model.optimizer_s(probe, model.params_per_chip_floor(probe))
+            pipeline_s = last_s - opt_s if last_s > bound + ep_s else bound - opt_s + ep_s
             zero2_s = model.zero2_exposed_floor_s(probe, pipeline_s)
-        bound += ep_s + zero2_s
+        bound = last_s + zero2_s if last_s > bound + ep_s else bound + (ep_s + zero2_s)
         fixed = (("tp", deg["tp"]), ("pp", deg["pp"]), ("dp", deg["dp"]), ("micro_batch", mb),
                  ("num_micro_batches", m), ("interleave", v), ("recompute", rc),
                  ("sequence_parallel", bool(spar)), ("zero_stage", key[0]), ("cp", deg["cp"]),
@@ -706,6 +748,15 @@ class LLMSpace:
                          if (key[2] != "none" or key[3] or key[4]) and not self._bounds_off else None,
                          relief=partial(self._relief_leaf, deg, mb, m, v, rc, spar, places_by, mine)
                          if relief else None)
+
+    def _last_stage_bound_s(self, deg, mb, m, v, rc, places_by, mine, probe) -> float:
+        """``LLMModel.last_stage_bound_s`` of a leaf group of an MoE model in plain 1F1B (its
+        cheapest placement's all-to-alls per layer, from :meth:`_ep_layers_s`); 0 elsewhere."""
+        if self._bounds_off or v != 1 or deg["pp"] <= 1 or self.model.num_experts <= 1:
+            return 0.0
+        n_moe = self.model.num_moe_layers
+        ep_layer_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine) * deg["pp"] / n_moe if n_moe else 0.0
+        return self.model.last_stage_bound_s(probe, ep_layer_s)
 
     def _relief_leaf(self, deg, mb, m, v, rc, spar, places_by, mine) -> SpaceNode | None:
         """The offloaded twins of a leaf group pruned for memory, as one group per option key
@@ -726,25 +777,47 @@ class LLMSpace:
         (:meth:`_exposed_ep_s`)."""
         if deg["ep"] <= 1:
             return 0.0
-        overlap = any(o.get("overlap_moe_expert_parallel_comm", False) for o in opts)
-        places = tuple(p for pl in places_by.values() for p in pl)
-        key = (tuple(sorted(deg.items())), mb, tuple(rcs), overlap, tuple(sorted(places_by)))
-        if key not in self._ep_memo:
+        overlap = self._a2a_overlap_offered(opts)
+        # (places_by is one dict per degree tuple, kept alive by the memo: its identity stands for
+        # the degrees' placements; hashing them on every call cost more than the floor)
+        key = (id(places_by), deg["tp"], deg["cp"], deg["ep"], deg["pp"], deg["dp"], mb, tuple(rcs), overlap)
+        hit = self._ep_memo.get(key)
+        if hit is None:
             rc = next((r for r in rcs if r != "full"), rcs[0])  # full recompute repeats the forward pair
             # LLMModel._ep_comm without overlap: forward pair, backward pair (+ the forward again
-            # under full recompute); it reads the ep group and the tokens only, so the distinct
-            # ep groups of the placements stand for all of them
-            tokens = mb * (self.model.model.seq_len // deg["cp"]) // deg["tp"]
-            groups = dict.fromkeys(dict(place)["ep"] for place in places)
-            pairs = [self.model.ep_pair_s(g, tokens) for g in groups]
-            ep_s = min(p + (p + (p if rc == "full" else 0.0)) for p in pairs) if pairs else 0.0
+            # under full recompute), increasing in the pair's time: the cheapest pair's
+            p = self._ep_pair_min_s(deg, mb, places_by)
+            ep_s = 0.0 if p is None else p + (p + (p if rc == "full" else 0.0))
             # overlapped, at least the share of the SMs the communication kernels hold stays
             # exposed (experts.overlapped_a2a_exposed_s: max(a - c, f a) >= f a), and the
             # unpaired warm-up / cool-down micro-batches whole (experts.with_unpaired, increasing)
             if overlap and moe_terms.a2a_overlap_applies(ep=deg["ep"], num_micro_batches=m):
                 ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=deg["pp"], num_micro_batches=m)
-            self._ep_memo[key] = self.model.num_moe_layers * ep_s / deg["pp"]
-        return self._ep_memo[key]
+            hit = self._ep_memo[key] = (places_by, self.model.num_moe_layers * ep_s / deg["pp"])
+        return hit[1]
+
+    def _ep_pair_min_s(self, deg, mb, places_by) -> float | None:
+        """Least ``LLMModel.ep_pair_s`` (one dispatch + combine) over the ep groups of the
+        placements ``places_by`` at micro-batch ``mb`` (it reads the ep group and the tokens
+        only, so the distinct ep groups stand for every placement); None without placements."""
+        tokens = mb * (self.model.model.seq_len // deg["cp"]) // deg["tp"]
+        memo = self.__dict__.setdefault("_ep_pair_min_memo", {})
+        key = (id(places_by), tokens)
+        hit = memo.get(key)
+        if hit is None:
+            groups = dict.fromkeys(dict(place)["ep"] for pl in places_by.values() for place in pl)
+            pairs = [self.model.ep_pair_s(g, tokens) for g in groups]
+            hit = memo[key] = (places_by, min(pairs) if pairs else None)
+        return hit[1]
+
+    def _a2a_overlap_offered(self, opts: list[dict]) -> bool:
+        """Whether some option of ``opts`` overlaps the all-to-alls (memoised on the list's
+        identity, kept alive by the memo)."""
+        memo = self.__dict__.setdefault("_a2a_overlap_memo", {})
+        hit = memo.get(id(opts))
+        if hit is None:
+            hit = memo[id(opts)] = (opts, any(o.get("overlap_moe_expert_parallel_comm", False) for o in opts))
+        return hit[1]
 
     def _p2p_floor_s(self, deg, mb, m, vs) -> float:
         """Least exposed pipeline p2p of a group whose interleaves are ``vs``
