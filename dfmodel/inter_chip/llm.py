@@ -578,16 +578,43 @@ class LLMModel:
         sends every layer's stash through DRAM, which the dataflow floor then counts."""
         if self.system.chip.execution != "dataflow" or self._block_key("layer", m) in self._blocks:
             return False
-        try:
-            return any(self.stash_bound_s(m, fo) > cutoff_s for fo in (True, False))
+        try:  # (first from the layer's sharded graph alone: no phase solved)
+            return (self.shard_bound_s(m) > cutoff_s
+                    or any(self.stash_bound_s(m, fo) > cutoff_s for fo in (True, False)))
         except InfeasibleError:  # (the block solve reports it)
             return False
 
     def stash_bound_s(self, m: Mapping, forward_only: bool = False) -> float:
         """:meth:`presolve_bound_s` (on ``m``'s own TP and ep groups) with at most
-        :meth:`stash_cap` layers keeping their stash in SRAM: a valid lower bound on
-        ``evaluate(m).iteration_time_s`` on a dataflow chip."""
-        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, self.stash_cap(m, forward_only)))
+        :meth:`stash_cap` layers keeping their stash in SRAM, and the layer's own collectives
+        (:meth:`layer_nets_s`): a valid lower bound on ``evaluate(m).iteration_time_s`` on a
+        dataflow chip."""
+        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, self.stash_cap(m, forward_only),
+                                                                    self.layer_nets_s(m)))
+
+    def shard_bound_s(self, m: Mapping) -> float:
+        """:meth:`stash_bound_s` without the stash cap (no on-chip plan solved): the dataflow
+        floor with the (MoE) layer's own collectives as sharded on ``m``'s TP group."""
+        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, None, self.layer_nets_s(m)))
+
+    def layer_nets_s(self, m: Mapping) -> tuple[float, float] | None:
+        """(forward, backward) network seconds of the (MoE) layer sharded on ``m``'s TP group, as
+        :meth:`_solve_block` hands them to its phases (``ShardedGraph.network_time_s``): every
+        plan of a phase pays all of them, a partition's network being the sum of its kernels'
+        (``intra_chip.cost``), and each partition takes at least its network (overlap) or adds
+        it. None without TP or under tp_comm_overlap (its floor pairs them otherwise). The
+        sharding is memoised (``_shard_memo``): the block solve that may follow reuses it."""
+        if m.tp <= 1 or m.tp_comm_overlap:
+            return None
+        key = self._block_key("layer", m)
+        memo = self.__dict__.setdefault("_layer_nets_memo", {})
+        if key not in memo:
+            graph = self.graphs(m.micro_batch, m.cp, m.ep_outside_tp).layer
+            sh = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, m.whole_experts)
+            fwd = {k.name for k in sh.graph.kernels if k.phase == Phase.forward}
+            f = sum(v for n, v in sh.network_time_s.items() if n in fwd)
+            memo[key] = (f, sum(v for n, v in sh.network_time_s.items() if n not in fwd))
+        return memo[key]
 
     # -- bounds ---------------------------------------------------------------------------------
     @cached_property
@@ -663,10 +690,11 @@ class LLMModel:
             memo[key] = self._own_groups_bound_s(m)
         return self._with_zero2_floor_s(m, memo[key])
 
-    def _own_groups_bound_s(self, m: Mapping, stash_cap: int | None = None) -> float:
-        """:meth:`lower_bound_s` on ``m``'s own TP group (``stash_cap``: as there) plus the token
-        all-to-alls exposed on its own ep group (MoE): before ZeRO-2's exposed reduce-scatters."""
-        out = self.lower_bound_s(m, tp_groups=(m.group("tp"),), stash_cap=stash_cap)
+    def _own_groups_bound_s(self, m: Mapping, stash_cap: int | None = None, layer_nets: tuple | None = None) -> float:
+        """:meth:`lower_bound_s` on ``m``'s own TP group (``stash_cap``, ``layer_nets``: as there)
+        plus the token all-to-alls exposed on its own ep group (MoE): before ZeRO-2's exposed
+        reduce-scatters."""
+        out = self.lower_bound_s(m, tp_groups=(m.group("tp"),), stash_cap=stash_cap, layer_nets=layer_nets)
         if self.num_experts > 1 and m.ep > 1:
             out += ((m.num_micro_batches + (m.pp - 1) / m.interleave) * self.num_moe_layers
                     * self._ep_exposed_floor_s(m) / m.pp)
@@ -691,7 +719,8 @@ class LLMModel:
             ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=m.pp, num_micro_batches=m.num_micro_batches)
         return ep_s
 
-    def lower_bound_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None) -> float:
+    def lower_bound_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None,
+                      layer_nets: tuple | None = None) -> float:
         """Valid lower bound on ``evaluate(m).iteration_time_s``.
 
         Each chip does at least 1/tp of the compute floor of its stage, and a stage at least
@@ -700,9 +729,10 @@ class LLMModel:
         with the fewest parameters a chip can hold. ``tp_groups``: the TP groups the forced TP
         collectives may run on (default: every one a placement of the degrees gives).
         ``stash_cap`` (dataflow chips): at most this many layers keep their stash in SRAM
-        (:meth:`stash_cap`)."""
+        (:meth:`stash_cap`); ``layer_nets`` (dataflow chips, ``tp_groups`` m's own group): the
+        layer's own network seconds (:meth:`layer_nets_s`)."""
         avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.cp * m.pp)
-        kernels_s = self.pass_floor_s(m, tp_groups, stash_cap=stash_cap)  # per-kernel traffic and forced TP collectives (GPUs)
+        kernels_s = self.pass_floor_s(m, tp_groups, stash_cap=stash_cap, layer_nets=layer_nets)  # per-kernel traffic and forced TP collectives (GPUs)
         if kernels_s is not None:
             avg_stage_s = max(avg_stage_s, kernels_s / m.pp)
         avg_stage_s = max(avg_stage_s, self.offload_stage_floor_s(m))
@@ -859,7 +889,8 @@ class LLMModel:
             memo[key] = tuple(sorted({tuple(pick(p)) for p in places[degrees]}))
         return memo[key]
 
-    def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True, stash_cap: int | None = None) -> float | None:
+    def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True, stash_cap: int | None = None,
+                     layer_nets: tuple | None = None) -> float | None:
         """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
         block on one chip (layers, embedding, head), before any exposed communication of other
         dimensions: each block's :func:`~dfmodel.inter_chip.block_floor.block_floor` (per-kernel
@@ -870,7 +901,8 @@ class LLMModel:
         the DRAM traffic no partition plan avoids: weights, block inputs and outputs)."""
         if self.system.chip.execution == "dataflow":
             groups = (self._tp_groups(m) if tp_groups is None else tp_groups) if comm and m.tp > 1 else None
-            return dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups, stash_cap)
+            return dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups, stash_cap,
+                                               layer_nets if groups else None)
         ub = m.tp_comm_overlap and m.tp > 1
         key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
         memo = self.__dict__.setdefault("_pass_floor_memo", {})
