@@ -74,7 +74,7 @@ class PhaseFloor:
     plan: PlanFloor | None = None
     tp: int = 1
     sram_bytes: float | None = None  # the chip's (the plan floor's options must fit it: fused_floor)
-    _busy_memo: dict = field(default_factory=dict, compare=False, repr=False)
+    _busy_memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # (replace() starts a new one)
 
     def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool, network_s: float = 0.0,
                hidden: bool = False) -> float:
