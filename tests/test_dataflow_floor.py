@@ -4,6 +4,8 @@ a closed form on a tiny graph, below every solved phase of shipped blocks on SN3
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from dfmodel import load_system, load_workload
@@ -118,3 +120,22 @@ def test_search_equals_exhaustive_on_a_dataflow_chip():
     full = solve_llm(w, s, Knobs(), exhaustive=True)
     assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
     assert fast.solver.status == "optimal"
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_pairs_equal_the_per_pair_floors(overlap):
+    """DataflowBlockFloor.pairs_s (each phase's busy time once, then every network pair) gives the
+    very numbers kernels_s / dram_kernels_s give pair by pair, for every recompute and userbuffers."""
+    s = load_system("dragonfly").model_dump()
+    s["chip"]["overlap"] = overlap
+    sysd = load_system(s)
+    model = LLMModel(load_workload("deepseek_v3"), sysd)
+    fl = dff.dataflow_block_floor(model.graphs(1, 1, 64).layer, sysd, 8, _is_attention_core)  # (ep 64: it fits)
+    nets = [(0.0, 0.0), (0.01, 0.5), (2.0, 0.003), (40.0, 40.0)]
+    assert all(map(math.isfinite, fl.pairs_s(1, "none", nets[:1])[0]))
+    for k in (1, 3):
+        for rc in ("none", "selective", "full"):
+            for hidden in (False, True):
+                want = tuple((fl.kernels_s(k, rc, n, hidden), fl.dram_kernels_s(k, rc, n, hidden)) for n in nets)
+                assert fl.pairs_s(k, rc, nets, hidden) == want
+    assert len(set(fl.pairs_s(1, "none", nets))) == len(nets)  # (the network pairs do change the floor)

@@ -235,3 +235,19 @@ def test_infinite_floor_only_where_no_plan_fits():
 def llm_candidates_of(model):
     from dfmodel.inter_chip.llm_space import llm_candidates
     return llm_candidates(model, Knobs(micro_batch=1))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_level_order_equals_the_masked_relaxation(seed):
+    """fused_floor._LevelOrder (edges sorted once, one reduceat per level) gives the very shortest
+    path of the level-by-level masked relaxation (_shortest_s), on random costs with some
+    infinite (sets no option fits)."""
+    system = load_system(_few_tile_system(3))
+    g = _random_dag(seed, 9)
+    pf = ff.plan_floor(g, system, {k.name for k in g.kernels}, stash_free=False)
+    rng = np.random.default_rng(seed)
+    for _ in range(5):
+        cost = rng.uniform(0.0, 1.0, pf.src.size)
+        cost[rng.uniform(size=cost.size) < 0.3] = np.inf
+        want = ff._shortest_s(pf.level, pf.src, pf.dst, cost)
+        assert ff._LevelOrder(pf.level, pf.src, pf.dst).shortest_s(cost) == want

@@ -54,3 +54,39 @@ def test_search_with_the_stash_bound_equals_exhaustive():
     full = solve_llm(w, s, Knobs(recompute="full"), exhaustive=True)
     assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
     assert fast.solver.status == "optimal"
+
+
+def test_shard_bound_below_every_evaluation_and_above_the_forced_floor():
+    """The dataflow floor with the layer's own collectives as sharded on m's TP group
+    (``shard_bound_s``, no on-chip plan solved) is below every evaluation of a sample of the small
+    MoE space, on a slow TP network where those collectives weigh, and above the bound with the
+    forced reductions alone (``presolve_bound_s``) on some mappings: it proves something new."""
+    w, s = _dataflow_moe("24 MiB")
+    sd = s.model_dump()
+    for d in sd["network"]:  # (slow links: every layout's conversions count)
+        d["link_bandwidth_Bps"] = 2e9
+    s = load_system(sd)
+    bounds, exact = LLMModel(w, s), LLMModel(w, s)
+    checked = tighter = 0
+    for mb in (1, 2):
+        for m in list(llm_candidates(bounds, Knobs(micro_batch=mb)))[::STEP // 2]:
+            if m.ep <= 1 or m.tp <= 1:
+                continue
+            b = bounds.shard_bound_s(m)
+            t = exact.evaluate(m).iteration_time_s
+            assert b <= t * TOL and bounds.stash_bound_s(m) <= t * TOL, (m, b, t)
+            tighter += b > bounds.presolve_bound_s(m) * (1 + 1e-6)
+            checked += 1
+    assert checked > 10 and tighter > 0, (checked, tighter)
+
+
+def test_search_with_the_shard_bound_equals_exhaustive_on_slow_links():
+    w, s = _dataflow_moe("24 MiB")
+    sd = s.model_dump()
+    for d in sd["network"]:
+        d["link_bandwidth_Bps"] = 2e9
+    s = load_system(sd)
+    fast = solve_llm(w, s, Knobs(micro_batch=2))
+    full = solve_llm(w, s, Knobs(micro_batch=2), exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+    assert fast.solver.status == "optimal"

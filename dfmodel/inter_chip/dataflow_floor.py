@@ -45,7 +45,7 @@ shipped LLM block at several TP degrees and micro-batches.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
@@ -74,6 +74,7 @@ class PhaseFloor:
     plan: PlanFloor | None = None
     tp: int = 1
     sram_bytes: float | None = None  # the chip's (the plan floor's options must fit it: fused_floor)
+    _busy_memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # (replace() starts a new one)
 
     def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool, network_s: float = 0.0,
                hidden: bool = False) -> float:
@@ -84,15 +85,32 @@ class PhaseFloor:
         the rest, ``max(floor, N)``."""
         if not self.kernels:
             return 0.0
-        c = k * self.compute_s
-        m = (k * self.act_bytes + self.fixed_bytes) * s_per_byte
-        busy = max(c, m) if overlap else c + m
-        if self.plan is not None:  # sum_p max(c_p, m_p) over the best relaxed plan, its partitions
-            busy = max(busy, self.plan.best_s(k, s_per_byte, overlap, self.tp, self.sram_bytes) / self.tp)
-            overhead_s *= max(1, self.plan.min_partitions)
-        if hidden:
-            return max(busy + overhead_s, network_s)
-        return (max(busy, network_s) if overlap else busy + network_s) + overhead_s
+        busy, overhead_s = self.busy_s(k, s_per_byte, overhead_s, overlap)
+        return with_network_s(busy, overhead_s, overlap, network_s, hidden)
+
+    def busy_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool) -> tuple[float, float]:
+        """The phase's floor at micro-batch ``k`` before its TP collectives: (compute and memory
+        busy seconds, overheads). Memoised: the search asks it again for every TP group and
+        Pareto pair of collectives (:func:`_block_pass_pairs`), which only change the network."""
+        key = (k, s_per_byte, overhead_s, overlap)
+        hit = self._busy_memo.get(key)
+        if hit is None:
+            c = k * self.compute_s
+            m = (k * self.act_bytes + self.fixed_bytes) * s_per_byte
+            busy = max(c, m) if overlap else c + m
+            if self.plan is not None:  # sum_p max(c_p, m_p) over the best relaxed plan, its partitions
+                busy = max(busy, self.plan.best_s(k, s_per_byte, overlap, self.tp, self.sram_bytes) / self.tp)
+                overhead_s *= max(1, self.plan.min_partitions)
+            hit = self._busy_memo[key] = (busy, overhead_s)
+        return hit
+
+
+def with_network_s(busy_s: float, overhead_s: float, overlap: bool, network_s: float, hidden: bool) -> float:
+    """A phase's floor from its busy seconds and overheads (:meth:`PhaseFloor.busy_s`) with at
+    least ``network_s`` of TP collectives (:meth:`PhaseFloor.time_s`)."""
+    if hidden:
+        return max(busy_s + overhead_s, network_s)
+    return (max(busy_s, network_s) if overlap else busy_s + network_s) + overhead_s
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,30 @@ class DataflowBlockFloor:
         f = self.phase_s(self.fwd_dram, k, net[0], hidden)
         extra = {"none": 0.0, "selective": self.phase_s(self.core, k), "full": f}[recompute]
         return f + self.phase_s(self.bwd_dram, k, net[1], hidden) + extra
+
+    def pairs_s(self, k: int, recompute: str, nets, hidden: bool = False) -> tuple:
+        """Per (forward, backward) network pair of ``nets``: (:meth:`kernels_s`,
+        :meth:`dram_kernels_s`), each phase's busy time taken once for all pairs (the same sums)."""
+        args = (self.s_per_byte, self.overhead_s, self.overlap)
+
+        def fixed(phase: PhaseFloor):  # (busy, overheads), or None for an empty phase (0 s)
+            return phase.busy_s(k, *args) if phase.kernels else None
+
+        def at(b, n: float, hid: bool) -> float:
+            return 0.0 if b is None else with_network_s(b[0], b[1], self.overlap, n, hid)
+
+        core = at(fixed(self.core), 0.0, False)
+        kept = (fixed(self.fwd), fixed(self.bwd))
+        dram = kept if self.fwd_dram is None else (fixed(self.fwd_dram), fixed(self.bwd_dram))
+        out = []
+        for nf, nb in nets:
+            pair = []
+            for bf, bb in (kept, dram):
+                f = at(bf, nf, hidden)
+                extra = {"none": 0.0, "selective": core, "full": f}[recompute]
+                pair.append(f + at(bb, nb, hidden) + extra)
+            out.append(tuple(pair))
+        return tuple(out)
 
     def max_layers_on_chip(self, k: int, sram_bytes: float, layers: int, stages: int, recompute: str,
                            checkpoint_bytes: float = 0.0) -> int:
@@ -242,7 +284,7 @@ def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core)
 __all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
 
 
-def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None) -> float:
+def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None, layer_nets: tuple | None = None) -> float:
     """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
     block on one dataflow chip (``LLMModel.pass_floor_s`` on ``execution: dataflow``; ``is_core``
     picks selective recompute's kernels): each
@@ -250,20 +292,24 @@ def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None
     also holds its forced TP reductions (:func:`.comm_floor.forced_phase_comm_s`), on the
     cheapest of the groups. ``stash_cap``: at most this many of the (MoE) layers keep their
     stash in SRAM (``LLMModel.stash_cap``: from the layer's solved on-chip plans), the others
-    pay the DRAM floor. Memoised per block key on ``model``."""
+    pay the DRAM floor. ``layer_nets``: the (forward, backward) network seconds of the (MoE)
+    layer as sharded on ``m``'s own TP group (``LLMModel.layer_nets_s``: every collective of the
+    layouts it runs, not only the forced reductions), with ``tp_groups`` that one group.
+    Memoised per block key on ``model``."""
     if tp_groups and m.tp > 1:
-        return min(_pass_floor_on_s(model, m, is_core, tuple(g), stash_cap) for g in tp_groups)
+        return min(_pass_floor_on_s(model, m, is_core, tuple(g), stash_cap, layer_nets) for g in tp_groups)
     return _pass_floor_on_s(model, m, is_core, None, stash_cap)
 
 
-def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None) -> float:
+def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, layer_nets: tuple | None = None) -> float:
     """:func:`pass_floor_s` on one TP group (None: without the TP collectives)."""
     ub = m.tp_comm_overlap and m.tp > 1
     dense = model.num_experts <= 1  # (MoE layers keep the 1 / tp shares: their expert layouts differ)
     sp = m.sequence_parallel and m.tp > 1
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
         () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + (
-        (sp, m.num_micro_batches) if dense else ()) + (() if stash_cap is None else ("cap", stash_cap))
+        (sp, m.num_micro_batches) if dense else ()) + (() if stash_cap is None else ("cap", stash_cap)) + (
+        () if layer_nets is None else ("nets", layer_nets))
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -284,7 +330,8 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None) -> 
         fl = floors[bkey]
         if fl is None:
             continue
-        pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub)
+        pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub,
+                                  layer_nets if which == "layer" else None)
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
             if dense:  # each stage's own in-flight micro-batches (plain 1F1B's: interleaving adds)
                 in_flight = tuple(in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
@@ -307,26 +354,40 @@ def _times(n: int, floor_s: float) -> float:
     return n * floor_s if n else 0.0
 
 
-def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m, rc: str, ep: int, group, ub: bool) -> tuple:
+def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m, rc: str, ep: int, group, ub: bool,
+                      nets_s: tuple | None = None) -> tuple:
     """Per Pareto pair of the block's forced TP collectives on ``group`` (None: none), the block's
     (stash kept on chip, stash through DRAM) floors at ``m``'s micro-batch and recompute ``rc``.
     Memoised on what they read (the block floor's key, the TP floor's knobs, the micro-batch, the
-    group): the search asks again for every pipeline depth and data-parallel degree."""
+    group): the search asks again for every pipeline depth and data-parallel degree.
+    ``nets_s``: the block's own (forward, backward) network seconds as sharded on ``group``
+    (every phase plan pays all of them: a partition's network is the sum of its kernels'),
+    instead of the forced reductions' Pareto pairs."""
     whole = m.whole_experts and which == "layer"
-    key = bkey + (m.sequence_parallel, whole, m.micro_batch, rc, group, ub)
+    key = bkey + (m.sequence_parallel, whole, m.micro_batch, rc, group, ub, nets_s)
     memo = model.__dict__.setdefault("_dataflow_pair_memo", {})
     if key in memo:
         return memo[key]
     nets, hidden = [(0.0, 0.0)], False
     if group is not None:  # the block's forced TP reductions per phase (Megatron layouts)
-        tp_floor = model._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep, whole)
-        if tp_floor is not None:
-            nets = forced_phase_comm_s(tp_floor, m.micro_batch, model.costs, group,
-                                       model.__dict__.setdefault("_collective_memo", {}))
-            hidden = ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
-    memo[key] = out = tuple((fl.kernels_s(m.micro_batch, rc, net, hidden),
-                             fl.dram_kernels_s(m.micro_batch, rc, net, hidden)) for net in nets)
+        nets = [nets_s] if nets_s is not None else _forced_nets(model, which, m, ep, whole, group)
+        hidden = nets is not None and ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
+        nets = nets or [(0.0, 0.0)]
+    memo[key] = out = fl.pairs_s(m.micro_batch, rc, nets, hidden)
     return out
+
+
+def _forced_nets(model, which: str, m, ep: int, whole: bool, group) -> list | None:
+    """:func:`.comm_floor.forced_phase_comm_s` of the block on ``group`` at ``m``'s micro-batch
+    (None when the block has no TP floor), memoised on what it reads: every recompute and
+    tp_comm_overlap choice asks the same."""
+    key = (which, m.tp, m.cp, m.sequence_parallel, ep, whole, m.micro_batch, group)
+    memo = model.__dict__.setdefault("_dataflow_nets_memo", {})
+    if key not in memo:
+        tp_floor = model._block_floor(which, m.tp, m.cp, m.sequence_parallel, ep, whole)
+        memo[key] = None if tp_floor is None else forced_phase_comm_s(
+            tp_floor, m.micro_batch, model.costs, group, model.__dict__.setdefault("_collective_memo", {}))
+    return memo[key]
 
 
 def _block_floor_of(graph: DataflowGraph, system: System, tp: int, sp: bool, dense: bool, is_core) -> DataflowBlockFloor:

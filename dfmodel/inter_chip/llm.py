@@ -578,16 +578,43 @@ class LLMModel:
         sends every layer's stash through DRAM, which the dataflow floor then counts."""
         if self.system.chip.execution != "dataflow" or self._block_key("layer", m) in self._blocks:
             return False
-        try:
-            return any(self.stash_bound_s(m, fo) > cutoff_s for fo in (True, False))
+        try:  # (first from the layer's sharded graph alone: no phase solved)
+            return (self.shard_bound_s(m) > cutoff_s
+                    or any(self.stash_bound_s(m, fo) > cutoff_s for fo in (True, False)))
         except InfeasibleError:  # (the block solve reports it)
             return False
 
     def stash_bound_s(self, m: Mapping, forward_only: bool = False) -> float:
         """:meth:`presolve_bound_s` (on ``m``'s own TP and ep groups) with at most
-        :meth:`stash_cap` layers keeping their stash in SRAM: a valid lower bound on
-        ``evaluate(m).iteration_time_s`` on a dataflow chip."""
-        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, self.stash_cap(m, forward_only)))
+        :meth:`stash_cap` layers keeping their stash in SRAM, and the layer's own collectives
+        (:meth:`layer_nets_s`): a valid lower bound on ``evaluate(m).iteration_time_s`` on a
+        dataflow chip."""
+        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, self.stash_cap(m, forward_only),
+                                                                    self.layer_nets_s(m)))
+
+    def shard_bound_s(self, m: Mapping) -> float:
+        """:meth:`stash_bound_s` without the stash cap (no on-chip plan solved): the dataflow
+        floor with the (MoE) layer's own collectives as sharded on ``m``'s TP group."""
+        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, None, self.layer_nets_s(m)))
+
+    def layer_nets_s(self, m: Mapping) -> tuple[float, float] | None:
+        """(forward, backward) network seconds of the (MoE) layer sharded on ``m``'s TP group, as
+        :meth:`_solve_block` hands them to its phases (``ShardedGraph.network_time_s``): every
+        plan of a phase pays all of them, a partition's network being the sum of its kernels'
+        (``intra_chip.cost``), and each partition takes at least its network (overlap) or adds
+        it. None without TP or under tp_comm_overlap (its floor pairs them otherwise). The
+        sharding is memoised (``_shard_memo``): the block solve that may follow reuses it."""
+        if m.tp <= 1 or m.tp_comm_overlap:
+            return None
+        key = self._block_key("layer", m)
+        memo = self.__dict__.setdefault("_layer_nets_memo", {})
+        if key not in memo:
+            graph = self.graphs(m.micro_batch, m.cp, m.ep_outside_tp).layer
+            sh = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, m.whole_experts)
+            fwd = {k.name for k in sh.graph.kernels if k.phase == Phase.forward}
+            f = sum(v for n, v in sh.network_time_s.items() if n in fwd)
+            memo[key] = (f, sum(v for n, v in sh.network_time_s.items() if n not in fwd))
+        return memo[key]
 
     # -- bounds ---------------------------------------------------------------------------------
     @cached_property
@@ -800,14 +827,15 @@ class LLMModel:
         memo[key] = out
         return out
 
-    def _own_groups_bound_s(self, m: Mapping, stash_cap: int | None = None) -> float:
-        """:meth:`lower_bound_s` on ``m``'s own TP group (``stash_cap``: as there) plus the token
-        all-to-alls exposed on its own ep group (MoE): before ZeRO-2's exposed reduce-scatters."""
-        out = self.lower_bound_s(m, tp_groups=(m.group("tp"),), stash_cap=stash_cap)
+    def _own_groups_bound_s(self, m: Mapping, stash_cap: int | None = None, layer_nets: tuple | None = None) -> float:
+        """:meth:`lower_bound_s` on ``m``'s own TP group (``stash_cap``, ``layer_nets``: as there)
+        plus the token all-to-alls exposed on its own ep group (MoE): before ZeRO-2's exposed
+        reduce-scatters."""
+        out = self.lower_bound_s(m, tp_groups=(m.group("tp"),), stash_cap=stash_cap, layer_nets=layer_nets)
         if self.num_experts > 1 and m.ep > 1:
             ep_stage_s = self.num_moe_layers * self._ep_exposed_floor_s(m) / m.pp
             out += (m.num_micro_batches + (m.pp - 1) / m.interleave) * ep_stage_s
-            out -= self.offload_ep_overlap_s(m, ep_stage_s, (m.group("tp"),), stash_cap)
+            out -= self.offload_ep_overlap_s(m, ep_stage_s, (m.group("tp"),), stash_cap, layer_nets)
         return out * (1 - 1e-12)
 
     def _with_zero2_floor_s(self, m: Mapping, bound_s: float) -> float:
@@ -829,7 +857,8 @@ class LLMModel:
             ep_s *= moe_terms.with_unpaired(moe_terms.a2a_sm_fraction(), pp=m.pp, num_micro_batches=m.num_micro_batches)
         return ep_s
 
-    def lower_bound_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None) -> float:
+    def lower_bound_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None,
+                      layer_nets: tuple | None = None) -> float:
         """Valid lower bound on ``evaluate(m).iteration_time_s``.
 
         Each chip does at least 1/tp of the compute floor of its stage, and a stage at least
@@ -838,27 +867,31 @@ class LLMModel:
         with the fewest parameters a chip can hold. ``tp_groups``: the TP groups the forced TP
         collectives may run on (default: every one a placement of the degrees gives).
         ``stash_cap`` (dataflow chips): at most this many layers keep their stash in SRAM
-        (:meth:`stash_cap`)."""
-        avg_stage_s = self._mean_stage_floor_s(m, tp_groups, stash_cap)
+        (:meth:`stash_cap`); ``layer_nets`` (dataflow chips, ``tp_groups`` m's own group): the
+        layer's own network seconds (:meth:`layer_nets_s`)."""
+        avg_stage_s = self._mean_stage_floor_s(m, tp_groups, stash_cap, layer_nets)
         pipeline_s = (m.num_micro_batches + (m.pp - 1) / m.interleave) * avg_stage_s + self.p2p_floor_s(m)
         return pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))
 
-    def _mean_stage_floor_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None) -> float:
+    def _mean_stage_floor_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None,
+                            layer_nets: tuple | None = None) -> float:
         """Least mean stage time per micro-batch (:meth:`lower_bound_s`): compute, per-kernel
         traffic and forced TP collectives, host transfers, ZeRO-3's gathers, whichever is larger."""
-        return max(self._work_stage_floor_s(m, tp_groups, stash_cap), self.offload_stage_floor_s(m))
+        return max(self._work_stage_floor_s(m, tp_groups, stash_cap, layer_nets), self.offload_stage_floor_s(m))
 
-    def _work_stage_floor_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None) -> float:
+    def _work_stage_floor_s(self, m: Mapping, tp_groups=None, stash_cap: int | None = None,
+                            layer_nets: tuple | None = None) -> float:
         """:meth:`_mean_stage_floor_s` without the host transfers: what a layer's other exposed
         communication (all-to-alls) adds to, and what the transfers hide behind."""
         avg_stage_s = self.compute_floor_s(m.micro_batch, m.recompute) / (m.tp * m.cp * m.pp)
-        kernels_s = self.pass_floor_s(m, tp_groups, stash_cap=stash_cap)  # per-kernel traffic and forced TP collectives (GPUs)
+        kernels_s = self.pass_floor_s(m, tp_groups, stash_cap=stash_cap, layer_nets=layer_nets)  # per-kernel traffic and forced TP collectives (GPUs)
         if kernels_s is not None:
             avg_stage_s = max(avg_stage_s, kernels_s / m.pp)
         # ZeRO-3: every layer's pass takes at least its parameter gathers and gradient reduce-scatter
         return max(avg_stage_s, self.num_layers / m.pp * self.fsdp_layer_floor_s(m))
 
-    def offload_ep_overlap_s(self, m: Mapping, ep_stage_s: float, tp_groups=None, stash_cap: int | None = None) -> float:
+    def offload_ep_overlap_s(self, m: Mapping, ep_stage_s: float, tp_groups=None, stash_cap: int | None = None,
+                             layer_nets: tuple | None = None) -> float:
         """What ``lower_bound_s(m) + (M + (pp - 1) / v) ep_stage_s`` overstates: a layer's host
         transfers hide behind its whole pass, all-to-alls included (:meth:`_with_offload`:
         ``max(t + extras, x)``), so a stage is at least ``max(W + E, X)`` (W: the work floor
@@ -868,7 +901,7 @@ class LLMModel:
         off_s = self.offload_stage_floor_s(m)
         if off_s <= 0.0 or ep_stage_s <= 0.0:
             return 0.0
-        excess_s = off_s - self._work_stage_floor_s(m, tp_groups, stash_cap)
+        excess_s = off_s - self._work_stage_floor_s(m, tp_groups, stash_cap, layer_nets)
         if excess_s <= 0.0:
             return 0.0
         return (m.num_micro_batches + (m.pp - 1) / m.interleave) * min(ep_stage_s, excess_s) * (1 + 1e-12)
@@ -1021,7 +1054,8 @@ class LLMModel:
             memo[key] = tuple(sorted({tuple(pick(p)) for p in places[degrees]}))
         return memo[key]
 
-    def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True, stash_cap: int | None = None) -> float | None:
+    def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True, stash_cap: int | None = None,
+                     layer_nets: tuple | None = None) -> float | None:
         """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
         block on one chip (layers, embedding, head), before any exposed communication of other
         dimensions: each block's :func:`~dfmodel.inter_chip.block_floor.block_floor` (per-kernel
@@ -1032,7 +1066,8 @@ class LLMModel:
         the DRAM traffic no partition plan avoids: weights, block inputs and outputs)."""
         if self.system.chip.execution == "dataflow":
             groups = (self._tp_groups(m) if tp_groups is None else tp_groups) if comm and m.tp > 1 else None
-            return dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups, stash_cap)
+            return dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups, stash_cap,
+                                               layer_nets if groups else None)
         ub = m.tp_comm_overlap and m.tp > 1
         key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
         memo = self.__dict__.setdefault("_pass_floor_memo", {})
