@@ -55,6 +55,7 @@ from dfmodel.inter_chip.layout_floor import least_share_graph
 from dfmodel.inter_chip.memory import in_flight_micro_batches
 from dfmodel.inter_chip.sharding import is_weight_gradient
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S
+from dfmodel.intra_chip.stream_floor import StreamFloor, stream_floor
 from dfmodel.system.processor import achieved_rate_Fps, memory_time_s
 from dfmodel.system.schema import System
 
@@ -74,6 +75,8 @@ class PhaseFloor:
     plan: PlanFloor | None = None
     tp: int = 1
     sram_bytes: float | None = None  # the chip's (the plan floor's options must fit it: fused_floor)
+    # re-reads of weights / accumulators too large for the SRAM (intra_chip.stream_floor), or None
+    stream: StreamFloor | None = None
 
     def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool, network_s: float = 0.0,
                hidden: bool = False) -> float:
@@ -86,6 +89,8 @@ class PhaseFloor:
             return 0.0
         c = k * self.compute_s
         m = (k * self.act_bytes + self.fixed_bytes) * s_per_byte
+        if self.stream is not None and self.sram_bytes is not None:  # (added to every plan's DRAM bytes)
+            m += self.stream.extra_bytes(k, self.tp, self.sram_bytes) * s_per_byte
         busy = max(c, m) if overlap else c + m
         if self.plan is not None:  # sum_p max(c_p, m_p) over the best relaxed plan, its partitions
             busy = max(busy, self.plan.best_s(k, s_per_byte, overlap, self.tp, self.sram_bytes) / self.tp)
@@ -217,7 +222,7 @@ def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int,
         else:
             act += b
     return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count, plan_floor(graph, system, names, stash_free), tp,
-                      float(chip.sram_bytes))
+                      float(chip.sram_bytes), stream_floor(graph, names, stash_free))
 
 
 def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core) -> DataflowBlockFloor:
