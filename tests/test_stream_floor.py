@@ -31,7 +31,8 @@ def _system(sram_mib: int):
 
 def _layer(seed: int, n: int) -> DataflowGraph:
     """``n`` forward matmuls with weights, their backward (data grad) and wgrad kernels (the
-    wgrad's dW leaves as a graph output: an accumulator), sizes drawn from ``seed``."""
+    wgrad's dW leaves as a graph output: an accumulator; half the wgrads read the weight too, as
+    DeepSeek-V3's expert wgrads do), sizes drawn from ``seed``."""
     rng = random.Random(seed)
     mm = lambda name, phase, w=0.0, weight=None: Kernel(  # noqa: E731
         name, KernelKind.matmul, {"m": 1024, "n": 512, "k": 512}, flop=rng.choice([1e8, 1e9]),
@@ -40,7 +41,7 @@ def _layer(seed: int, n: int) -> DataflowGraph:
     for i in range(n):
         w = rng.choice([4, 24, 48]) * MB
         ks += [mm(f"f{i}", Phase.forward, w, f"W{i}"), mm(f"b{i}", Phase.backward, w, f"W{i}"),
-               mm(f"w{i}", Phase.weight_grad)]
+               mm(f"w{i}", Phase.weight_grad, w if rng.random() < 0.5 else 0.0, f"W{i}")]
         act = rng.choice([1, 32]) * MB
         ts.append(Tensor(f"a{i}", f"f{i}", f"f{i + 1}" if i + 1 < n else None, act))
         ts.append(Tensor(f"a{i}", f"f{i}", f"w{i + 1}" if i + 1 < n else None, act))  # the stash

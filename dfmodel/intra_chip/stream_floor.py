@@ -17,8 +17,12 @@ only when ``f X(S) + F(S) <= SRAM`` and streamed only when ``f X(S) + phi F(S) <
   from 1: ``cost.tile_fractions``), and re-reads each item ``j`` of ``Q(S)`` (a weight ``k``
   reads, an accumulator ``k`` produces) ``1/f - 1 >= 1/f_k - 1`` times.
 
-Each item is charged once, at the least ``1/f_k - 1`` over the kernels of the phase that touch
-it (0 for a kernel that may run resident), so the sum is at most the plan's streaming bytes.
+Each item is charged once, at the largest ``1/f_k - 1`` over the kernels of the phase that touch
+it (0 for a kernel that may run resident): the partition holding that kernel re-reads it at least
+so often, so the sum is at most the plan's streaming bytes. (DeepSeek-V3's MoE backward at TP 8,
+EP 64 on SN30, micro-batch 12: ``wgrad.fc1``'s 940 MB of accumulators and the 470 MB ``fc1``
+weight it reads exceed the 640 MB SRAM; it streams at ``f = 1/4`` and re-reads 4.23 GB, the
+floor's charge exactly.)
 Built on the *unsharded* phase at one micro-batch, as :mod:`dfmodel.inter_chip.dataflow_floor`
 builds its floors: a sharded chip holds at least ``1/tp`` of every byte (``strategies.local_fraction``)
 and the row-scaled bytes grow at least ``k``-fold with the micro-batch, so with ``F_k / tp``,
@@ -49,7 +53,7 @@ class StreamFloor:
         """Least streaming re-reads (bytes per chip) of any plan of the phase at ``micro_batch``
         on a chip of ``sram_bytes`` holding ``1/tp`` of it (module docstring)."""
         factors = [_reread_factor(f / tp, micro_batch * x / tp, sram_bytes) for f, x in self.kernels]
-        return sum(q / tp * min(factors[i] for i in who) for q, who in self.items)
+        return sum(q / tp * max(factors[i] for i in who) for q, who in self.items)
 
 
 def _reread_factor(fixed_bytes: float, scaled_bytes: float, sram_bytes: float) -> float:
