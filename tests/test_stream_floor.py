@@ -97,3 +97,35 @@ def test_floor_tighter_than_without_streaming():
         closed = dataclasses.replace(fl.bwd_dram, plan=None)
         raised += fl.phase_s(closed, 1) > fl.phase_s(dataclasses.replace(closed, stream=None), 1) * (1 + 1e-6)
     assert raised >= 2
+
+
+@pytest.mark.parametrize("sram", ["40 MiB"])
+@pytest.mark.parametrize("knobs", [dict(micro_batch=1, recompute="selective")])
+def test_moe_bounds_below_every_evaluation_on_a_dataflow_chip(sram, knobs):
+    """Exhaustive oracle on a small MoE model on a dataflow chip: the group bound (with the
+    stream floor), the pre-solve bound (every block at its intra-chip floor, LLMModel.
+    _floor_blocks_bound_s) and the refined bound stay below every mapping's evaluation, and the
+    pre-solve bound is above the group bound somewhere."""
+    from dfmodel import load_workload
+    from dfmodel.errors import InfeasibleError
+    from dfmodel.inter_chip.config import Knobs
+    from dfmodel.inter_chip.llm import LLMModel
+    from dfmodel.inter_chip.llm_space import LLMSpace
+    from test_moe_physics import moe_workload
+
+    s = small_system(4, 2)
+    s["chip"].update(execution="dataflow", overlap=True, sram_bytes=sram)
+    model = LLMModel(load_workload(moe_workload(first_dense_layers=1)), load_system(s))
+    tighter = checked = 0
+    for m in LLMSpace(model, Knobs(**knobs)):
+        pre, lb = model.presolve_bound_s(m), model.lower_bound_s(m)
+        try:
+            ev = model.evaluate(m)
+        except InfeasibleError:
+            continue
+        t = ev.iteration_time_s
+        assert lb <= t * (1 + 1e-12) and pre <= t * (1 + 1e-12), (m, lb, pre, t)
+        assert model.refined_bound_s(m) <= t * (1 + 1e-12), m
+        tighter += pre > lb * (1 + 1e-9)
+        checked += 1
+    assert checked and tighter
