@@ -673,8 +673,8 @@ class LLMModel:
         floors (:meth:`_floor_block`) instead of their solved times. Valid: the bound grows with
         the blocks' phase times, and each floor is below its solve. On sn30 the TP
         groups across nodes pay their expert collectives in partitions that also stream weights:
-        DeepSeek-V3 TP 8 over nodes, EP 8, micro-batch 6, bound 1721 -> ~4700 s against 5628 s
-        evaluated (the solve: 5-22 CPU s a mapping, the floor ~0.5 s)."""
+        DeepSeek-V3 TP 8 over nodes, EP 8, micro-batch 6, bound 1721 -> 4804 s against 5268 s
+        evaluated (the solve: 5-22 CPU s a mapping, the floors ~0.05 s)."""
         if m.tp_comm_overlap and m.tp > 1:
             return 0.0  # (userbuffers re-time the solved partitions: _userbuffers_s reads them)
         dense = self._floor_block("dense_layer", m) if self.num_dense_layers else None
