@@ -658,7 +658,9 @@ class LLMModel:
         a block solve). None for a dense model (its search is left as it was)."""
         if self.num_experts <= 1:
             return None
-        dataflow = self.system.chip.execution == "dataflow"
+        # (the blocks' floors where weights must stream: 0.05 CPU s a block key, which on WSE-2's
+        # 40 GB SRAM doubled DeepSeek-V3's search for nothing)
+        dataflow = self.system.chip.execution == "dataflow" and dataflow_floor.streams_forced(self, m)
         if m.ep <= 1:
             return self._floor_blocks_bound_s(m) if dataflow else None
         key = (tuple(v for k, v in vars(m).items() if k not in _NOT_IN_PRESOLVE), m.group("tp"), m.group("ep"))
