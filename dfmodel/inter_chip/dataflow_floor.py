@@ -348,8 +348,8 @@ __all__ += ["pass_floor_s", "streams_forced"]
 
 def streams_forced(model, m) -> bool:
     """Whether a phase of ``m``'s MoE layer must stream some weights or accumulators on this
-    dataflow chip (its floor's :class:`~dfmodel.intra_chip.stream_floor.StreamFloor` charges
-    re-reads at ``m``'s micro-batch): where the closed form misses the partitions' structure
+    dataflow chip (:meth:`~dfmodel.intra_chip.stream_floor.StreamFloor.must_stream` at ``m``'s
+    TP degree): where the closed form misses the partitions' structure
     (``LLMModel._floor_blocks_bound_s`` is worth its cost). Reads the floors :func:`pass_floor_s`
     builds for ``m``'s degrees."""
     key = ("layer", m.tp, m.cp, m.ep_outside_tp)
@@ -359,6 +359,5 @@ def streams_forced(model, m) -> bool:
     if fl is None:
         return False
     sram = float(model.system.chip.sram_bytes)
-    return any(ph is not None and ph.stream is not None and ph.stream.extra_bytes(m.micro_batch, fl.fwd.tp, sram) > 0
+    return any(ph is not None and ph.stream is not None and ph.stream.must_stream(fl.fwd.tp, sram)
                for ph in (fl.fwd_dram, fl.bwd_dram))
-

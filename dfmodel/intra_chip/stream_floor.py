@@ -61,6 +61,12 @@ class StreamFloor:
         return self._memo[key]
 
 
+    def must_stream(self, tp: int, sram_bytes: float) -> bool:
+        """Whether some kernel's weights and accumulators alone exceed the SRAM (its partition
+        streams them, at whatever tile: the re-reads may still be 0 at ``f = 1``)."""
+        return any(f / tp > sram_bytes for f, _ in self.kernels)
+
+
 def _reread_factor(fixed_bytes: float, scaled_bytes: float, sram_bytes: float) -> float:
     """``1/f_k - 1`` for a kernel no resident option fits (0 when one may, or none fits at all:
     the phase then has no plan, and 0 is still a floor)."""
