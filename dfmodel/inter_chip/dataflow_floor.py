@@ -55,6 +55,7 @@ from dfmodel.inter_chip.layout_floor import least_share_graph
 from dfmodel.inter_chip.memory import in_flight_micro_batches
 from dfmodel.inter_chip.sharding import is_weight_gradient
 from dfmodel.intra_chip.cost import DEFAULT_TILE_OVERHEAD_S
+from dfmodel.intra_chip.stream_floor import StreamFloor, stream_floor
 from dfmodel.system.processor import achieved_rate_Fps, memory_time_s
 from dfmodel.system.schema import System
 
@@ -74,6 +75,8 @@ class PhaseFloor:
     plan: PlanFloor | None = None
     tp: int = 1
     sram_bytes: float | None = None  # the chip's (the plan floor's options must fit it: fused_floor)
+    # re-reads of weights / accumulators too large for the SRAM (intra_chip.stream_floor), or None
+    stream: StreamFloor | None = None
     _busy_memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # (replace() starts a new one)
 
     def time_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool, network_s: float = 0.0,
@@ -97,6 +100,8 @@ class PhaseFloor:
         if hit is None:
             c = k * self.compute_s
             m = (k * self.act_bytes + self.fixed_bytes) * s_per_byte
+            if self.stream is not None and self.sram_bytes is not None:  # (added to every plan's DRAM bytes)
+                m += self.stream.extra_bytes(k, self.tp, self.sram_bytes) * s_per_byte
             busy = max(c, m) if overlap else c + m
             if self.plan is not None:  # sum_p max(c_p, m_p) over the best relaxed plan, its partitions
                 busy = max(busy, self.plan.best_s(k, s_per_byte, overlap, self.tp, self.sram_bytes) / self.tp)
@@ -259,7 +264,7 @@ def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int,
         else:
             act += b
     return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count, plan_floor(graph, system, names, stash_free), tp,
-                      float(chip.sram_bytes))
+                      float(chip.sram_bytes), stream_floor(graph, names, stash_free))
 
 
 def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core) -> DataflowBlockFloor:
@@ -399,4 +404,21 @@ def _block_floor_of(graph: DataflowGraph, system: System, tp: int, sp: bool, den
     return dataflow_block_floor(graph, system, tp, is_core)
 
 
-__all__ += ["pass_floor_s"]
+__all__ += ["pass_floor_s", "streams_forced"]
+
+
+def streams_forced(model, m) -> bool:
+    """Whether a phase of ``m``'s MoE layer must stream some weights or accumulators on this
+    dataflow chip (:meth:`~dfmodel.intra_chip.stream_floor.StreamFloor.must_stream` at ``m``'s
+    TP degree): where the closed form misses the partitions' structure
+    (``LLMModel._floor_blocks_bound_s`` is worth its cost). Reads the floors :func:`pass_floor_s`
+    builds for ``m``'s degrees."""
+    key = ("layer", m.tp, m.cp, m.ep_outside_tp)
+    if key not in model.__dict__.get("_dataflow_block_floors", {}):
+        model.pass_floor_s(m, comm=False)  # (builds them, memoised)
+    fl = model.__dict__.get("_dataflow_block_floors", {}).get(key)
+    if fl is None:
+        return False
+    sram = float(model.system.chip.sram_bytes)
+    return any(ph is not None and ph.stream is not None and ph.stream.must_stream(fl.fwd.tp, sram)
+               for ph in (fl.fwd_dram, fl.bwd_dram))

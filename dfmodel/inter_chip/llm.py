@@ -37,6 +37,7 @@ from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs, stash_te
 from dfmodel.inter_chip.onchip_stash import layer_times as stash_layer_times
 from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
 from dfmodel.intra_chip import partition
+from dfmodel.intra_chip.api import floor_time_s
 from dfmodel.netmodels import CostTable, merge_groups, nccl
 from dfmodel.graph.builders.llm import FP8_CAST_EXTRA_BYTES
 from dfmodel.system.processor import (achieved_rate_Fps, compute_time_s, fp8_operand_prep_s, graph_launched,
@@ -683,8 +684,14 @@ class LLMModel:
         :meth:`_presolve_pipeline_s` (ZeRO-3 collectives, plain 1F1B's last stage). The search asks it of a
         mapping once, before solving its blocks (a TP group across slow links then never pays
         a block solve). None for a dense model (its search is left as it was)."""
-        if self.num_experts <= 1 or (m.ep <= 1 and m.zero_stage != 3):
-            return None  # (ep 1: only ZeRO-3's expert gathers are its own, _moe_fsdp_floor_s)
+        if self.num_experts <= 1:
+            return None
+        # (the blocks' floors where weights must stream: 0.05 CPU s a block key, which on WSE-2's
+        # 40 GB SRAM doubled DeepSeek-V3's search for nothing)
+        dataflow = self.system.chip.execution == "dataflow" and dataflow_floor.streams_forced(self, m)
+        if m.ep <= 1 and (dataflow or m.zero_stage != 3):
+            # (ep 1 on GPUs: only ZeRO-3's expert gathers are its own, _moe_fsdp_floor_s)
+            return self._floor_blocks_bound_s(m) if dataflow else None
         key = (tuple(v for k, v in vars(m).items() if k not in _NOT_IN_PRESOLVE), m.group("tp"), m.group("ep"))
         if m.zero_stage == 3:  # (the ZeRO-3 floor reads the dp x cp and expert data-parallel groups, and prefetch)
             key += (m.group("dp"), m.group("cp"), m.overlap_param_gather)
@@ -692,7 +699,60 @@ class LLMModel:
         if key not in memo:
             # (where it applies it holds the own-group bound's terms: that one is not needed then)
             memo[key] = self._presolve_pipeline_s(m) or self._own_groups_bound_s(m)
-        return self._with_zero2_floor_s(m, memo[key])
+        out = self._with_zero2_floor_s(m, memo[key])
+        return max(out, self._floor_blocks_bound_s(m)) if dataflow else out
+
+    def _floor_blocks_bound_s(self, m: Mapping) -> float:
+        """Dataflow chips: :meth:`refined_bound_s` with every block's phases at their intra-chip
+        floors (:meth:`_floor_block`) instead of their solved times. Valid: the bound grows with
+        the blocks' phase times, and each floor is below its solve. On sn30 the TP
+        groups across nodes pay their expert collectives in partitions that also stream weights:
+        DeepSeek-V3 TP 8 over nodes, EP 8, micro-batch 6, bound 1721 -> 4804 s against 5268 s
+        evaluated (the solve: 5-22 CPU s a mapping, the floors ~0.05 s)."""
+        if m.tp_comm_overlap and m.tp > 1:
+            return 0.0  # (userbuffers re-time the solved partitions: _userbuffers_s reads them)
+        dense = self._floor_block("dense_layer", m) if self.num_dense_layers else None
+        return self._bound_from_blocks(m, self._floor_block("layer", m), self._floor_block("embedding", m),
+                                       self._floor_block("head", m), dense)
+
+    def _floor_block(self, which: str, m: Mapping) -> BlockTimes | None:
+        """Block ``which`` of ``m`` as :meth:`block` would solve it, each phase timed by
+        :func:`~dfmodel.intra_chip.api.floor_time_s` (its solve's time where solved already); the
+        (MoE) layer's on-chip stash variant at 0 s with no SRAM beyond the stash (so at most as
+        many layers keep it as the solved one allows, each saving at most its whole floor). None
+        when the model has no such block. Memoised per block key; the sharding is
+        :meth:`_shard_block`'s, which the later solve reuses."""
+        key = self._block_key(which, m)
+        memo = self.__dict__.setdefault("_floor_block_memo", {})
+        if key in memo:
+            return memo[key]
+        layer = which == "layer"
+        graph = getattr(self.graphs(m.micro_batch, m.cp, m.ep_outside_tp if layer else 1), which)
+        if graph is None:
+            memo[key] = None
+            return None
+        whole = m.whole_experts and m.tp > 1 and layer
+        sharded = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole)
+        g, net = sharded.graph, sharded.network_time_s
+        fwd = [k.name for k in g.kernels if k.phase == Phase.forward]
+        bwd = [k.name for k in g.kernels if k.phase != Phase.forward]
+        core = [k.name for k in g.kernels if _is_attention_core(k)] if m.recompute == "selective" else []
+
+        def floor(names) -> PhaseTime:
+            phase_net = {n: net[n] for n in names if n in net}
+            pkey = (g.subgraph_key(names), tuple(phase_net.items()))
+            solved = self._phases.get(pkey)
+            t = solved.time_s if solved is not None else (
+                floor_time_s(g.subgraph(names), self.system, network_time_s=phase_net) if names else 0.0)
+            return PhaseTime(t, dict.fromkeys(COMPONENTS, 0.0), [], False, 1.0)
+
+        onchip = None
+        if layer and fwd and bwd:
+            stash = sum(stash_tensors(g, set(fwd), set(bwd)).values())
+            if stash <= float(self.system.chip.sram_bytes):
+                onchip = OnChipStash(stash, 0.0, 0.0, 0.0)
+        memo[key] = BlockTimes(sharded, floor(fwd), floor(bwd), floor(core), None, onchip)
+        return memo[key]
 
     def _presolve_pipeline_s(self, m: Mapping) -> float:
         """A GPU MoE mapping's pipeline bound before any block is solved, on its own TP, dp x cp

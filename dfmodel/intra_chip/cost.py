@@ -317,43 +317,52 @@ class CostModel:
         def per_kernel(values):  # S @ values; einsum avoids BLAS threads, ~10x faster on these shapes, and
             return np.einsum("ij,j->i", S, values)  # reads the booleans as they are (no float copy of S)
 
-        mem = per_kernel(self.extra_bytes)
-        stream = 2.0 * per_kernel(self.accumulator_bytes)  # Q: re-read per extra streamed row tile
-        sram_scaled = np.zeros(m)  # bytes at tile fraction 1 that shrink with the tile
-        sram_fixed = np.zeros(m)  # bytes that do not (weights, weight-gradient accumulators)
-        touched = np.zeros(m)  # row-scaled bytes touched: sram_scaled >= touched, monotone
         none = np.zeros(m, dtype=bool)
+        # out[target] += value * where, gathered as integer counts per (target, value) and
+        # multiplied once: a layer's tensors share a few byte sizes (22 for DeepSeek-V3's MoE
+        # backward's 64 tensors), and a uint16 count costs a quarter of a float multiply-add
+        counts: dict[tuple[str, float], np.ndarray] = {}
 
-        def add(arr, value, where):  # arr[where] += value (a multiply beats masked/fancy indexing)
-            arr += value * where
+        def add(target: str, value: float, where: np.ndarray) -> None:
+            c = counts.get((target, value))
+            if c is None:
+                counts[(target, value)] = where.astype(np.uint16)
+            else:
+                c += where
 
         for t in self.tensors:
             enters, leaves, internal, touched_by = tensor_boundary(S, t, none)
             crossing = enters | leaves  # exclusive: enter needs the producer outside, leave inside
-            add(mem, t.bytes, crossing)
-            if t.row_scaled:
-                add(sram_scaled, t.bytes, internal)
-                add(sram_scaled, 2.0 * t.bytes, crossing)
-                add(touched, t.bytes, touched_by)
-            else:
-                add(sram_fixed, t.bytes, touched_by)
+            add("memory_bytes", t.bytes, crossing)
+            if t.row_scaled:  # (SRAM at tile fraction 1 that shrinks with the tile; touched: <= it, monotone)
+                add("sram_scaled", t.bytes, internal)
+                add("sram_scaled", 2.0 * t.bytes, crossing)
+                add("sram_touched", t.bytes, touched_by)
+            else:  # (SRAM that does not shrink: weights, weight-gradient accumulators)
+                add("sram_fixed", t.bytes, touched_by)
         for w in self.weights:
             used = none
             for k in w.kernels:
                 used = used | S[:, k]
-            add(mem, w.bytes, used)
-            add(sram_fixed, w.bytes, used)
-            add(stream, w.bytes, used)
+            add("memory_bytes", w.bytes, used)
+            add("sram_fixed", w.bytes, used)
+            add("stream_bytes", w.bytes, used)
+        out = {"memory_bytes": per_kernel(self.extra_bytes),
+               "stream_bytes": 2.0 * per_kernel(self.accumulator_bytes),  # Q: re-read per extra streamed row tile
+               "sram_scaled": np.zeros(m), "sram_fixed": np.zeros(m), "sram_touched": np.zeros(m)}
+        for (target, value), c in counts.items():
+            out[target] += value * c
+        mem = out["memory_bytes"]
         return {
             "count": S.sum(axis=1),
             "compute_s": per_kernel(self.compute_s),
             "network_s": per_kernel(self.network_s),
             "memory_bytes": mem,
             "memory_s": mem * self.s_per_byte,
-            "sram_scaled": sram_scaled,
-            "sram_fixed": sram_fixed,
-            "sram_touched": touched,
-            "stream_bytes": stream,
+            "sram_scaled": out["sram_scaled"],
+            "sram_fixed": out["sram_fixed"],
+            "sram_touched": out["sram_touched"],
+            "stream_bytes": out["stream_bytes"],
         }
 
     def live_bytes(self, I: np.ndarray, J: np.ndarray) -> np.ndarray:
