@@ -75,15 +75,17 @@ def most_specific_error(errors: list[dict]) -> dict:
     """
     first = errors[0]
     loc = tuple(first["loc"])
-    cut = next((i for i, item in enumerate(loc) if _is_tag(item)), None)
-    if cut is None:
-        return first
-    siblings = [first] + [
-        e for e in errors[1:]
-        if len(e["loc"]) > cut and tuple(e["loc"][:cut]) == loc[:cut]
-        and _is_tag(e["loc"][cut]) and e["loc"][cut] != loc[cut]
-    ]
-    return max(siblings, key=lambda e: len(field_path(tuple(e["loc"])).split(".")))
+    # the innermost union the first error is a branch of (a workload's ``kind`` union is outer:
+    # ``training.userbuffers_sms``'s literal-or-dict union sits inside its LLMWorkload branch)
+    for cut in reversed([i for i, item in enumerate(loc) if _is_tag(item)]):
+        siblings = [first] + [
+            e for e in errors[1:]
+            if len(e["loc"]) > cut and tuple(e["loc"][:cut]) == loc[:cut]
+            and _is_tag(e["loc"][cut]) and e["loc"][cut] != loc[cut]
+        ]
+        if len(siblings) > 1:
+            return max(siblings, key=lambda e: len(field_path(tuple(e["loc"])).split(".")))
+    return first
 
 
 def validation_message(err: dict) -> str:

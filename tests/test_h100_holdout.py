@@ -155,3 +155,20 @@ def test_no_amax_allreduce_without_delayed_scaling_or_with_cuda_graphs(monkeypat
                                           ("cp", ()), ("ep", ())))
     layer = model.block("layer", 1, 2, m.group("tp"), False, 1, 1, whole_experts=False)
     assert model._amax_reduce_s(m, layer) == (0.0, 0.0)  # ... and 0 for these runs
+
+
+def test_a_bad_userbuffers_exchange_names_the_key_and_the_allowed_ones(tmp_path):
+    """The union 'te_default' | {exchange: SMs} sits inside the workload's kind union: the error
+    reports the dict branch's bad key, not "should be 'te_default'"."""
+    from dfmodel.errors import InputError
+    from dfmodel.graph.workload import load_workload
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("kind: llm\nname: bad\nmodel: {hidden: 1024, num_heads: 16, num_layers: 4, seq_len: 1024, "
+                    "vocab_size: 32000}\ntraining:\n  global_batch: 8\n  precision: bf16\n"
+                    "  userbuffers_sms: {fc3_fprop: 4}\n")
+    with pytest.raises(InputError) as err:
+        load_workload(path)
+    text = str(err.value)
+    assert "training.userbuffers_sms.fc3_fprop" in text and "'fc1_wgrad'" in text
+    assert "te_default" not in text and "\n" not in text
