@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from dfmodel import load_system, load_workload, optimize
-from dfmodel.errors import InputError
+from dfmodel.errors import InfeasibleError, InputError
 from dfmodel.graph.build import build_graphs
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip.config import DIM_NAMES, Knobs, Mapping
@@ -245,7 +245,7 @@ def test_fsdp_per_layer_traffic_closed_form():
 
 def test_zero3_fits_where_stage1_does_not():
     tight = small_system(4, 2, capacity="0.5 GiB")
-    with pytest.raises(Exception):
+    with pytest.raises(InfeasibleError, match="no mapping fits in memory"):
         optimize(SMALL_LLM, tight, zero=1, tp=1, pp=1, recompute="full")
     r = optimize(SMALL_LLM, tight, zero=3, tp=1, pp=1, recompute="full")
     assert r.parallelism.zero_stage == 3

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from dfmodel.cli_format import fmt_bytes
 from dfmodel.graph.fp8 import recipe_cost
 from dfmodel.inter_chip.pipeline import warmup_forwards
 
@@ -406,7 +407,7 @@ class MemoryBreakdown:
         """One line for an infeasibility message: what is needed, by kind, against capacity.
 
         >>> MemoryBreakdown(2**30, 2**30, 0, 3 * 2**30, 4 * 2**30).summary()
-        'needs 5.0 GiB per chip (weights 1.0, gradients 1.0, activations 3.0), a chip has 4.0 GiB, short by 1.0 GiB'
+        'needs 5.0 GiB per chip (weights 1.0, gradients 1.0, activations 3.0), a chip has 4.0 GiB, short by 1 GiB'
         """
         g = 2.0**30
         parts = [
@@ -416,7 +417,7 @@ class MemoryBreakdown:
         ]
         s = (f"needs {self.total_bytes / g:.1f} GiB per chip ({', '.join(parts) or 'nothing'}), "
              f"a chip has {self.capacity_bytes / g:.1f} GiB")
-        s += f", short by {self.shortfall_bytes / g:.1f} GiB" if self.shortfall_bytes > 0 else ""
+        s += f", short by {fmt_bytes(self.shortfall_bytes)}" if self.shortfall_bytes > 0 else ""
         if not self.host_fits:
             s += (f"; offloaded state needs {self.host_bytes / g:.1f} GiB of host memory per chip, its share "
                   f"of the host is {self.host_capacity_bytes / g:.1f} GiB")

@@ -20,6 +20,7 @@ import time
 from functools import partial
 from dataclasses import dataclass, field
 
+from dfmodel.cli_format import fmt_bytes
 from dfmodel.errors import InfeasibleError, TimeLimitError
 # the LLM mapping space lives in llm_space; re-exported here for existing imports
 from dfmodel.inter_chip.llm_space import degree_triples, llm_candidates, validate_knobs  # noqa: F401
@@ -391,9 +392,9 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             raise InfeasibleError(f"no mapping fits: {inner_failure}")
         if smallest_floor is not None:
             raise InfeasibleError(
-                f"no mapping fits in memory: even the leanest needs at least {smallest_floor / 2**30:.1f} GiB "
-                f"per chip but a chip has {capacity / 2**30:.1f} GiB, short by "
-                f"{(smallest_floor - capacity) / 2**30:.1f} GiB{_host_note(candidates)}"
+                f"no mapping fits in memory: even the leanest needs at least {fmt_bytes(smallest_floor)} "
+                f"per chip but a chip has {fmt_bytes(capacity)}, short by "
+                f"{fmt_bytes(smallest_floor - capacity)}{_host_note(candidates)}"
             )
         if _host_note(candidates):
             raise InfeasibleError(f"no mapping fits in memory{_host_note(candidates)}")
@@ -408,7 +409,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             f"(weights {mem.weights_bytes / 2**30:.1f}, gradients {mem.gradients_bytes / 2**30:.1f}, "
             f"optimizer {mem.optimizer_bytes / 2**30:.1f}, activations {mem.activations_bytes / 2**30:.1f}) "
             f"but a chip has {mem.capacity_bytes / 2**30:.1f} GiB, short by "
-            f"{(mem.total_bytes - mem.capacity_bytes) / 2**30:.1f} GiB"
+            f"{fmt_bytes(mem.total_bytes - mem.capacity_bytes)}"
         )
     global_bound = getattr(model, "global_lower_bound_s", None)
     _close(stats, best, queue if not enumeration_cut else heap, unproven_bound,
