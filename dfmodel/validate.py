@@ -474,8 +474,8 @@ def prediction_range(w: dict | list[dict], system: Any, n: int, knobs: dict[str,
 
 def describe(parallelism) -> str:
     p = parallelism
-    return (f"TP{p.tp} PP{p.pp} DP{p.dp} mb{p.micro_batch} v{p.interleave} {p.recompute}"
-            f"{' SP' if p.sequence_parallel else ''}"
+    return (f"TP{p.tp} PP{p.pp}{f' CP{p.cp}' if getattr(p, 'cp', 1) > 1 else ''} DP{p.dp} mb{p.micro_batch}"
+            f" v{p.interleave} {p.recompute}{' SP' if p.sequence_parallel else ''}"
             f"{f' EP{p.ep}' if getattr(p, 'ep', 1) > 1 else ''}"
             f"{' ETP1' if getattr(p, 'etp', 0) == 1 and p.tp > 1 else ''}"
             f"{' a2a-overlap' if getattr(p, 'overlap_moe_expert_parallel_comm', False) else ''}")

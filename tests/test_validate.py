@@ -142,3 +142,14 @@ def test_published_precision_spellings_and_framework_defaults(tmp_path, source, 
     assert t["precision"] == ("fp8" if "fp8" in precision.lower() else "bf16")
     assert t.get("fp8", {}).get("recipe") == recipe
     assert t.get("grad_reduce") == grad
+
+
+def test_describe_names_every_degree_that_multiplies_the_chips():
+    """A validation row's mapping shows CP and EP: TP x PP x CP x DP must be the case's chip count."""
+    from types import SimpleNamespace
+
+    from dfmodel.validate import describe
+    p = SimpleNamespace(tp=4, pp=1, cp=2, dp=8, ep=8, etp=0, micro_batch=1, interleave=1, recompute="none",
+                        sequence_parallel=True, overlap_moe_expert_parallel_comm=False)
+    assert describe(p) == "TP4 PP1 CP2 DP8 mb1 v1 none SP EP8"
+    assert "CP" not in describe(SimpleNamespace(**{**vars(p), "cp": 1}))
