@@ -16,7 +16,7 @@ from dfmodel import load_system, load_workload
 from dfmodel.inter_chip import offload as off
 from dfmodel.inter_chip.config import Knobs
 from dfmodel.inter_chip.llm import LLMModel
-from dfmodel.inter_chip.llm_space import LLMSpace, llm_candidates
+from dfmodel.inter_chip.llm_space import LLMSpace, llm_candidates, mappings_under
 from dfmodel.inter_chip.search import search
 from test_inter_chip import small_system
 from test_moe_physics import moe_workload
@@ -322,3 +322,27 @@ def test_last_stage_floor_of_groups_bounds_every_evaluation_below_them():
             assert bound >= without[key] * (1 - 1e-12)
             raised[key[1]] += bound > without[key] * (1 + 1e-9)
     assert evaluated > 500 and raised[False] > 0 and raised[True] > 0, (evaluated, raised)
+
+
+def test_deferred_group_floors_bound_every_mapping_and_prune_as_before():
+    """Micro-batch and sub groups start with their parent's memory floor and take their own
+    only in their screen: that floor is >= the start, <= the pre-solve screen of every mapping
+    under the group, and a group whose deferred floor does not fit refines to nothing (the
+    search then prunes it for memory, relief included); the search stays exact (above)."""
+    model = _model(capacity="0.1 GiB")  # (between the groups' floors: some fit, some do not)
+    capacity = model.system.chip.memory.capacity_bytes
+    space = LLMSpace(model, Knobs())
+    checked = over = raised = 0
+    for node, _ in inner_groups(space.roots()):
+        if node.screen is None:  # (the degree groups keep their floor up front)
+            continue
+        floor = node.screen()
+        assert floor >= node.floor_bytes * (1 - 1e-12), node.knobs
+        raised += floor > node.floor_bytes * (1 + 1e-9)
+        for m in list(mappings_under(node))[:4]:
+            assert floor <= model.memory_before_blocks(m).total_bytes * (1 + 1e-12), m
+            checked += 1
+        if floor > capacity:
+            over += 1
+            assert node.refine() == 0.0
+    assert checked > 50 and over > 0 and raised > 0, (checked, over, raised)
