@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 
 from dfmodel import load_system, load_workload
+from dfmodel.errors import DFModelError
 from dfmodel.inter_chip import offload as off
 from dfmodel.inter_chip.config import Knobs
 from dfmodel.inter_chip.llm import LLMModel
@@ -184,7 +185,7 @@ def test_evaluate_with_cutoff_reports_exact_memory_of_splits_that_cannot_fit(cap
     for m in (_probes(model, 1) + _probes(model, 2))[::23]:  # (some fit, some do not, at either capacity)
         try:
             full = model.evaluate(m)
-        except Exception as exc:  # noqa: BLE001 (an inner pass without a plan raises the same either way)
+        except DFModelError as exc:  # an inner pass without a plan raises the same either way
             with pytest.raises(type(exc)):
                 model.evaluate(m, cutoff_s=1e9)
             continue
@@ -212,7 +213,7 @@ def test_last_stage_floor_bounds_every_plain_1f1b_evaluation(dense):
             continue
         try:
             ev = model.evaluate(m)
-        except Exception:  # noqa: BLE001 (no plan: nothing to bound)
+        except DFModelError:  # no plan: nothing to bound
             continue
         bound = model.refined_bound_s(m)
         assert bound <= ev.iteration_time_s * (1 + 1e-12), m
@@ -248,7 +249,7 @@ def test_presolve_pipeline_bound_is_below_every_evaluation(dense, mtp):
     for m in (_probes(model, 1) + _probes(model, 2))[::3]:
         try:
             ev = model.evaluate(m)
-        except Exception:  # noqa: BLE001 (no plan: nothing to bound)
+        except DFModelError:  # no plan: nothing to bound
             continue
         pre = model.presolve_bound_s(m)
         if pre is None:
