@@ -61,7 +61,7 @@ _SPLIT = -2  # a root every worker expands, keeping the children whose block key
 #: evaluations take milliseconds (GPUs, and the dataflow cells of thousands of evaluations) the
 #: search's cost is in bounding roots, which splitting would duplicate: measured +5-20% CPU
 #: when every root was split (DeepSeek-V3 on B200 and H100, Llama 3 70B on H100 and dragonfly)
-_SPLIT_EVAL_S = float(os.environ.get("P2_SPLIT_EVAL_S", "0.05"))  # TEMP env (measurement)
+_SPLIT_EVAL_S = 0.05
 #: slots of the shared table of block keys -> owning worker (open addressing; a full table falls
 #: back to the key's hash modulo the workers: still one owner per key, only less balanced)
 _KEY_SLOTS = 1 << 14
