@@ -8,6 +8,12 @@ block solves are cached per process on those knobs and two workers expanding one
 solve the same blocks twice (a first version handed roots to whichever worker reached them
 first: it balanced better but spent ~1.7x the CPU on llama3_70b/dgx_h100). The claim is
 recorded in shared memory so that counts and bounds are merged once.
+When evaluations are costly (block solves of seconds: dataflow chips), one class may hold the
+whole proof (DeepSeek-V3 on SN30: six block solves in class (8, 1, 64)), and dealing by class
+leaves one worker alone with it. A root reached then is *split*: every worker that reaches it
+expands it and keeps the children whose block key -- (tp, cp, ep) and the micro-batch size, which
+every block's cache key holds -- was dealt to it (a shared table, first come, in bound order, to
+the worker with the fewest keys), so block caches still never overlap (:class:`_RootProxy`).
 The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
 best over all of them, so no worker explores what another has already beaten.
 
