@@ -200,12 +200,21 @@ def test_a_worker_stuck_past_the_deadline_is_stopped_and_its_incumbents_kept(mon
     assert r.solver.lower_bound_s <= r.iteration_time_s
 
 
+def _split_all(monkeypatch) -> None:
+    monkeypatch.setattr(ps._Share, "splits", lambda self: True)
+
+
+@pytest.mark.parametrize("mode", ["all", "after-first-evaluation"])
 @pytest.mark.parametrize("workload, system, kw", CASES)
-def test_split_roots_give_the_serial_answer(workload, system, kw, monkeypatch):
-    """Every root split (as when evaluations are costly): each worker expands the roots it
+def test_split_roots_give_the_serial_answer(workload, system, kw, mode, monkeypatch):
+    """Every root split (as when evaluations are costly), or every root reached after the
+    first evaluation (the others settled unsplit): each worker expands the split roots it
     reaches and keeps the micro-batch groups of the block keys dealt to it; the answer, status
     and runners-up are still the serial search's."""
-    monkeypatch.setattr(ps, "_SPLIT_EVAL_S", 0.0)
+    if mode == "all":
+        _split_all(monkeypatch)
+    else:
+        monkeypatch.setattr(ps, "_SPLIT_EVAL_S", 0.0)
     serial = optimize(workload, system, workers=1, **kw)
     par = optimize(workload, system, workers=2, **kw)
     assert _answer(par) == _answer(serial)
@@ -214,7 +223,7 @@ def test_split_roots_give_the_serial_answer(workload, system, kw, monkeypatch):
 def test_split_roots_count_every_mapping_once(monkeypatch):
     """With every root split, a worker counts only its own groups of a root another worker
     expanded: the candidates are the serial search's, all settled, nothing ruled out differently."""
-    monkeypatch.setattr(ps, "_SPLIT_EVAL_S", 0.0)
+    _split_all(monkeypatch)
     w, s = load_workload(SMALL_LLM), load_system(small_system(4, 4, ib_bw="5 GB/s"))
     runs = {}
     for j in (1, 2, 3):
@@ -237,7 +246,7 @@ def test_split_roots_spread_micro_batch_sizes_over_workers(monkeypatch):
     one (tp, cp, ep) class spans both."""
     import multiprocessing
 
-    monkeypatch.setattr(ps, "_SPLIT_EVAL_S", 0.0)
+    _split_all(monkeypatch)
     path = multiprocessing.get_context("fork").Manager().list()
     real = LLMModel.evaluate
 
@@ -273,3 +282,18 @@ def test_block_keys_are_dealt_once_and_in_turn(monkeypatch):
     assert [w0.key_owner(k, deal=False) for k in keys[:3]] == [0, 1, 0]  # the same seen from any worker
     full = w0.key_owner(keys[3], deal=True)
     assert full == (hash(keys[3]) or 1) % 2 == w1.key_owner(keys[3], deal=False)
+
+
+def test_a_root_settled_unsplit_stays_its_homes(monkeypatch):
+    """Worker 1 reaches root 0 (worker 0's) while evaluations look cheap: it drops the root, so
+    the root must stay worker 0's even when evaluations look costly by the time worker 0
+    reaches it (split then, worker 1's share of it would be searched by nobody)."""
+    import multiprocessing
+
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 1, 2)
+    w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
+    monkeypatch.setattr(ps._Share, "splits", lambda self: False)
+    assert w1.decide(0, home=0) == 0
+    monkeypatch.setattr(ps._Share, "splits", lambda self: True)
+    assert w0.decide(0, home=0) == 0
+    assert w0.decide(1, home=0) == ps._SPLIT and w1.decide(1, home=0) == ps._SPLIT

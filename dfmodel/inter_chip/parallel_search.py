@@ -44,7 +44,7 @@ from dfmodel.inter_chip.search import (KnobTables, Progress, SearchStats, _bette
                                        no_incumbent_error)
 from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.parallel import fork_available
-from dfmodel.solvers.deadline import deadline_scope, time_left_s
+from dfmodel.solvers.deadline import deadline_scope, expired, time_left_s
 
 _UNCLAIMED = -1
 _PROGRESS_FIELDS = 7  # candidates, evaluated, pruned, open, best, bound, elapsed
@@ -68,6 +68,8 @@ _SPLIT = -2  # a root every worker expands, keeping the children whose block key
 #: search's cost is in bounding roots, which splitting would duplicate: measured +5-20% CPU
 #: when every root was split (DeepSeek-V3 on B200 and H100, Llama 3 70B on H100 and dragonfly)
 _SPLIT_EVAL_S = 0.05
+#: the longest a worker waits for worker 0's first seed evaluation before deciding a root
+_FIRST_EVAL_WAIT_S = 5.0
 #: slots of the shared table of block keys -> owning worker (open addressing; a full table falls
 #: back to the key's hash modulo the workers: still one owner per key, only less balanced)
 _KEY_SLOTS = 1 << 14
@@ -89,6 +91,7 @@ class _Shared:
         self.dealt = ctx.Array("q", [0] * workers, lock=False)  # keys dealt to each worker
         # each worker's evaluations so far: (CPU seconds, count), read by every worker (_Share.splits)
         self.evals = ctx.Array("d", [0.0] * (2 * workers), lock=False)
+        self.searching = ctx.Value("i", 0, lock=False)  # worker 0 is past its seeds
 
 
 class _Share:
@@ -119,6 +122,8 @@ class _Share:
     def cutoff(self, local: float | None) -> float | None:
         """The ``keep``-th best time over every worker (<= this worker's own), or ``local``."""
         self.started = True
+        if self.me == 0:
+            self.shared.searching.value = 1  # (its seeds are evaluated: _Share.splits)
         with self.shared.tops.get_lock():
             times = sorted(self.shared.tops[:])
         kth = times[self.shared.keep - 1]
@@ -148,24 +153,34 @@ class _Share:
         return run
 
     def splits(self) -> bool:
-        """True when the workers' evaluations so far average :data:`_SPLIT_EVAL_S` or more, or
-        none has finished yet (the first roots: the seeds or the first leaf settle it soon)."""
-        evals = self.shared.evals[:]
+        """True when the workers' evaluations so far average :data:`_SPLIT_EVAL_S` or more. A
+        worker other than 0 that finds none yet waits (at most :data:`_FIRST_EVAL_WAIT_S`) while
+        worker 0 evaluates its seeds (MoE recipe incumbents, before its search): DeepSeek-V3 on
+        SN30 would otherwise settle the roots it reaches first as unsplit, the costly class among
+        them. Without seeds (worker 0 already searching), none yet means unsplit: a dense model on
+        GPUs bounds ~200 roots before its first evaluation, and splitting them all cost 7% CPU."""
+        shared = self.shared
+        t_end = time.perf_counter() + _FIRST_EVAL_WAIT_S
+        while (self.me > 0 and sum(shared.evals[1::2]) == 0 and not shared.searching.value
+               and time.perf_counter() < t_end and not expired()):
+            time.sleep(0.005)
+        evals = shared.evals[:]
         n = sum(evals[1::2])
-        return n == 0 or sum(evals[0::2]) >= _SPLIT_EVAL_S * n
+        return n > 0 and sum(evals[0::2]) >= _SPLIT_EVAL_S * n
 
     def decide(self, i: int, home: int) -> int:
-        """Root ``i``'s owner once this worker reaches it: the first worker to reach it splits it
-        (:data:`_SPLIT`) when its evaluations are costly (:meth:`splits`), else its home claims
-        it (as :meth:`claim`); a decision once made stands for every worker."""
+        """Root ``i``'s owner once a worker reaches it: the first worker to reach it splits it
+        (:data:`_SPLIT`) when evaluations are costly (:meth:`splits`), else gives it to its home
+        (claimed as :meth:`claim` would, even by another worker: a root one worker left unsplit
+        must not be split later, when the first worker has dropped it); a decision once made
+        stands for every worker."""
         owner = self.shared.owner
-        with owner.get_lock():
-            if owner[i] == _UNCLAIMED:
-                if self.splits():
-                    owner[i] = _SPLIT
-                elif home == self.me:
-                    owner[i] = self.me
-            return owner[i]
+        if owner[i] == _UNCLAIMED:
+            split = self.splits()
+            with owner.get_lock():
+                if owner[i] == _UNCLAIMED:
+                    owner[i] = _SPLIT if split else home
+        return owner[i]
 
     def key_owner(self, key: tuple, deal: bool) -> int:
         """The worker that expands the children of split roots with this block key; with ``deal``
