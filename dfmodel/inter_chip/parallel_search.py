@@ -404,8 +404,8 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     procs, conns = [], {}
     for me in range(workers):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s, twin_of,
-                                                        True),
+        p = ctx.Process(target=_worker,
+                        args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s, twin_of, True),
                         daemon=True)
         p.start()
         send.close()
