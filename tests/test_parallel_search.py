@@ -198,3 +198,102 @@ def test_a_worker_stuck_past_the_deadline_is_stopped_and_its_incumbents_kept(mon
     assert r.solver.status == "time_limit" and not r.solver.proven_optimal
     assert r.iteration_time_s > 0 and 0.0 <= r.solver.gap < 1.0
     assert r.solver.lower_bound_s <= r.iteration_time_s
+
+
+def _split_all(monkeypatch) -> None:
+    monkeypatch.setattr(ps._Share, "splits", lambda self: True)
+
+
+@pytest.mark.parametrize("mode", ["all", "after-first-evaluation"])
+@pytest.mark.parametrize("workload, system, kw", CASES)
+def test_split_roots_give_the_serial_answer(workload, system, kw, mode, monkeypatch):
+    """Every root split (as when evaluations are costly), or every root reached after the
+    first evaluation (the others settled unsplit): each worker expands the split roots it
+    reaches and keeps the micro-batch groups of the block keys dealt to it; the answer, status
+    and runners-up are still the serial search's."""
+    if mode == "all":
+        _split_all(monkeypatch)
+    else:
+        monkeypatch.setattr(ps, "_SPLIT_EVAL_S", 0.0)
+    serial = optimize(workload, system, workers=1, **kw)
+    par = optimize(workload, system, workers=2, **kw)
+    assert _answer(par) == _answer(serial)
+
+
+def test_split_roots_count_every_mapping_once(monkeypatch):
+    """With every root split, a worker counts only its own groups of a root another worker
+    expanded: the candidates are the serial search's, all settled, nothing ruled out differently."""
+    _split_all(monkeypatch)
+    w, s = load_workload(SMALL_LLM), load_system(small_system(4, 4, ib_bw="5 GB/s"))
+    runs = {}
+    for j in (1, 2, 3):
+        model = LLMModel(w, s)
+        with search_options(alternatives=5, parallel=None if j == 1 else partial(ps.parallel_search, workers=j)):
+            runs[j] = search(PlacementFreeBounds(model), LLMSpace(model, Knobs()))
+    b1, s1 = runs[1]
+    for j in (2, 3):
+        b, st = runs[j]
+        assert (b.mapping, b.iteration_time_s) == (b1.mapping, b1.iteration_time_s)
+        assert [e.mapping for e in st.runners_up] == [e.mapping for e in s1.runners_up]
+        assert st.candidates == s1.candidates
+        assert st.pruned_bound + st.pruned_memory + st.evaluated >= st.candidates
+        assert st.ruled_out == s1.ruled_out
+
+
+def test_split_roots_spread_micro_batch_sizes_over_workers(monkeypatch):
+    """A split root's micro-batch groups go to both workers (the point of splitting), and no
+    block key is expanded by two workers: the keys each worker evaluated are disjoint, while
+    one (tp, cp, ep) class spans both."""
+    import multiprocessing
+
+    _split_all(monkeypatch)
+    path = multiprocessing.get_context("fork").Manager().list()
+    real = LLMModel.evaluate
+
+    def record(self, m, **kw):
+        import os
+        path.append((os.getpid(), m.tp, m.cp, m.ep, m.micro_batch))
+        return real(self, m, **kw)
+
+    monkeypatch.setattr(LLMModel, "evaluate", record)
+    optimize(SMALL_LLM, small_system(4, 4, ib_bw="5 GB/s"), workers=2)
+    by_pid: dict = {}
+    for pid, *key in list(path):
+        by_pid.setdefault(pid, set()).add(tuple(key))
+    assert len(by_pid) == 2, by_pid
+    a, b = by_pid.values()
+    assert not a & b
+    # one (tp, cp, ep) class searched by both workers (dealt by class, it could not be)
+    assert {k[:3] for k in a} & {k[:3] for k in b}
+
+
+def test_block_keys_are_dealt_once_and_in_turn(monkeypatch):
+    """The shared key table: a key's owner never changes, keys go to the worker with the fewest
+    so far, an unknown key is unowned when not dealt, and a full table still gives each key one
+    owner (its hash's)."""
+    import multiprocessing
+
+    monkeypatch.setattr(ps, "_KEY_SLOTS", 3)
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 1, 1)
+    w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
+    keys = [(("tp", 8), ("micro_batch", mb)) for mb in (12, 10, 5, 6)]
+    assert w1.key_owner(keys[0], deal=False) == ps._UNCLAIMED
+    assert [w1.key_owner(k, deal=True) for k in keys[:3]] == [0, 1, 0]
+    assert [w0.key_owner(k, deal=False) for k in keys[:3]] == [0, 1, 0]  # the same seen from any worker
+    full = w0.key_owner(keys[3], deal=True)
+    assert full == (hash(keys[3]) or 1) % 2 == w1.key_owner(keys[3], deal=False)
+
+
+def test_a_root_settled_unsplit_stays_its_homes(monkeypatch):
+    """Worker 1 reaches root 0 (worker 0's) while evaluations look cheap: it drops the root, so
+    the root must stay worker 0's even when evaluations look costly by the time worker 0
+    reaches it (split then, worker 1's share of it would be searched by nobody)."""
+    import multiprocessing
+
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 1, 2)
+    w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
+    monkeypatch.setattr(ps._Share, "splits", lambda self: False)
+    assert w1.decide(0, home=0) == 0
+    monkeypatch.setattr(ps._Share, "splits", lambda self: True)
+    assert w0.decide(0, home=0) == 0
+    assert w0.decide(1, home=0) == ps._SPLIT and w1.decide(1, home=0) == ps._SPLIT

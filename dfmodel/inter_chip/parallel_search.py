@@ -8,6 +8,12 @@ block solves are cached per process on those knobs and two workers expanding one
 solve the same blocks twice (a first version handed roots to whichever worker reached them
 first: it balanced better but spent ~1.7x the CPU on llama3_70b/dgx_h100). The claim is
 recorded in shared memory so that counts and bounds are merged once.
+When evaluations are costly (block solves of seconds: dataflow chips), one class may hold the
+whole proof (DeepSeek-V3 on SN30: six block solves in class (8, 1, 64)), and dealing by class
+leaves one worker alone with it. A root reached then is *split*: every worker that reaches it
+expands it and keeps the children whose block key -- (tp, cp, ep) and the micro-batch size, which
+every block's cache key holds -- was dealt to it (a shared table, first come, in bound order, to
+the worker with the fewest keys), so block caches still never overlap (:class:`_RootProxy`).
 The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
 best over all of them, so no worker explores what another has already beaten.
 
@@ -25,6 +31,7 @@ runs (``workers=1`` is always exactly the serial path).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing
@@ -37,7 +44,7 @@ from dfmodel.inter_chip.search import (KnobTables, Progress, SearchStats, _bette
                                        no_incumbent_error)
 from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.parallel import fork_available
-from dfmodel.solvers.deadline import deadline_scope, time_left_s
+from dfmodel.solvers.deadline import deadline_scope, expired, time_left_s
 
 _UNCLAIMED = -1
 _PROGRESS_FIELDS = 7  # candidates, evaluated, pruned, open, best, bound, elapsed
@@ -52,15 +59,39 @@ _HARD_STOP_GRACE_S = 0.4
 _WRAP_UP_S = 0.3
 
 
+_SPLIT = -2  # a root every worker expands, keeping the children whose block key it owns (_Share.key_owner)
+#: a worker splits the roots it reaches (:class:`_RootProxy`) once its evaluations take this
+#: long on average: then a root's children are worth spreading (DeepSeek-V3 on SN30: an
+#: evaluation solving a new block takes 0.3-2.1 s, and the proof is six of them in one (tp, cp,
+#: ep) class), while expanding a root in every worker costs ~1 ms of bounds there. Where
+#: evaluations take milliseconds (GPUs, and the dataflow cells of thousands of evaluations) the
+#: search's cost is in bounding roots, which splitting would duplicate: measured +5-20% CPU
+#: when every root was split (DeepSeek-V3 on B200 and H100, Llama 3 70B on H100 and dragonfly)
+_SPLIT_EVAL_S = 0.05
+#: the longest a worker waits for worker 0's first seed evaluation before deciding a root
+_FIRST_EVAL_WAIT_S = 5.0
+#: slots of the shared table of block keys -> owning worker (open addressing; a full table falls
+#: back to the key's hash modulo the workers: still one owner per key, only less balanced)
+_KEY_SLOTS = 1 << 14
+_EMPTY_SLOT = 0
+
+
 class _Shared:
     """Shared memory, created before the fork: the workers' ``keep`` best times, the owner of
-    every root, and each worker's latest progress snapshot."""
+    every root, the owner of every block key dealt so far, and each worker's latest progress
+    snapshot."""
 
     def __init__(self, ctx, workers: int, keep: int, n_roots: int):
         self.workers, self.keep = workers, keep
         self.tops = ctx.Array("d", [math.inf] * (workers * keep))
         self.owner = ctx.Array("i", [_UNCLAIMED] * n_roots)
         self.progress = ctx.Array("d", [math.nan] * (workers * _PROGRESS_FIELDS), lock=False)
+        self.key_hash = ctx.Array("q", [_EMPTY_SLOT] * _KEY_SLOTS)  # (its lock guards key_owner and dealt)
+        self.key_owner = ctx.Array("i", [_UNCLAIMED] * _KEY_SLOTS, lock=False)
+        self.dealt = ctx.Array("q", [0] * workers, lock=False)  # keys dealt to each worker
+        # each worker's evaluations so far: (CPU seconds, count), read by every worker (_Share.splits)
+        self.evals = ctx.Array("d", [0.0] * (2 * workers), lock=False)
+        self.searching = ctx.Value("i", 0, lock=False)  # worker 0 is past its seeds
 
 
 class _Share:
@@ -91,6 +122,8 @@ class _Share:
     def cutoff(self, local: float | None) -> float | None:
         """The ``keep``-th best time over every worker (<= this worker's own), or ``local``."""
         self.started = True
+        if self.me == 0:
+            self.shared.searching.value = 1  # (its seeds are evaluated: _Share.splits)
         with self.shared.tops.get_lock():
             times = sorted(self.shared.tops[:])
         kth = times[self.shared.keep - 1]
@@ -107,6 +140,70 @@ class _Share:
     def owner_of(self, i: int) -> int:
         return self.shared.owner[i]
 
+    def timed(self, evaluate):
+        """``evaluate``, adding its CPU seconds to this worker's record (read by :meth:`splits`)."""
+        def run(*args, **kw):
+            t0 = time.process_time()
+            try:
+                return evaluate(*args, **kw)
+            finally:
+                evals = self.shared.evals
+                evals[2 * self.me] += time.process_time() - t0
+                evals[2 * self.me + 1] += 1
+        return run
+
+    def splits(self) -> bool:
+        """True when the workers' evaluations so far average :data:`_SPLIT_EVAL_S` or more. A
+        worker other than 0 that finds none yet waits (at most :data:`_FIRST_EVAL_WAIT_S`) while
+        worker 0 evaluates its seeds (MoE recipe incumbents, before its search): DeepSeek-V3 on
+        SN30 would otherwise settle the roots it reaches first as unsplit, the costly class among
+        them. Without seeds (worker 0 already searching), none yet means unsplit: a dense model on
+        GPUs bounds ~200 roots before its first evaluation, and splitting them all cost 7% CPU."""
+        shared = self.shared
+        t_end = time.perf_counter() + _FIRST_EVAL_WAIT_S
+        while (self.me > 0 and sum(shared.evals[1::2]) == 0 and not shared.searching.value
+               and time.perf_counter() < t_end and not expired()):
+            time.sleep(0.005)
+        evals = shared.evals[:]
+        n = sum(evals[1::2])
+        return n > 0 and sum(evals[0::2]) >= _SPLIT_EVAL_S * n
+
+    def decide(self, i: int, home: int) -> int:
+        """Root ``i``'s owner once a worker reaches it: the first worker to reach it splits it
+        (:data:`_SPLIT`) when evaluations are costly (:meth:`splits`), else gives it to its home
+        (claimed as :meth:`claim` would, even by another worker: a root one worker left unsplit
+        must not be split later, when the first worker has dropped it); a decision once made
+        stands for every worker."""
+        owner = self.shared.owner
+        if owner[i] == _UNCLAIMED:
+            split = self.splits()
+            with owner.get_lock():
+                if owner[i] == _UNCLAIMED:
+                    owner[i] = _SPLIT if split else home
+        return owner[i]
+
+    def key_owner(self, key: tuple, deal: bool) -> int:
+        """The worker that expands the children of split roots with this block key; with ``deal``
+        a key not seen yet goes to the worker with the fewest keys so far (else -1)."""
+        sh = self.shared
+        h = hash(key) or 1
+        with sh.key_hash.get_lock():
+            slot = h % _KEY_SLOTS
+            for _ in range(_KEY_SLOTS):
+                if sh.key_hash[slot] == h:
+                    return sh.key_owner[slot]
+                if sh.key_hash[slot] == _EMPTY_SLOT:
+                    break
+                slot = (slot + 1) % _KEY_SLOTS
+            else:  # full table: the hash decides (one owner per key all the same)
+                return h % sh.workers
+            if not deal:
+                return _UNCLAIMED
+            w = min(range(sh.workers), key=lambda k: (sh.dealt[k], k))
+            sh.key_hash[slot], sh.key_owner[slot] = h, w
+            sh.dealt[w] += 1
+            return w
+
     def report(self, p: Progress) -> None:
         f = _PROGRESS_FIELDS
         nan = math.nan
@@ -118,25 +215,55 @@ class _Share:
 class _RootProxy(SpaceNode):
     """A root as one worker sees it: the same bound, floor, count and knobs; expanding (or
     screening) it claims it, and a root claimed by another worker expands to nothing and, once
-    the search is under way, counts no mappings (so pruned counts are not duplicated)."""
+    the search is under way, counts no mappings (so pruned counts are not duplicated).
 
-    def __init__(self, real: SpaceNode, index: int, share: _Share, home: int):
-        self.real, self.index, self.share, self.home = real, index, share, home
+    A root that may be split (``split``: :func:`_splittable`) is split when the first worker to
+    reach it finds evaluations costly (:meth:`_Share.decide`): then every worker that reaches it
+    expands it and keeps the children whose block key (:func:`_block_key`) it owns, the keys
+    being dealt the first time a worker expands a root holding them (:meth:`_Share.key_owner`):
+    one (tp, cp, ep) class then spreads its micro-batch sizes, whose block solves share nothing,
+    over the workers."""
+
+    def __init__(self, real: SpaceNode, index: int, share: _Share, home: int, split: bool = False):
+        self.real, self.index, self.share, self.home, self.split = real, index, share, home, split
+        self._mine: int | None = None  # (split) the mappings of the children this worker owns
         super().__init__(real.bound_s, real.floor_bytes, real.count, real.knobs, self._expand, real.leaf,
                          None if real.screen is None else self._screen, real.relief)
 
     @property
     def count(self) -> int:
-        if not self.share.started or self.share.owner_of(self.index) in (_UNCLAIMED, self.share.me):
+        if not self.share.started:
             return self._count
-        return 0
+        owner = self.share.owner_of(self.index)
+        if owner == _SPLIT:  # expanded somewhere: this worker answers for its own children only
+            if self._mine is None:
+                self._mine = sum(c.count for c in self._children(deal=True))
+            return self._mine
+        return self._count if owner in (_UNCLAIMED, self.share.me) else 0
 
     @count.setter
     def count(self, value: int) -> None:
         self._count = value
 
     def _expand(self) -> list:
-        return self.real.expand() if self.share.claim(self.index, self.home) else []
+        if not self.split:
+            return self.real.expand() if self.share.claim(self.index, self.home) else []
+        owner = self.share.decide(self.index, self.home)
+        if owner == _SPLIT:
+            mine = self._children(deal=True)
+            self._mine = sum(c.count for c in mine)
+            return mine
+        return self.real.expand() if owner == self.share.me else []
+
+    def _children(self, deal: bool) -> list:
+        """The real root's children whose block key is this worker's (keys dealt in bound order)."""
+        children = self.real.expand()
+        owners = {}
+        for c in sorted(children, key=lambda c: c.bound_s):
+            key = _block_key(c.knobs)
+            if key not in owners:
+                owners[key] = self.share.key_owner(key, deal)
+        return [c for c in children if owners[_block_key(c.knobs)] == self.share.me]
 
     def _screen(self) -> float:
         return self.real.screen() if self.share.claim(self.index, self.home) else 0.0
@@ -148,11 +275,12 @@ class _ShardSpace:
     twins), the recipe seeds and the early leanest incumbent go to worker 0 alone."""
 
     def __init__(self, space, roots: list, fits: list[bool], homes: list[int], share: _Share,
-                 twin_of: dict[int, int] | None = None):
+                 twin_of: dict[int, int] | None = None, split: bool = False):
         self.space, self.share = space, share
         me = share.me
         twin_of = twin_of or {}
-        proxies = {i: _RootProxy(r, i, share, homes[i]) for i, (r, ok) in enumerate(zip(roots, fits)) if ok}
+        proxies = {i: _RootProxy(r, i, share, homes[i], split and _splittable(r))
+                   for i, (r, ok) in enumerate(zip(roots, fits)) if ok}
         twins = set(twin_of.values())
         if me == 0:
             # worker 0 prunes the roots that cannot fit (counting them, as the serial search
@@ -201,16 +329,18 @@ def _relief_twins(roots: list, fits: list[bool], capacity: float) -> tuple[list,
 
 
 def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s,
-            twin_of: dict[int, int] | None = None) -> None:
+            twin_of: dict[int, int] | None = None, split: bool = False) -> None:
     """Run the search on this worker's share; send back what the parent merges."""
     share = _Share(shared, me, conn)
     try:
+        with contextlib.suppress(AttributeError):  # (this process's copy: timed for _Share.splits)
+            model.evaluate = share.timed(model.evaluate)
         kind, detail = "ok", None
         left = time_left_s()
         own_limit_s = None if left is None else max(0.0, left - min(_WRAP_UP_S, 0.05 * (limit_s or left)))
         try:
             with deadline_scope(own_limit_s):
-                best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share, twin_of), exhaustive=False,
+                best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share, twin_of, split), exhaustive=False,
                                       keep=keep, progress=share.report, limit_s=limit_s, share=share)
             top = [best] + list(stats.runners_up)
         except TimeLimitError as exc:  # detail: (chip bytes, summary) of its leanest non-fitting evaluation
@@ -228,7 +358,7 @@ def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, ke
         tables, counted_unclaimed = None, 0
         if ledger is not None:
             def mine(node) -> bool:  # a root another worker searched: its records speak for it
-                return not isinstance(node, _RootProxy) or share.owner_of(node.index) in (_UNCLAIMED, me)
+                return not isinstance(node, _RootProxy) or share.owner_of(node.index) in (_UNCLAIMED, _SPLIT, me)
 
             if stats is not None and not stats.timed_out:
                 counted_unclaimed = sum(e[3]._count for heap in ledger.open for e in heap  # pruned by the bound here
@@ -274,7 +404,8 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     procs, conns = [], {}
     for me in range(workers):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s, twin_of),
+        p = ctx.Process(target=_worker,
+                        args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s, twin_of, True),
                         daemon=True)
         p.start()
         send.close()
@@ -294,6 +425,21 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
 #: the knobs that decide a root's inner block solves (the sharding and intra-chip results are
 #: cached on them: two workers expanding roots of one class would each solve the same blocks)
 _BLOCK_KNOBS = ("tp", "cp", "ep")
+#: with the micro-batch size, the knobs every block key of a root's child holds
+#: (``LLMModel._block_key``: blocks of two micro-batch sizes share no solve), so a split root's
+#: children are dealt by them
+_SPLIT_KNOBS = _BLOCK_KNOBS + ("micro_batch",)
+
+
+def _block_key(knobs: tuple) -> tuple:
+    return tuple((k, v) for k, v in knobs if k in _SPLIT_KNOBS)
+
+
+def _splittable(root: SpaceNode) -> bool:
+    """A root whose children may go to several workers: not a leaf group (its mappings share one
+    block), and without a memory screen (a root pruned by it admits its offloaded twin in the
+    worker that screened it: one worker must own it)."""
+    return not root.leaf and root.screen is None
 
 
 def _homes(roots: list, fits: list[bool]) -> tuple[list[int], int]:
@@ -398,7 +544,7 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
                     stats.candidates += int(row[0]) - (fit_count if me > 0 else 0)
                     stats.evaluated += int(row[1])
                     stats.pruned_bound += int(row[2])  # (the snapshot counts bound and memory prunes together)
-            mine = [r.bound_s for i, r in enumerate(roots) if owners[i] == me]
+            mine = [r.bound_s for i, r in enumerate(roots) if owners[i] in (me, _SPLIT)]
             if me == 0 and not all_fit:  # worker 0 also held the offloaded twins of roots that did not fit
                 mine.append(getattr(model, "global_lower_bound_s", lambda: 0.0)())
             lb = min([lb] + mine)
