@@ -47,10 +47,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
-from dfmodel.inter_chip.fused_floor import PlanFloor, plan_floor
+from dfmodel.inter_chip.fused_floor import MAX_FLOOR_IDEALS, PlanFloor, plan_floor
 from dfmodel.inter_chip.layout_floor import least_share_graph
 from dfmodel.inter_chip.memory import in_flight_micro_batches
 from dfmodel.inter_chip.sharding import is_weight_gradient
@@ -158,26 +160,42 @@ class DataflowBlockFloor:
     def pairs_s(self, k: int, recompute: str, nets, hidden: bool = False) -> tuple:
         """Per (forward, backward) network pair of ``nets``: (:meth:`kernels_s`,
         :meth:`dram_kernels_s`), each phase's busy time taken once for all pairs (the same sums)."""
-        args = (self.s_per_byte, self.overhead_s, self.overlap)
+        kept, dram = self.pair_arrays(k, recompute, nets, hidden)
+        return tuple(zip(kept.tolist(), dram.tolist()))
 
-        def fixed(phase: PhaseFloor):  # (busy, overheads), or None for an empty phase (0 s)
-            return phase.busy_s(k, *args) if phase.kernels else None
+    def pair_arrays(self, k: int, recompute: str, nets, hidden: bool = False,
+                    also: "tuple[DataflowBlockFloor, int] | None" = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`pairs_s` as two arrays over the pairs (stash kept on chip, through DRAM): the
+        same floating-point operations in the same order, one numpy pass per phase instead of
+        a Python loop over the pairs (the search asks ~50k times, ~60 pairs each, at dragonfly 512).
+        ``also``: another floor of the same block and its micro-batch factor (:func:`sharded_layer_floor`:
+        the layer as sharded on the mapping's own TP group, at factor 1); each phase then takes
+        the larger of its two floors (each is one)."""
+        net = np.asarray(nets, dtype=float).reshape(-1, 2)
+        nf, nb = net[:, 0], net[:, 1]
+        floors = [(self, k)] + ([also] if also is not None else [])
 
-        def at(b, n: float, hid: bool) -> float:
-            return 0.0 if b is None else with_network_s(b[0], b[1], self.overlap, n, hid)
+        def at(which: str, n, hid: bool):
+            return np.maximum.reduce([fl._phase_arr(getattr(fl, which) or getattr(fl, which.split("_")[0]), kk, n, hid)
+                                      for fl, kk in floors])
 
-        core = at(fixed(self.core), 0.0, False)
-        kept = (fixed(self.fwd), fixed(self.bwd))
-        dram = kept if self.fwd_dram is None else (fixed(self.fwd_dram), fixed(self.bwd_dram))
+        core = at("core", np.zeros(nf.shape), False)
         out = []
-        for nf, nb in nets:
-            pair = []
-            for bf, bb in (kept, dram):
-                f = at(bf, nf, hidden)
-                extra = {"none": 0.0, "selective": core, "full": f}[recompute]
-                pair.append(f + at(bb, nb, hidden) + extra)
-            out.append(tuple(pair))
-        return tuple(out)
+        for fwd, bwd in (("fwd", "bwd"), ("fwd_dram", "bwd_dram")):
+            f = at(fwd, nf, hidden)
+            extra = {"none": 0.0, "selective": core, "full": f}[recompute]
+            out.append(f + at(bwd, nb, hidden) + extra)
+        return out[0], out[1]
+
+    def _phase_arr(self, phase: PhaseFloor, k: int, n: np.ndarray, hid: bool) -> np.ndarray:
+        """:func:`with_network_s` of ``phase`` at micro-batch ``k`` over the network seconds ``n``
+        (0 s for an empty phase)."""
+        if not phase.kernels:
+            return np.zeros(n.shape)
+        busy, overhead_s = phase.busy_s(k, self.s_per_byte, self.overhead_s, self.overlap)
+        if hid:
+            return np.maximum(busy + overhead_s, n)
+        return (np.maximum(busy, n) if self.overlap else busy + n) + overhead_s
 
     def max_layers_on_chip(self, k: int, sram_bytes: float, layers: int, stages: int, recompute: str,
                            checkpoint_bytes: float = 0.0) -> int:
@@ -219,7 +237,8 @@ def staged_layers_on_chip(fl: DataflowBlockFloor, k: int, sram_bytes: float, lay
     return min(layers, sum(min(layers, math.floor(sram_bytes / (stash * f))) for f in in_flight))
 
 
-def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int, stash_free: bool) -> PhaseFloor:
+def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int, stash_free: bool,
+                 max_ideals: int = MAX_FLOOR_IDEALS) -> PhaseFloor:
     """:class:`PhaseFloor` of the kernels ``names`` of ``graph`` (one micro-batch, unsharded).
     ``stash_free``: tensors from a forward to a backward kernel are not compulsory (they may stay
     on chip); tensors crossing the phase's boundary otherwise are."""
@@ -263,13 +282,16 @@ def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int,
             fixed += b
         else:
             act += b
-    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count, plan_floor(graph, system, names, stash_free), tp,
+    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count,
+                      plan_floor(graph, system, names, stash_free, max_ideals=max_ideals), tp,
                       float(chip.sram_bytes), stream_floor(graph, names, stash_free))
 
 
-def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core) -> DataflowBlockFloor:
+def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core,
+                         max_ideals: int = MAX_FLOOR_IDEALS) -> DataflowBlockFloor:
     """:class:`DataflowBlockFloor` of ``graph`` (one micro-batch) on a TP group of ``tp`` chips.
-    ``is_core(kernel)`` picks selective recompute's kernels."""
+    ``is_core(kernel)`` picks selective recompute's kernels; a phase whose lattice has more
+    than ``max_ideals`` ideals keeps the closed-form floor (:func:`.fused_floor.plan_floor`)."""
     fwd = {k.name for k in graph.kernels if k.phase == Phase.forward}
     bwd = {k.name for k in graph.kernels if k.phase != Phase.forward}
     core = {k.name for k in graph.kernels if is_core(k)}
@@ -280,10 +302,11 @@ def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core)
     for t in graph.tensors:
         if t.producer in fwd and t.consumer in bwd and kinds[t.producer].phase == Phase.forward:
             stash[(t.name, t.producer)] = max(stash.get((t.name, t.producer), 0.0), float(t.bytes))
-    return DataflowBlockFloor(_phase_floor(graph, system, fwd, tp, True), _phase_floor(graph, system, bwd, tp, True),
-                              _phase_floor(graph, system, core, tp, False), memory_time_s(chip, 1.0), overhead,
-                              bool(chip.overlap), _phase_floor(graph, system, fwd, tp, False),
-                              _phase_floor(graph, system, bwd, tp, False), sum(stash.values()) / tp)
+    def phase(names: set[str], stash_free: bool) -> PhaseFloor:
+        return _phase_floor(graph, system, names, tp, stash_free, max_ideals)
+
+    return DataflowBlockFloor(phase(fwd, True), phase(bwd, True), phase(core, False), memory_time_s(chip, 1.0), overhead,
+                              bool(chip.overlap), phase(fwd, False), phase(bwd, False), sum(stash.values()) / tp)
 
 
 __all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
@@ -335,8 +358,11 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
         fl = floors[bkey]
         if fl is None:
             continue
-        pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub,
-                                  layer_nets if which == "layer" else None)
+        nets = layer_nets if which == "layer" else None
+        # (MoE layers only: a dense layer's floor has Megatron's least shares already, layout_floor,
+        # and the sharded one cost Llama-3 70B on 512 dragonfly chips 10 % more CPU for nothing)
+        also = None if nets is None or dense else (sharded_layer_floor(model, m, is_core), 1)
+        pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub, nets, also)
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
             if dense:  # each stage's own in-flight micro-batches (plain 1F1B's: interleaving adds)
                 in_flight = tuple(in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
@@ -345,11 +371,21 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
                 on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc, model._checkpoint_bytes(m))
             if stash_cap is not None and which == "layer":  # (floors decrease with on: kept <= dram)
                 on = min(on, stash_cap)
-            total += min(_times(on, kept) + _times(count - on, dram) for kept, dram in pairs)
+            total += _least_split_s(on, count, *pairs)
         else:  # (evaluate times the embedding and head with their stash through DRAM, always)
-            total += count * min(dram for _, dram in pairs)
+            total += count * float(pairs[1].min())
     memo[key] = total
     return total
+
+
+def _least_split_s(on: int, count: int, kept: np.ndarray, dram: np.ndarray) -> float:
+    """Least over the network pairs of ``on`` layers at their kept-stash floor and the other
+    ``count - on`` at their DRAM floor (:func:`_times`: none of an infinite floor adds 0)."""
+    if on == 0:
+        return float((count * dram).min())
+    if on == count:
+        return float((on * kept).min())
+    return float((on * kept + (count - on) * dram).min())
 
 
 def _times(n: int, floor_s: float) -> float:
@@ -360,14 +396,15 @@ def _times(n: int, floor_s: float) -> float:
 
 
 def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m, rc: str, ep: int, group, ub: bool,
-                      nets_s: tuple | None = None) -> tuple:
+                      nets_s: tuple | None = None, also: tuple | None = None) -> tuple:
     """Per Pareto pair of the block's forced TP collectives on ``group`` (None: none), the block's
     (stash kept on chip, stash through DRAM) floors at ``m``'s micro-batch and recompute ``rc``.
     Memoised on what they read (the block floor's key, the TP floor's knobs, the micro-batch, the
     group): the search asks again for every pipeline depth and data-parallel degree.
     ``nets_s``: the block's own (forward, backward) network seconds as sharded on ``group``
     (every phase plan pays all of them: a partition's network is the sum of its kernels'),
-    instead of the forced reductions' Pareto pairs."""
+    instead of the forced reductions' Pareto pairs; ``also``: the block's floor as sharded on
+    ``group`` (:func:`sharded_layer_floor`, with ``nets_s``), each phase at the larger floor."""
     whole = m.whole_experts and which == "layer"
     key = bkey + (m.sequence_parallel, whole, m.micro_batch, rc, group, ub, nets_s)
     memo = model.__dict__.setdefault("_dataflow_pair_memo", {})
@@ -378,7 +415,7 @@ def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m,
         nets = [nets_s] if nets_s is not None else _forced_nets(model, which, m, ep, whole, group)
         hidden = nets is not None and ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
         nets = nets or [(0.0, 0.0)]
-    memo[key] = out = fl.pairs_s(m.micro_batch, rc, nets, hidden)
+    memo[key] = out = fl.pair_arrays(m.micro_batch, rc, nets, hidden, also)
     return out
 
 
@@ -404,7 +441,32 @@ def _block_floor_of(graph: DataflowGraph, system: System, tp: int, sp: bool, den
     return dataflow_block_floor(graph, system, tp, is_core)
 
 
-__all__ += ["pass_floor_s", "streams_forced"]
+#: ideals a phase of the sharded layer may have for its plan floor (:func:`sharded_layer_floor`):
+#: DeepSeek-V3's sharded forward has ~80 (a few ms), its backward ~20k (1.7 M ideal pairs, 0.1 s
+#: to find too many): the backward keeps the unsharded 1/tp plan floor and its own closed form
+SHARDED_MAX_IDEALS = 2_000
+
+
+def sharded_layer_floor(model, m, is_core) -> DataflowBlockFloor:
+    """:class:`DataflowBlockFloor` of ``m``'s (MoE) layer *as sharded* on its own TP group (the
+    per-chip graph ``LLMModel._solve_block`` solves: ``LLMModel._shard_block``, memoised), at
+    ``m``'s micro-batch (so at factor 1) and ``tp = 1``: the floors of :mod:`.fused_floor` and
+    this module hold on any graph, this one included, and it holds what the 1/tp floor of the
+    unsharded layer relaxes away -- the column-split GEMMs' replicated inputs, the sharded
+    weights' true per-chip bytes, and the communication kernels, each taking one of the
+    chip's few compute tiles (dragonfly: 4), so partitions hold fewer GEMMs and spill more
+    tensors. DeepSeek-V3's forward at TP 64 (ep 1, mb 6) on dragonfly: floor 0.047 s (1/tp)
+    -> 0.185 s, solved 0.191 s. Memoised per layer block key on ``model``."""
+    key = model._block_key("layer", m)
+    memo = model.__dict__.setdefault("_sharded_layer_floors", {})
+    if key not in memo:
+        graph = model.graphs(m.micro_batch, m.cp, m.ep_outside_tp).layer
+        sh = model._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, m.whole_experts)
+        memo[key] = dataflow_block_floor(sh.graph, model.system, 1, is_core, SHARDED_MAX_IDEALS)
+    return memo[key]
+
+
+__all__ += ["pass_floor_s", "sharded_layer_floor", "streams_forced"]
 
 
 def streams_forced(model, m) -> bool:

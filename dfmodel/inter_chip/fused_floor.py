@@ -69,6 +69,9 @@ from dfmodel.system.schema import System
 #: (ideal, superset) pairs a floor may keep: beyond, the phase keeps the closed-form floor
 MAX_FLOOR_PAIRS = 400_000
 
+#: ideals a floor's lattice may have: beyond, the phase keeps the closed-form floor
+MAX_FLOOR_IDEALS = 20_000
+
 #: a phase of at most this many kernels gets a plan floor even when one partition may hold it
 #: all (its SRAM may not: the LM head's 1.9 GB of weights on 8 dragonfly chips is streamed and
 #: re-read per row tile); its lattice has at most 2^8 ideals. Larger phases that one partition
@@ -195,19 +198,19 @@ def phase_graph(graph: DataflowGraph, names: set[str], stash_free: bool) -> Data
 
 
 def plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
-               max_pairs: int = MAX_FLOOR_PAIRS) -> PlanFloor | None:
+               max_pairs: int = MAX_FLOOR_PAIRS, max_ideals: int = MAX_FLOOR_IDEALS) -> PlanFloor | None:
     """:class:`PlanFloor` of the phase ``names`` of ``graph`` (one micro-batch, unsharded), or
     None when its kernels fit one partition (nothing to gain) or its ideals are too many.
     Memoised per (graph, phase, chip): the search asks again at every TP degree."""
     chip = system.chip
     if chip.execution != "dataflow" or SMALL_PHASE_KERNELS < len(names) <= chip.compute_tiles:
         return None
-    key = (id(graph), frozenset(names), stash_free, max_pairs, chip.model_dump_json())
+    key = (id(graph), frozenset(names), stash_free, max_pairs, max_ideals, chip.model_dump_json())
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is graph:  # (the graph is held: its id is not reused meanwhile)
         _PLANS.move_to_end(key)
         return hit[1]
-    out = _plan_floor(graph, system, names, stash_free, max_pairs)
+    out = _plan_floor(graph, system, names, stash_free, max_pairs, max_ideals)
     _PLANS[key] = (graph, out)
     while len(_PLANS) > _PLANS_KEPT:
         _PLANS.popitem(last=False)
@@ -220,11 +223,11 @@ _PLANS_KEPT = 256
 
 
 def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
-                max_pairs: int) -> PlanFloor | None:
+                max_pairs: int, max_ideals: int) -> PlanFloor | None:
     sub = phase_graph(graph, names, stash_free)
     cm = CostModel(sub, system)
     try:
-        lat = _dp.enumerate_ideals(cm, max_ideals=20_000)
+        lat = _dp.enumerate_ideals(cm, max_ideals=max_ideals)
     except TooLarge:
         return None
     st = _dp._structure(lat, cm.tiles, max_pairs // 4)
