@@ -297,3 +297,12 @@ def test_a_root_settled_unsplit_stays_its_homes(monkeypatch):
     monkeypatch.setattr(ps._Share, "splits", lambda self: True)
     assert w0.decide(0, home=0) == 0
     assert w0.decide(1, home=0) == ps._SPLIT and w1.decide(1, home=0) == ps._SPLIT
+
+
+def test_only_dataflow_chips_wait_for_the_first_evaluation():
+    """Worker 1 waits for worker 0's first seed evaluation before deciding a root only where
+    evaluations solve blocks for seconds (dataflow); on GPUs it would idle a core for nothing."""
+    gpu = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    dataflow = LLMModel(load_workload("gpt3_13b"), load_system("sn30"))
+    assert gpu.system.chip.execution == "kernel_by_kernel" and ps._first_eval_wait_s(gpu) == 0.0
+    assert dataflow.system.chip.execution == "dataflow" and ps._first_eval_wait_s(dataflow) == ps._FIRST_EVAL_WAIT_S > 0

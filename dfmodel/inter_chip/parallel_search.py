@@ -103,6 +103,7 @@ class _Share:
         self.published = False  # a fitting evaluation of this worker's
         self.started = False  # the roots have been admitted: claims may begin
         self.sent: set = set()  # mappings already streamed to the parent
+        self.first_eval_wait_s = _FIRST_EVAL_WAIT_S  # (_worker: 0 where evaluations are cheap)
 
     def publish(self, top: list) -> None:
         """This worker's ``keep`` best times into its slice (under the lock: a reader never sees
@@ -158,9 +159,10 @@ class _Share:
         worker 0 evaluates its seeds (MoE recipe incumbents, before its search): DeepSeek-V3 on
         SN30 would otherwise settle the roots it reaches first as unsplit, the costly class among
         them. Without seeds (worker 0 already searching), none yet means unsplit: a dense model on
-        GPUs bounds ~200 roots before its first evaluation, and splitting them all cost 7% CPU."""
+        GPUs bounds ~200 roots before its first evaluation, and splitting them all cost 7% CPU.
+        Only dataflow chips wait (:func:`_first_eval_wait_s`)."""
         shared = self.shared
-        t_end = time.perf_counter() + _FIRST_EVAL_WAIT_S
+        t_end = time.perf_counter() + self.first_eval_wait_s
         while (self.me > 0 and sum(shared.evals[1::2]) == 0 and not shared.searching.value
                and time.perf_counter() < t_end and not expired()):
             time.sleep(0.005)
@@ -328,10 +330,21 @@ def _relief_twins(roots: list, fits: list[bool], capacity: float) -> tuple[list,
     return twins, twin_of
 
 
+def _first_eval_wait_s(model) -> float:
+    """How long a worker waits for the first evaluation before deciding a root (:meth:`_Share.splits`):
+    :data:`_FIRST_EVAL_WAIT_S` on dataflow chips, where an evaluation solves blocks for seconds and
+    splitting pays; 0 on kernel-by-kernel chips (GPUs), whose evaluations average milliseconds, so
+    no root is split there and the wait only idled a core: DeepSeek-V3 on 64 B200s, 9.6-9.8 s
+    wall with it, 9.1-9.4 s without (2 workers, 10 s limit)."""
+    chip = getattr(getattr(model, "system", None), "chip", None)
+    return _FIRST_EVAL_WAIT_S if getattr(chip, "execution", "dataflow") == "dataflow" else 0.0
+
+
 def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s,
             twin_of: dict[int, int] | None = None, split: bool = False) -> None:
     """Run the search on this worker's share; send back what the parent merges."""
     share = _Share(shared, me, conn)
+    share.first_eval_wait_s = _first_eval_wait_s(model)
     try:
         with contextlib.suppress(AttributeError):  # (this process's copy: timed for _Share.splits)
             model.evaluate = share.timed(model.evaluate)
