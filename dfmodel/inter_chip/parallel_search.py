@@ -228,7 +228,7 @@ class _RootProxy(SpaceNode):
 
     def __init__(self, real: SpaceNode, index: int, share: _Share, home: int, split: bool = False):
         self.real, self.index, self.share, self.home, self.split = real, index, share, home, split
-        self._mine: int | None = None  # (split) the mappings of the children this worker owns
+        self._own: list | None = None  # (split) the children this worker owns, built once
         super().__init__(real.bound_s, real.floor_bytes, real.count, real.knobs, self._expand, real.leaf,
                          None if real.screen is None else self._screen, real.relief)
 
@@ -238,9 +238,7 @@ class _RootProxy(SpaceNode):
             return self._count
         owner = self.share.owner_of(self.index)
         if owner == _SPLIT:  # expanded somewhere: this worker answers for its own children only
-            if self._mine is None:
-                self._mine = sum(c.count for c in self._children(deal=True))
-            return self._mine
+            return sum(c.count for c in self._children())
         return self._count if owner in (_UNCLAIMED, self.share.me) else 0
 
     @count.setter
@@ -252,20 +250,22 @@ class _RootProxy(SpaceNode):
             return self.real.expand() if self.share.claim(self.index, self.home) else []
         owner = self.share.decide(self.index, self.home)
         if owner == _SPLIT:
-            mine = self._children(deal=True)
-            self._mine = sum(c.count for c in mine)
-            return mine
+            return self._children()
         return self.real.expand() if owner == self.share.me else []
 
-    def _children(self, deal: bool) -> list:
-        """The real root's children whose block key is this worker's (keys dealt in bound order)."""
+    def _children(self) -> list:
+        """The real root's children whose block key is this worker's (keys dealt in bound order),
+        built once: counting a root another worker split and expanding it ask the same list."""
+        if self._own is not None:
+            return self._own
         children = self.real.expand()
         owners = {}
         for c in sorted(children, key=lambda c: c.bound_s):
             key = _block_key(c.knobs)
             if key not in owners:
-                owners[key] = self.share.key_owner(key, deal)
-        return [c for c in children if owners[_block_key(c.knobs)] == self.share.me]
+                owners[key] = self.share.key_owner(key, deal=True)
+        self._own = [c for c in children if owners[_block_key(c.knobs)] == self.share.me]
+        return self._own
 
     def _screen(self) -> float:
         return self.real.screen() if self.share.claim(self.index, self.home) else 0.0
