@@ -9,7 +9,7 @@ strategy option (:data:`~dfmodel.inter_chip.config.OPTIONS`) and every network p
 from __future__ import annotations
 
 import itertools
-from functools import partial
+from functools import cache, partial
 
 from dfmodel.errors import InputError
 from dfmodel.inter_chip.config import (
@@ -261,21 +261,6 @@ def _pipeline_s(m: int, pp: int, v: int, stage_s: float, last_s: float = 0.0) ->
     if v == 1 and pp > 1 and last_s > stage_s:
         return (m - 1) * last_s + pp * stage_s
     return (m + (pp - 1) / v) * stage_s
-
-
-class _Once:
-    """``fn()`` computed on the first call and kept (a group's deferred floor, asked by its
-    refine and its screen)."""
-
-    __slots__ = ("fn", "value")
-
-    def __init__(self, fn):
-        self.fn, self.value = fn, None
-
-    def __call__(self):
-        if self.value is None:
-            self.value = self.fn()
-        return self.value
 
 
 class LLMSpace:
@@ -601,7 +586,7 @@ class LLMSpace:
             return (_pipeline_s(m, pp, max(vs), stage_s + ep_s, last_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         compute_s = mb * f1 / (tp * cp * pp)
-        floor = _Once(partial(self._micro_batch_floor_bytes, probes, rcs))
+        floor = cache(partial(self._micro_batch_floor_bytes, probes, rcs))  # (asked by refine and screen)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                  ("cp", cp), ("ep", deg["ep"]))
         capacity = self.system.chip.memory.capacity_bytes
@@ -690,7 +675,7 @@ class LLMSpace:
         if not count:
             return None
         keys = self._keys(mine)
-        probes = _Once(lambda: [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys])
+        probes = cache(lambda: [self._probe(deg, mb, m, 1, rc, k, bool(spar)) for k in keys])
         # (offloaded twins: a stage is never shorter than its layers' host transfers, least over
         # the options; LLMModel.lower_bound_s holds it for each leaf)
         compute_s = model.compute_floor_s(mb, rc) / (tp * cp * pp)
@@ -706,7 +691,7 @@ class LLMSpace:
             return (_pipeline_s(m, pp, max(vs), stage_s, last_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         # (rc and SP fixed: their activations)
-        floor = _Once(lambda: max(parent_floor_bytes, min(model.leaf_floor_bytes(p) for p in probes())))
+        floor = cache(lambda: max(parent_floor_bytes, min(model.leaf_floor_bytes(p) for p in probes())))
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                  ("recompute", rc), ("sequence_parallel", bool(spar)), ("tp_comm_overlap", ub), ("cp", cp),
                  ("ep", deg["ep"]))
