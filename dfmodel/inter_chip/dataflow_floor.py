@@ -460,9 +460,7 @@ def sharded_layer_floor(model, m, is_core) -> DataflowBlockFloor:
     key = model._block_key("layer", m)
     memo = model.__dict__.setdefault("_sharded_layer_floors", {})
     if key not in memo:
-        graph = model.graphs(m.micro_batch, m.cp, m.ep_outside_tp).layer
-        sh = model._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, m.whole_experts)
-        memo[key] = dataflow_block_floor(sh.graph, model.system, 1, is_core, SHARDED_MAX_IDEALS)
+        memo[key] = dataflow_block_floor(model.sharded_layer(m).graph, model.system, 1, is_core, SHARDED_MAX_IDEALS)
     return memo[key]
 
 

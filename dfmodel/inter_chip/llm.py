@@ -482,6 +482,13 @@ class LLMModel:
         return shard(graph, self.system, TPGroup(tp, tp_group), self.costs, sequence_parallel=sp, solver=self.solver,
                      megatron_layouts=True, whole_experts=whole_experts, memo=self._shard_memo)
 
+    def sharded_layer(self, m: Mapping) -> ShardedGraph:
+        """``m``'s (MoE) layer sharded on its own TP group, as :meth:`block` shards it before the
+        solve (memoised in :meth:`_shard_block`): what the stash cap, the layer's own collectives
+        (:meth:`layer_nets_s`) and the dataflow sharded-layer floor read."""
+        graph = self.graphs(m.micro_batch, m.cp, m.ep_outside_tp).layer
+        return self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, m.whole_experts)
+
     def _solve_block(self, graph: DataflowGraph, tp: int, tp_group, sp: bool, core_bwd: bool = False,
                      whole_experts: bool = False) -> BlockTimes:
         sharded = self._shard_block(graph, tp, tp_group, sp, whole_experts)
@@ -562,9 +569,7 @@ class LLMModel:
             memo = self.__dict__.setdefault("_onchip_alone", {})  # (it keeps the OnChipStash alive: ids key memos)
             mkey = key + (forward_only,)
             if mkey not in memo:
-                graph = self.graphs(m.micro_batch, m.cp, m.ep_outside_tp).layer
-                sharded = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel,
-                                            m.whole_experts)
+                sharded = self.sharded_layer(m)
                 g = sharded.graph
                 fwd = [k.name for k in g.kernels if k.phase == Phase.forward]
                 bwd = [k.name for k in g.kernels if k.phase != Phase.forward]
@@ -610,8 +615,7 @@ class LLMModel:
         key = self._block_key("layer", m)
         memo = self.__dict__.setdefault("_layer_nets_memo", {})
         if key not in memo:
-            graph = self.graphs(m.micro_batch, m.cp, m.ep_outside_tp).layer
-            sh = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, m.whole_experts)
+            sh = self.sharded_layer(m)
             fwd = {k.name for k in sh.graph.kernels if k.phase == Phase.forward}
             f = sum(v for n, v in sh.network_time_s.items() if n in fwd)
             memo[key] = (f, sum(v for n, v in sh.network_time_s.items() if n not in fwd))
