@@ -338,3 +338,11 @@ def test_nccl_share_slows_only_switched_scale_out_and_not_node_limited_dispatch(
     before = X.token_a2a_s(ch, both, "nvlink", moe=lim, **kw)
     monkeypatch.setattr(X, "nccl_a2a_scale_out_efficiency", lambda: 0.1)
     assert X.token_a2a_s(ch, both, "nvlink", moe=lim, **kw) == before
+
+
+def test_nccl_share_only_on_kernel_by_kernel_chips():
+    """A dataflow chip's switched scale-out is not NCCL's: no dimension is slowed there."""
+    s = load_system(small_system(4, 2))
+    assert X.nccl_scale_out_dims(s, (("nvlink", 4), ("ib", 2)), "nvlink") == {"ib"}
+    s.chip.execution = "dataflow"
+    assert X.nccl_scale_out_dims(s, (("nvlink", 4), ("ib", 2)), "nvlink") == frozenset()

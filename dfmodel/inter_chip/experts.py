@@ -157,15 +157,18 @@ def nccl_a2a_scale_out_efficiency() -> float:
 
 def nccl_scale_out_dims(system, group, fast_dim: str) -> frozenset:
     """The dimensions of an ep ``group`` over which an NCCL all-to-all runs at
-    :func:`nccl_a2a_scale_out_efficiency`: the switched dimensions outside the fast (NVLink)
-    one, a GPU cluster's InfiniBand / Ethernet scale-out (rings, tori and fully connected
-    dimensions are other machines' fabrics, not NCCL's; the fast dimension is NVLink).
+    :func:`nccl_a2a_scale_out_efficiency`: on a kernel-by-kernel chip (a GPU; dataflow chips
+    exchange tokens with their own runtimes), the switched dimensions outside the fast (NVLink)
+    one, the cluster's InfiniBand / Ethernet scale-out (rings, tori and fully connected
+    dimensions are other machines' fabrics, not NCCL's; RCCL's all-to-all is NCCL's design).
 
     >>> from dfmodel.system import load_system
     >>> s = load_system("dgx_h100", num_chips=64)
     >>> sorted(nccl_scale_out_dims(s, (("nvlink", 8), ("ib", 8)), "nvlink")), sorted(nccl_scale_out_dims(s, (("nvlink", 8),), "nvlink"))
     (['ib'], [])
     """
+    if system.chip.execution != "kernel_by_kernel":
+        return frozenset()
     switched = {d.name for d in system.network if d.topology == "switch"}
     return frozenset(dim for dim, n in group if dim != fast_dim and n > 1 and dim in switched)
 
