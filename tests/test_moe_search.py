@@ -82,20 +82,35 @@ def _ep_mapping(model, ep, **knobs):
                 if dict(c.group("ep")).get("ib", 1) > 1)  # an ep group that spans the nodes
 
 
+def _nccl_a2a_by_hand(c, nbytes: float) -> float:
+    """Megatron-Core's NCCL all-to-all of ``nbytes`` per rank over small_system(4, 2)'s nvlink x ib
+    ep group, written out: one all-to-all per dimension, in series or pipelined (busiest + the
+    latency-only fills), the IB step's bandwidth term at experts.nccl_a2a_scale_out_efficiency."""
+    nv = c.time_s("all_to_all", nbytes, (("nvlink", 4),))
+    ib0 = c.time_s("all_to_all", 0.0, (("ib", 2),))
+    ib = ib0 + (c.time_s("all_to_all", nbytes, (("ib", 2),)) - ib0) / X.nccl_a2a_scale_out_efficiency()
+    fill = c.time_s("all_to_all", 0.0, (("nvlink", 4),)) + ib0
+    return min(nv + ib, max(nv, ib) + fill)
+
+
 def test_node_limited_routing_closed_form():
     """ep over 2 nodes x 4 GPUs, top-2 of 8 experts, at most 1 node per token: the IB step's
     buffer is T x 1 x h x e (one copy per node), the NVLink step's T x 2 x h x e (every copy);
-    the two steps run one after another or pipelined, whichever is faster."""
+    the two steps run one after another or pipelined, whichever is faster. Without the limit
+    (Megatron-Core's NCCL all-to-all) every copy crosses IB, whose bandwidth term runs at
+    experts.nccl_a2a_scale_out_efficiency."""
     s = load_system(small_system(4, 2))
     free = LLMModel(load_workload(moe_workload()), s)
     lim = LLMModel(load_workload(moe_workload(max_nodes_per_token=1)), s)
     m = _ep_mapping(free, 8)
     h, T, c = free.model.hidden, free.model.seq_len, free.costs
     full = T * 2 * h * 2
-    assert free._ep_comm(m) == pytest.approx((2 * c.time_s("all_to_all", full, m.group("ep")),) * 2, rel=1e-12)
+    assert m.group("ep") == (("nvlink", 4), ("ib", 2))
+    free_one = _nccl_a2a_by_hand(c, full)
+    assert free._ep_comm(m) == pytest.approx((2 * free_one, 2 * free_one), rel=1e-12)
     nv = c.time_s("all_to_all", full, (("nvlink", 4),))
-    ib = c.time_s("all_to_all", full / 2, (("ib", 2),))
     fill = c.time_s("all_to_all", 0.0, (("nvlink", 4),)) + c.time_s("all_to_all", 0.0, (("ib", 2),))
+    ib = c.time_s("all_to_all", full / 2, (("ib", 2),))
     one = min(nv + ib, max(nv, ib) + fill)
     assert lim._ep_comm(m) == pytest.approx((2 * one, 2 * one), rel=1e-12)
     assert sum(lim._ep_comm(m)) < sum(free._ep_comm(m))
@@ -108,9 +123,10 @@ def test_fp8_dispatch_halves_only_the_dispatches():
     s = load_system(small_system(4, 2))
     bf, f8 = (LLMModel(load_workload(moe_workload(dispatch_fp8=v)), s) for v in (False, True))
     m = _ep_mapping(bf, 8)
-    h, T, c, g = bf.model.hidden, bf.model.seq_len, bf.costs, m.group("ep")
-    combine = c.time_s("all_to_all", T * 2 * h * 2, g)
-    dispatch = c.time_s("all_to_all", T * 2 * h * X.FP8_DISPATCH_BYTES, g)
+    h, T, c = bf.model.hidden, bf.model.seq_len, bf.costs
+    assert m.group("ep") == (("nvlink", 4), ("ib", 2))
+    combine = _nccl_a2a_by_hand(c, T * 2 * h * 2)
+    dispatch = _nccl_a2a_by_hand(c, T * 2 * h * X.FP8_DISPATCH_BYTES)
     assert f8._ep_comm(m) == pytest.approx((dispatch + combine,) * 2, rel=1e-12)
     assert dispatch < combine
 
@@ -266,3 +282,67 @@ def test_leanest_takes_an_offloaded_twin_when_nothing_fits_on_the_chip():
     assert lean in set(x for r in space.roots_built if r.relief is not None and (t := r.relief()) is not None
                        for x in mappings_under(t))
 
+
+
+# -- Megatron-Core's NCCL all-to-all over the scale-out network (DeepEP issue #59) ---------------
+def test_nccl_a2a_share_is_the_published_ratio_written_out():
+    """DeepEP issue #59: NCCL's combine 13 ms, DeepEP's 5 ms for the same layer on 8 H100 nodes;
+    NCCL sent top_k = 8 copies per token where DeepEP sent one per target node (M = 4): NCCL's
+    rate = (8 / 4) x 5 / 13 of DeepEP's."""
+    assert X.nccl_a2a_scale_out_efficiency() == pytest.approx(2 * 5 / 13, rel=1e-12)
+    assert 0.0 < X.nccl_a2a_scale_out_efficiency() < 1.0
+
+
+@pytest.mark.parametrize("preset,chips,group", [("dgx_h100", 64, (("nvlink", 8), ("ib", 8))),
+                                                ("v100_fdr", 16, (("pcie", 4), ("ib", 4)))])  # host-staged: in series
+def test_nccl_a2a_at_full_share_is_the_cost_tables_all_to_all(monkeypatch, preset, chips, group):
+    """The NCCL path runs the all-to-all as the cost table does (per dimension, in series or
+    pipelined as the dimensions allow): at a share of 1 it is the cost table's all_to_all."""
+    from dfmodel.graph.workload import MoEConfig
+    from dfmodel.netmodels import CostTable
+
+    s = load_system(preset, num_chips=chips)
+    costs = CostTable(s)
+    moe = MoEConfig(num_experts=64, top_k=8, expert_ffn_hidden=2048)
+    kw = dict(rows=8 * 4096, hidden=7168, bytes_per_element=2, moe=moe)
+    slowed = X.token_a2a_s(costs, group, s.network[0].name, **kw)
+    monkeypatch.setattr(X, "nccl_a2a_scale_out_efficiency", lambda: 1.0)
+    full = X.token_a2a_s(costs, group, s.network[0].name, **kw)
+    assert full == pytest.approx(costs.time_s("all_to_all", 8 * 4096 * 7168 * 2, group), rel=1e-12)
+    assert slowed > full
+
+
+def test_nccl_share_slows_only_switched_scale_out_and_not_node_limited_dispatch(monkeypatch):
+    """NVLink-only groups, a TPU's torus rings and a per-node (DeepEP) dispatch keep their
+    times; on dgx_h100 the IB step of an NCCL all-to-all moves (n-1)/n of its buffer at the
+    NCCL share of the 45 GB/s the preset's IB runs at."""
+    from dfmodel.graph.workload import MoEConfig
+    from dfmodel.netmodels import CostTable
+
+    free = MoEConfig(num_experts=256, top_k=8, expert_ffn_hidden=2048)
+    lim = MoEConfig(num_experts=256, top_k=8, expert_ffn_hidden=2048, max_nodes_per_token=4)
+    kw = dict(rows=8 * 4096, hidden=7168, bytes_per_element=2)
+    S = 8 * 4096 * 7168 * 2
+    h100 = load_system("dgx_h100", num_chips=64)
+    tpu = load_system("tpu_v4", num_chips=4096)
+    ch, ct = CostTable(h100), CostTable(tpu)
+    nv, ring = (("nvlink", 8),), (("x", 16), ("y", 16))
+    assert X.token_a2a_s(ch, nv, "nvlink", moe=free, **kw) == ch.time_s("all_to_all", S, nv)
+    assert X.token_a2a_s(ct, ring, "x", moe=free, **kw) == ct.time_s("all_to_all", S, ring)
+    ib = (("ib", 8),)
+    t0 = ch.time_s("all_to_all", 0.0, ib)
+    t = X.token_a2a_s(ch, ib, "nvlink", moe=free, **kw)
+    # (within 1 %: the latency term of a 235 MB step, under NCCL's Simple protocol, is not the zero-byte one)
+    assert S * 7 / 8 / (t - t0) == pytest.approx(45e9 * X.nccl_a2a_scale_out_efficiency(), rel=1e-2)
+    both = (("nvlink", 8), ("ib", 8))
+    before = X.token_a2a_s(ch, both, "nvlink", moe=lim, **kw)
+    monkeypatch.setattr(X, "nccl_a2a_scale_out_efficiency", lambda: 0.1)
+    assert X.token_a2a_s(ch, both, "nvlink", moe=lim, **kw) == before
+
+
+def test_nccl_share_only_on_kernel_by_kernel_chips():
+    """A dataflow chip's switched scale-out is not NCCL's: no dimension is slowed there."""
+    s = load_system(small_system(4, 2))
+    assert X.nccl_scale_out_dims(s, (("nvlink", 4), ("ib", 2)), "nvlink") == {"ib"}
+    s.chip.execution = "dataflow"
+    assert X.nccl_scale_out_dims(s, (("nvlink", 4), ("ib", 2)), "nvlink") == frozenset()

@@ -123,6 +123,74 @@ def complement_group(system, group, sub) -> tuple[tuple[str, int], ...]:
     return tuple((d.name, members[d.name]) for d in system.network if members.get(d.name, 1) > 1)
 
 
+#: Megatron-Core's alltoall token dispatcher (NCCL all-to-all, one copy per routed expert) against
+#: DeepEP (one RDMA copy per target node) on the same cluster and layers: deepseek-ai/DeepEP issue #59
+#: (2025-03-08; nsys of DeepSeek-V3's first pipeline stage under Megatron-LM's DeepEP integration on
+#: 8 H100 nodes): "the combining alltoall comms are faster (13ms->5ms) with DeepEP".
+DEEPEP59_NCCL_COMBINE_S = 13e-3
+DEEPEP59_DEEPEP_COMBINE_S = 5e-3
+#: DeepSeek-V3's routing there: top-8 experts on at most M = 4 of the 8 nodes (node-limited routing,
+#: arXiv:2412.19437 sec. 2.1.2; Megatron-Core --moe-router-num-groups = nodes, --moe-router-group-topk 4)
+DEEPEP59_TOP_K, DEEPEP59_NODES_PER_TOKEN = 8, 4
+
+
+def nccl_a2a_scale_out_efficiency() -> float:
+    """Rate of NCCL's all-to-all over a GPU cluster's scale-out network as a share of a per-node
+    dispatcher's (DeepEP's), which is the rate the GPU presets' scale-out dimension runs at
+    (dgx_h800 / dgx_h100 ``ib`` 45 GB/s, checked against DeepEP's 43-47 GB/s RDMA in
+    tests/test_moe_search.py).
+
+    In DeepEP issue #59 the two moved the same layer's tokens: NCCL sends every routed copy bound
+    for another node, ``top_k (n - 1) / n`` per token, DeepEP one per target node, ``M (n - 1) / n``
+    (the node-limited count of :func:`token_a2a_s`): ``top_k / M`` = 2x fewer bytes, in 5 ms
+    against NCCL's 13 ms, so NCCL ran at ``(top_k / M) x 5 / 13`` = 0.77 of DeepEP's rate. DeepEP
+    does not exceed its README's 43-47 GB/s, so 0.77 is the most NCCL's share of the preset rate
+    can be (an untuned DeepEP there, whose dispatch was slower than NCCL's, only lowers it;
+    unlimited routing, 4.6 target nodes of 7 per token, would give 0.59).
+
+    >>> round(nccl_a2a_scale_out_efficiency(), 3)
+    0.769
+    """
+    bytes_ratio = DEEPEP59_TOP_K / DEEPEP59_NODES_PER_TOKEN
+    return bytes_ratio * DEEPEP59_DEEPEP_COMBINE_S / DEEPEP59_NCCL_COMBINE_S
+
+
+def nccl_scale_out_dims(system, group, fast_dim: str) -> frozenset:
+    """The dimensions of an ep ``group`` over which an NCCL all-to-all runs at
+    :func:`nccl_a2a_scale_out_efficiency`: on a kernel-by-kernel chip (a GPU; dataflow chips
+    exchange tokens with their own runtimes), the switched dimensions outside the fast (NVLink)
+    one, the cluster's InfiniBand / Ethernet scale-out (rings, tori and fully connected
+    dimensions are other machines' fabrics, not NCCL's; RCCL's all-to-all is NCCL's design).
+
+    >>> from dfmodel.system import load_system
+    >>> s = load_system("dgx_h100", num_chips=64)
+    >>> sorted(nccl_scale_out_dims(s, (("nvlink", 8), ("ib", 8)), "nvlink")), sorted(nccl_scale_out_dims(s, (("nvlink", 8),), "nvlink"))
+    (['ib'], [])
+    """
+    if system.chip.execution != "kernel_by_kernel":
+        return frozenset()
+    switched = {d.name for d in system.network if d.topology == "switch"}
+    return frozenset(dim for dim, n in group if dim != fast_dim and n > 1 and dim in switched)
+
+
+def _nccl_a2a_s(costs, group, slow: frozenset, buffer: float) -> float:
+    """An all-to-all of ``buffer`` bytes per member over ``group`` as the cost table runs it (one
+    all-to-all per dimension, in series or pipelined across dimensions, ``NetworkDim.pipelined``),
+    the bandwidth part of the ``slow`` dimensions' steps at :func:`nccl_a2a_scale_out_efficiency`.
+    With no slow dimension it is the cost table's ``all_to_all``."""
+    eff = nccl_a2a_scale_out_efficiency()
+    fills, steps = [], []
+    for dim, n in group:
+        fill = costs.time_s("all_to_all", 0.0, ((dim, n),))  # latency-only
+        t = costs.time_s("all_to_all", buffer, ((dim, n),))
+        fills.append(fill)
+        steps.append(fill + (t - fill) / eff if dim in slow else t)
+    if len(steps) == 1:
+        return steps[0]
+    pipelined = all(d.pipelined for d in costs.system.network if d.name in dict(group))
+    return min(sum(steps), max(steps) + sum(fills)) if pipelined else sum(steps)
+
+
 def token_a2a_s(costs, group, fast_dim: str, *, rows: float, hidden: int,
                 bytes_per_element: float, moe) -> float:
     """One token all-to-all (a dispatch or a combine) over the ep ``group``.
@@ -140,7 +208,10 @@ def token_a2a_s(costs, group, fast_dim: str, *, rows: float, hidden: int,
     with NVLink and RDMA forwarding", H800 + CX7 400 Gb/s, DeepSeek-V3's pretraining setting)
     measures 43-47 GB/s RDMA and 153-158 GB/s NVLink "bottleneck bandwidth" per GPU for these
     dispatches and combines; dgx_h800's IB and NVLink steps run at 45 and 160 GB/s
-    (tests/test_moe_search.py checks the IB figure).
+    (tests/test_moe_search.py checks the IB figure). Without node-limited routing the exchange
+    is Megatron-Core's alltoall dispatcher, an NCCL all-to-all, which reaches
+    :func:`nccl_a2a_scale_out_efficiency` of that rate on the scale-out dimensions
+    (:func:`nccl_scale_out_dims`).
 
     >>> from dfmodel.system import load_system
     >>> from dfmodel.netmodels import CostTable
@@ -154,13 +225,16 @@ def token_a2a_s(costs, group, fast_dim: str, *, rows: float, hidden: int,
     >>> lim = MoEConfig(num_experts=256, top_k=8, expert_ffn_hidden=2048, max_nodes_per_token=4)
     >>> kw = dict(rows=8 * 4096, hidden=7168, bytes_per_element=2)
     >>> a, b = token_a2a_s(c, g, "nv", moe=free, **kw), token_a2a_s(c, g, "nv", moe=lim, **kw)
-    >>> a == c.time_s("all_to_all", 8 * 4096 * 7168 * 2, g), round(b / a, 2) < 0.6
+    >>> a > c.time_s("all_to_all", 8 * 4096 * 7168 * 2, g), round(b / a, 2) < 0.6
     (True, True)
+    >>> token_a2a_s(c, (("nv", 8),), "nv", moe=free, **kw) == c.time_s("all_to_all", 8 * 4096 * 7168 * 2, (("nv", 8),))
+    True
     """
     buffer = rows * hidden * bytes_per_element
     limit = getattr(moe, "max_nodes_per_token", None)
     if limit is None or not group:
-        return costs.time_s("all_to_all", buffer, group)
+        slow = nccl_scale_out_dims(costs.system, group, fast_dim) if group else frozenset()
+        return _nccl_a2a_s(costs, group, slow, buffer) if slow else costs.time_s("all_to_all", buffer, group)
     nodes = 1
     for dim, n in group:
         if dim != fast_dim:
@@ -278,5 +352,5 @@ def members_off(group, fast_dim: str) -> int:
     return out
 
 
-__all__ = ["mla_up_recompute_s", "mtp_projection_s", "mtp_stage_s", "with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
+__all__ = ["nccl_a2a_scale_out_efficiency", "nccl_scale_out_dims", "mla_up_recompute_s", "mtp_projection_s", "mtp_stage_s", "with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
            "dense_layers_per_stage", "complement_group"]
