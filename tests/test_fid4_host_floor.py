@@ -1,6 +1,7 @@
 """Issue 11 round 5: an eager framework's host (CPU) time per linear module is a floor of a layer's
-forward + backward (Transformer Engine issue #445: te.Linear 0.57 ms in 16 bit, 2.07 ms in FP8 per
-forward + backward on an H100 host). Closed form on a small layer whose GPU work is far below the
+forward + backward (the timings of Transformer Engine issue #445's test on an H100 host, 0.57 ms in
+16 bit, 2.07 ms in FP8, applied per module forward + backward: an upper reading, see
+systems/dgx_h100.yaml). Closed form on a small layer whose GPU work is far below the
 floor, no effect when the floor does not bind or the layers run as CUDA graphs, monotonicity, a
 clear error for a bad table, and the dgxc Llama 3.1 FP8 speed-ups over bf16 the floor explains."""
 

@@ -358,8 +358,10 @@ def _host_floor_s(layer: BlockTimes, chip, precision: str) -> float:
     FC1, FC2; an MoE layer's router and expert GEMMs) of the chip's ``efficiency.host_linear_s`` at
     the module's GEMM precision. Transformer Engine's ``te.Linear`` measured on H100 by its
     maintainers (NVIDIA/TransformerEngine issue #445, ptrendx 2023-10-16, a 1024 x 1024 x 1024
-    linear whose GPU work is microseconds, so the time is the host's): 0.57 ms per forward +
-    backward in 16 bit and 2.07 ms in FP8 (the cast / amax / scale bookkeeping; issue #761: "scheduling
+    linear whose GPU work is microseconds, so the time is the host's): 0.57 ms in 16 bit and 2.07 ms
+    in FP8, used per module forward + backward (an upper reading: the issue's test times ten forward
+    calls; see the caveat at ``host_linear_s`` in systems/dgx_h100.yaml) (the cast / amax / scale
+    bookkeeping; issue #761: "scheduling
     a te.Linear layer in FP8 takes more than 2x more time compared to BF16", the GPU idle in the FP8
     forward; PR #1016: "FP8 training is frequently bottlenecked by CPU overheads"). The other
     kernels of a layer (norms, attention, element-wise) are not counted: a lower estimate.
