@@ -101,6 +101,11 @@ class PlanFloor:
     X: np.ndarray | None = None
     Fs: np.ndarray | None = None
     Q: np.ndarray | None = None
+    # per set: the network seconds of its kernels (a partition's network is the sum of its
+    # kernels', ``intra_chip.cost``), on a graph whose communication kernels carry them (the
+    # layer as sharded on the mapping's TP group: :func:`.dataflow_floor.sharded_layer_floor`),
+    # at that graph's own micro-batch: such a floor is asked at factor ``k = 1`` only
+    N: np.ndarray | None = None
     _memo: dict = field(default_factory=dict)
 
     def best_s(self, k: int, s_per_byte: float, overlap: bool, tp: int = 1,
@@ -108,7 +113,11 @@ class PlanFloor:
         """Least ``sum_p max(k C_p, s (k A_p + F_p))`` (the sum without overlap) over every plan
         of partitions of at most ``compute_tiles`` kernels (before dividing by ``tp``). With
         ``sram_bytes``: each set at its cheapest option that fits the SRAM on a TP group of
-        ``tp`` (module doc), plus its streamed re-reads."""
+        ``tp`` (module doc), plus its streamed re-reads. With network seconds per set (``N``) on
+        an overlapping chip: each set at least its network too (a partition takes
+        ``max(c, m, n)``), so a plan pays its collectives *and* the busy time of the partitions
+        holding none; without overlap ``N`` adds the same to every plan and is left to the
+        caller (:func:`.dataflow_floor.with_network_s`)."""
         key = (k, s_per_byte, overlap, tp, sram_bytes)
         if key not in self._memo:
             C, mem = k * self.C, (k * self.A + self.F) * s_per_byte
@@ -116,6 +125,10 @@ class PlanFloor:
                 per_set = np.maximum(C, mem) if overlap else C + mem
             else:
                 per_set = self._option_floor(C, mem, k, s_per_byte, overlap, tp, float(sram_bytes))
+            if self.N is not None and overlap:
+                if k != 1 or tp != 1:
+                    raise ValueError(f"a plan floor with network seconds holds at factor 1 on its own graph, asked k={k}, tp={tp}")
+                per_set = np.maximum(per_set, self.N)
             self._memo[key] = self._order.shortest_s(per_set[self.inverse])
         return self._memo[key]
 
@@ -198,19 +211,23 @@ def phase_graph(graph: DataflowGraph, names: set[str], stash_free: bool) -> Data
 
 
 def plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
-               max_pairs: int = MAX_FLOOR_PAIRS, max_ideals: int = MAX_FLOOR_IDEALS) -> PlanFloor | None:
+               max_pairs: int = MAX_FLOOR_PAIRS, max_ideals: int = MAX_FLOOR_IDEALS,
+               network_s: dict[str, float] | None = None) -> PlanFloor | None:
     """:class:`PlanFloor` of the phase ``names`` of ``graph`` (one micro-batch, unsharded), or
     None when its kernels fit one partition (nothing to gain) or its ideals are too many.
-    Memoised per (graph, phase, chip): the search asks again at every TP degree."""
+    ``network_s``: network seconds per kernel of a graph whose communication kernels carry
+    them (:attr:`PlanFloor.N`). Memoised per (graph, phase, chip, network): the search asks
+    again at every TP degree."""
     chip = system.chip
     if chip.execution != "dataflow" or SMALL_PHASE_KERNELS < len(names) <= chip.compute_tiles:
         return None
-    key = (id(graph), frozenset(names), stash_free, max_pairs, max_ideals, chip.model_dump_json())
+    net = tuple(sorted((n, float(v)) for n, v in (network_s or {}).items() if n in names and v))
+    key = (id(graph), frozenset(names), stash_free, max_pairs, max_ideals, chip.model_dump_json(), net)
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is graph:  # (the graph is held: its id is not reused meanwhile)
         _PLANS.move_to_end(key)
         return hit[1]
-    out = _plan_floor(graph, system, names, stash_free, max_pairs, max_ideals)
+    out = _plan_floor(graph, system, names, stash_free, max_pairs, max_ideals, dict(net))
     _PLANS[key] = (graph, out)
     while len(_PLANS) > _PLANS_KEPT:
         _PLANS.popitem(last=False)
@@ -223,7 +240,7 @@ _PLANS_KEPT = 256
 
 
 def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
-                max_pairs: int, max_ideals: int) -> PlanFloor | None:
+                max_pairs: int, max_ideals: int, network_s: dict[str, float]) -> PlanFloor | None:
     sub = phase_graph(graph, names, stash_free)
     cm = CostModel(sub, system)
     try:
@@ -236,8 +253,11 @@ def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_fre
     src, dst, sets, inverse = st
     C, A, F = _set_terms(cm, sub, sets)
     terms = cm._terms_of(np.asarray(sets, dtype=bool))
+    N = None
+    if network_s:
+        N = np.asarray(sets, dtype=float) @ np.array([network_s.get(k.name, 0.0) for k in cm.kernels])
     return PlanFloor(C, A, F, src, dst, inverse, lat.bits.sum(axis=1), math.ceil(cm.n / cm.tiles),
-                     terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"])
+                     terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"], N)
 
 
 def _set_terms(cm: CostModel, graph: DataflowGraph, S: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
