@@ -315,3 +315,30 @@ def test_network_plan_floor_binds_on_deepseek_v3_tp64_forward():
     solved = model.block("layer", 6, 64, group, True, 1, 8, False).fwd.time_s
     assert blind.phase_s(blind.fwd_dram, 1, nf) < 0.7 * solved
     assert 0.99 * solved <= aware.phase_s(aware.fwd_dram, 1, nf) <= solved * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("tiles", [2, 3])
+def test_restricted_phase_floor_is_below_the_exact_solve(seed, tiles):
+    """The plan floor of a phase restricted to some of its kernels (reduced_plan_floor, forced
+    by a small ideal cap; and restricted_phase on random kernel subsets) is below the exact solve
+    of the whole phase with its network, SRAM-aware, on random DAGs."""
+    system = load_system(_few_tile_system(tiles, ))
+    g = _random_dag(seed, 9)
+    net = _network_s(g, seed)
+    names = {k.name for k in g.kernels}
+    solved = partition(g, system, network_time_s=net).time_s
+    sram = float(system.chip.sram_bytes)
+    s = CostModel(g, system).s_per_byte
+    red = ff.reduced_plan_floor(g, system, names, False, 12, net)
+    floors = [] if red is None else [red]
+    rng = random.Random(seed)
+    for _ in range(4):
+        keep = set(rng.sample(sorted(names), rng.choice([tiles + 1, 5, 7])))
+        small = ff.restricted_phase(ff.phase_graph(g, names, False), keep)
+        pf = ff.plan_floor(small, system, keep, False, network_s={n: v for n, v in net.items() if n in keep})
+        if pf is not None:
+            floors.append(pf)
+    assert floors
+    for pf in floors:
+        assert pf.best_s(1, s, True, 1, sram) <= solved * (1 + 1e-9)

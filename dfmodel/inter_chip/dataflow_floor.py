@@ -52,7 +52,7 @@ import numpy as np
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
-from dfmodel.inter_chip.fused_floor import MAX_FLOOR_IDEALS, PlanFloor, plan_floor
+from dfmodel.inter_chip.fused_floor import MAX_FLOOR_IDEALS, PlanFloor, plan_floor, reduced_plan_floor
 from dfmodel.inter_chip.layout_floor import least_share_graph
 from dfmodel.inter_chip.memory import in_flight_micro_batches
 from dfmodel.inter_chip.sharding import is_weight_gradient
@@ -282,8 +282,11 @@ def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int,
             fixed += b
         else:
             act += b
-    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count,
-                      plan_floor(graph, system, names, stash_free, max_ideals=max_ideals, network_s=network_s), tp,
+    plan = plan_floor(graph, system, names, stash_free, max_ideals=max_ideals, network_s=network_s)
+    if plan is None and network_s is not None and len(names) > system.chip.compute_tiles:
+        # (the sharded layer's backward: its lattice is too large, its heaviest kernels' is not)
+        plan = reduced_plan_floor(graph, system, names, stash_free, max_ideals, network_s)
+    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count, plan, tp,
                       float(chip.sram_bytes), stream_floor(graph, names, stash_free))
 
 

@@ -292,3 +292,73 @@ def _set_terms(cm: CostModel, graph: DataflowGraph, S: np.ndarray) -> tuple[np.n
 
 
 __all__ = ["PlanFloor", "plan_floor", "phase_graph"]
+
+
+#: kernels a reduced phase (:func:`reduced_plan_floor`) keeps at most, trying fewer until its
+#: lattice has at most the caller's ideals
+REDUCED_MAX_KERNELS = 20
+
+
+def reduced_plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
+                       max_ideals: int, network_s: dict[str, float] | None = None) -> PlanFloor | None:
+    """:func:`plan_floor` of the phase restricted to its heaviest kernels (:func:`restricted_phase`),
+    for a phase whose own lattice is too large (DeepSeek-V3's sharded MoE backward: ~20k ideals):
+    the most kernels (at most :data:`REDUCED_MAX_KERNELS`, by :func:`_kernel_weight_s`) whose
+    lattice has at most ``max_ideals`` ideals. Valid because every plan of the phase restricts
+    to a plan of the restricted phase that costs no more (:func:`restricted_phase`)."""
+    sub = phase_graph(graph, names, stash_free)
+    net = {n: v for n, v in (network_s or {}).items() if n in names}
+    cm = CostModel(sub, system, net)
+    order = sorted(range(cm.n), key=lambda i: -_kernel_weight_s(cm, i))
+    for n in range(min(REDUCED_MAX_KERNELS, cm.n - 1), system.chip.compute_tiles, -2):
+        small = restricted_phase(sub, {cm.names[i] for i in order[:n]})
+        try:
+            _dp.enumerate_ideals(CostModel(small, system), max_ideals=max_ideals)
+        except TooLarge:
+            continue
+        kept = {k.name for k in small.kernels}
+        return plan_floor(small, system, kept, False, max_ideals=max_ideals,
+                          network_s={n: v for n, v in net.items() if n in kept})
+    return None
+
+
+def _kernel_weight_s(cm: CostModel, i: int) -> float:
+    """A kernel's own seconds, to pick which a reduced phase keeps (any choice is valid): the
+    largest of its compute, network, and DRAM time for its weights, extra bytes and output."""
+    k = cm.kernels[i]
+    own = float(k.weight_bytes) + float(k.extra_memory_bytes) + float(k.output_bytes)
+    return max(float(cm.compute_s[i]), float(cm.network_s[i]), own * cm.s_per_byte)
+
+
+def restricted_phase(phase: DataflowGraph, keep: set[str]) -> DataflowGraph:
+    """The phase graph ``phase`` restricted to the kernels ``keep``: the tensors between kept
+    kernels and the phase's own inputs and outputs they read or write, and a zero-byte edge
+    ``u -> v`` for every path from kept ``u`` to kept ``v`` through dropped kernels only (the
+    order stays as narrow). A plan of the phase restricted to ``keep`` (each partition's kept
+    kernels, in the same order) is a plan of this graph with no more kernels per partition; each
+    restricted partition's compute and network are a part of the partition's, its weights and
+    extra bytes too, and a tensor crossing it crosses the partition (the same producer and
+    consumers inside or outside, and fewer consumers: a tensor leaves a partition that lacks
+    some consumer), its SRAM likewise; so every restricted plan floor is below every plan."""
+    tensors = [t for t in phase.tensors if (t.producer is None or t.producer in keep)
+               and (t.consumer is None or t.consumer in keep)]
+    succ: dict[str, set[str]] = {}
+    for t in phase.tensors:
+        if t.producer is not None and t.consumer is not None:
+            succ.setdefault(t.producer, set()).add(t.consumer)
+    for u in (k.name for k in phase.kernels if k.name in keep):
+        seen, stack = set(), [w for w in succ.get(u, ()) if w not in keep]
+        reached = set()
+        while stack:
+            w = stack.pop()
+            if w in seen:
+                continue
+            seen.add(w)
+            for x in succ.get(w, ()):
+                (reached.add(x) if x in keep else stack.append(x))
+        tensors += [Tensor(f"<order {u}->{v}>", u, v, 0.0) for v in sorted(reached)]
+    kernels = [k for k in phase.kernels if k.name in keep]
+    return DataflowGraph(kernels, tensors, name=f"{phase.name}[restricted]", meta=phase.meta, check=False)
+
+
+__all__ += ["reduced_plan_floor", "restricted_phase"]
