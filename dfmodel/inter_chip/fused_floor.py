@@ -39,6 +39,15 @@ This floor solves the partition problem itself, exactly, on a relaxation:
   one tile's start-up), and the phase's TP collectives ``N`` as :class:`PhaseFloor` takes
   them: ``sum_p max(c_p, m_p, n_p) >= max(sum_p max(c_p, m_p), N)``.
 
+On a graph whose communication kernels carry their network seconds (the layer as sharded on
+the mapping's TP group, :func:`.dataflow_floor.sharded_layer_floor`, at factor 1) each set also
+takes at least its network (:attr:`PlanFloor.N`): a partition runs ``max(c, m, n)``, so a plan
+pays its collectives *and* the busy time of the partitions that hold none (DeepSeek-V3's MoE
+forward at TP 64 on dragonfly: 0.038 -> 0.061 s, solved 0.061). A phase whose lattice is too
+large (that layer's backward, ~20k ideals) is floored on its heaviest kernels
+(:func:`reduced_plan_floor`, :func:`restricted_phase`): a plan of the phase restricted to them
+is a plan of the restricted phase costing no more.
+
 The minimum over plans is a shortest path over the ideals of the phase's DAG
 (:mod:`dfmodel.intra_chip.ideals`, DESIGN.md section 5), edges limited to ``compute_tiles``
 kernels: built once per (block, phase) and re-costed per micro-batch (a few milliseconds).
