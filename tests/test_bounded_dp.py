@@ -196,3 +196,33 @@ def test_memory_floor_below_the_memory_of_every_plan(seed, heavy, monkeypatch):
             assert lb <= mem[j:].sum() * (1 + 1e-12)
             checked += 1
     assert checked > 0
+
+
+def _set_partitions(items):
+    """Every partition of the list ``items`` into non-empty groups (brute force)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _set_partitions(rest):
+        yield [[first]] + part
+        for i in range(len(part)):
+            yield part[:i] + [[first] + part[i]] + part[i + 1:]
+
+
+def test_cheapest_split_is_the_least_grouping_by_brute_force():
+    """_cheapest_split (settled by popcount level) equals the least sum of group costs over every
+    partition of each bitmask's members into groups, infinite groups included."""
+    from dfmodel.intra_chip.bounded_dp import _cheapest_split
+
+    rng = np.random.default_rng(7)
+    for n in (1, 3, 5):
+        for _ in range(5):
+            group = rng.random(1 << n)
+            group[rng.random(1 << n) < 0.25] = np.inf
+            table = _cheapest_split(group)
+            for code in range(1, 1 << n):
+                members = [i for i in range(n) if code >> i & 1]
+                best = min(sum(group[sum(1 << i for i in g)] for g in part) for part in _set_partitions(members))
+                assert table[code] == pytest.approx(best) or (np.isinf(best) and np.isinf(table[code]))
+            assert table[0] == 0.0

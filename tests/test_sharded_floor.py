@@ -111,3 +111,31 @@ def test_deepseek_v3_tp64_layer_on_dragonfly():
     f, b = fl.phase_s(fl.fwd_dram, 1, nf), fl.phase_s(fl.bwd_dram, 1, nb)
     assert f <= blk.fwd.time_s * TOL and b <= blk.bwd.time_s * TOL
     assert f >= 3 * old.phase_s(old.fwd_dram, 6, nf) and b >= 5 * old.phase_s(old.bwd_dram, 6, nb)
+
+
+@pytest.mark.parametrize("sram,tiles", [("24 MiB", 3), ("64 MiB", 4)])
+def test_reduced_sharded_floor_below_every_solved_phase(sram, tiles):
+    """With an ideal cap small enough that every phase's lattice is too large, the sharded floor
+    plans on the phase's heaviest kernels (fused_floor.reduced_plan_floor): still below the exact
+    solve of every sharded layer's forward and backward of the small MoE space."""
+    w, s = _dataflow_moe(sram, tiles)
+    model = LLMModel(w, s)
+    seen, reduced = set(), 0
+    for mb in (1, 2):
+        for m in llm_candidates(model, Knobs(micro_batch=mb)):
+            key = model._block_key("layer", m)
+            if m.tp <= 1 or key in seen:
+                continue
+            seen.add(key)
+            try:
+                blk = model.block("layer", m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel, m.cp,
+                                  m.ep_outside_tp, whole_experts=m.whole_experts)
+            except InfeasibleError:
+                continue
+            sh = model.sharded_layer(m)
+            fl = dff.dataflow_block_floor(sh.graph, model.system, 1, _is_attention_core, 40, sh.network_time_s)
+            nf, nb = _nets(blk)
+            reduced += fl.bwd_dram.plan is not None
+            assert fl.phase_s(fl.fwd_dram, 1, nf) <= blk.fwd.time_s * TOL, m
+            assert fl.phase_s(fl.bwd_dram, 1, nb) <= blk.bwd.time_s * TOL, m
+    assert reduced

@@ -52,7 +52,7 @@ import numpy as np
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
-from dfmodel.inter_chip.fused_floor import MAX_FLOOR_IDEALS, PlanFloor, plan_floor
+from dfmodel.inter_chip.fused_floor import MAX_FLOOR_IDEALS, PlanFloor, plan_floor, reduced_plan_floor
 from dfmodel.inter_chip.layout_floor import least_share_graph
 from dfmodel.inter_chip.memory import in_flight_micro_batches
 from dfmodel.inter_chip.sharding import is_weight_gradient
@@ -238,7 +238,7 @@ def staged_layers_on_chip(fl: DataflowBlockFloor, k: int, sram_bytes: float, lay
 
 
 def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int, stash_free: bool,
-                 max_ideals: int = MAX_FLOOR_IDEALS) -> PhaseFloor:
+                 max_ideals: int = MAX_FLOOR_IDEALS, network_s: dict[str, float] | None = None) -> PhaseFloor:
     """:class:`PhaseFloor` of the kernels ``names`` of ``graph`` (one micro-batch, unsharded).
     ``stash_free``: tensors from a forward to a backward kernel are not compulsory (they may stay
     on chip); tensors crossing the phase's boundary otherwise are."""
@@ -282,16 +282,22 @@ def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int,
             fixed += b
         else:
             act += b
-    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count,
-                      plan_floor(graph, system, names, stash_free, max_ideals=max_ideals), tp,
+    plan = plan_floor(graph, system, names, stash_free, max_ideals=max_ideals, network_s=network_s)
+    if plan is None and network_s is not None and len(names) > system.chip.compute_tiles:
+        # (the sharded layer's backward: its lattice is too large, its heaviest kernels' is not)
+        plan = reduced_plan_floor(graph, system, names, stash_free, max_ideals, network_s)
+    return PhaseFloor(compute_s / tp, act / tp, fixed / tp, count, plan, tp,
                       float(chip.sram_bytes), stream_floor(graph, names, stash_free))
 
 
 def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core,
-                         max_ideals: int = MAX_FLOOR_IDEALS) -> DataflowBlockFloor:
+                         max_ideals: int = MAX_FLOOR_IDEALS, network_s: dict[str, float] | None = None) -> DataflowBlockFloor:
     """:class:`DataflowBlockFloor` of ``graph`` (one micro-batch) on a TP group of ``tp`` chips.
     ``is_core(kernel)`` picks selective recompute's kernels; a phase whose lattice has more
-    than ``max_ideals`` ideals keeps the closed-form floor (:func:`.fused_floor.plan_floor`)."""
+    than ``max_ideals`` ideals keeps the closed-form floor (:func:`.fused_floor.plan_floor`).
+    ``network_s``: the network seconds of ``graph``'s communication kernels (a sharded graph at
+    ``tp = 1``, asked at factor 1): each plan floor's set then takes at least its network
+    (:attr:`.fused_floor.PlanFloor.N`)."""
     fwd = {k.name for k in graph.kernels if k.phase == Phase.forward}
     bwd = {k.name for k in graph.kernels if k.phase != Phase.forward}
     core = {k.name for k in graph.kernels if is_core(k)}
@@ -303,7 +309,7 @@ def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core,
         if t.producer in fwd and t.consumer in bwd and kinds[t.producer].phase == Phase.forward:
             stash[(t.name, t.producer)] = max(stash.get((t.name, t.producer), 0.0), float(t.bytes))
     def phase(names: set[str], stash_free: bool) -> PhaseFloor:
-        return _phase_floor(graph, system, names, tp, stash_free, max_ideals)
+        return _phase_floor(graph, system, names, tp, stash_free, max_ideals, network_s)
 
     return DataflowBlockFloor(phase(fwd, True), phase(bwd, True), phase(core, False), memory_time_s(chip, 1.0), overhead,
                               bool(chip.overlap), phase(fwd, False), phase(bwd, False), sum(stash.values()) / tp)
@@ -460,7 +466,8 @@ def sharded_layer_floor(model, m, is_core) -> DataflowBlockFloor:
     key = model._block_key("layer", m)
     memo = model.__dict__.setdefault("_sharded_layer_floors", {})
     if key not in memo:
-        memo[key] = dataflow_block_floor(model.sharded_layer(m).graph, model.system, 1, is_core, SHARDED_MAX_IDEALS)
+        sh = model.sharded_layer(m)
+        memo[key] = dataflow_block_floor(sh.graph, model.system, 1, is_core, SHARDED_MAX_IDEALS, sh.network_time_s)
     return memo[key]
 
 

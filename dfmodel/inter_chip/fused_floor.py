@@ -39,6 +39,15 @@ This floor solves the partition problem itself, exactly, on a relaxation:
   one tile's start-up), and the phase's TP collectives ``N`` as :class:`PhaseFloor` takes
   them: ``sum_p max(c_p, m_p, n_p) >= max(sum_p max(c_p, m_p), N)``.
 
+On a graph whose communication kernels carry their network seconds (the layer as sharded on
+the mapping's TP group, :func:`.dataflow_floor.sharded_layer_floor`, at factor 1) each set also
+takes at least its network (:attr:`PlanFloor.N`): a partition runs ``max(c, m, n)``, so a plan
+pays its collectives *and* the busy time of the partitions that hold none (DeepSeek-V3's MoE
+forward at TP 64 on dragonfly: 0.038 -> 0.061 s, solved 0.061). A phase whose lattice is too
+large (that layer's backward, ~20k ideals) is floored on its heaviest kernels
+(:func:`reduced_plan_floor`, :func:`restricted_phase`): a plan of the phase restricted to them
+is a plan of the restricted phase costing no more.
+
 The minimum over plans is a shortest path over the ideals of the phase's DAG
 (:mod:`dfmodel.intra_chip.ideals`, DESIGN.md section 5), edges limited to ``compute_tiles``
 kernels: built once per (block, phase) and re-costed per micro-batch (a few milliseconds).
@@ -101,6 +110,11 @@ class PlanFloor:
     X: np.ndarray | None = None
     Fs: np.ndarray | None = None
     Q: np.ndarray | None = None
+    # per set: the network seconds of its kernels (a partition's network is the sum of its
+    # kernels', ``intra_chip.cost``), on a graph whose communication kernels carry them (the
+    # layer as sharded on the mapping's TP group: :func:`.dataflow_floor.sharded_layer_floor`),
+    # at that graph's own micro-batch: such a floor is asked at factor ``k = 1`` only
+    N: np.ndarray | None = None
     _memo: dict = field(default_factory=dict)
 
     def best_s(self, k: int, s_per_byte: float, overlap: bool, tp: int = 1,
@@ -108,7 +122,11 @@ class PlanFloor:
         """Least ``sum_p max(k C_p, s (k A_p + F_p))`` (the sum without overlap) over every plan
         of partitions of at most ``compute_tiles`` kernels (before dividing by ``tp``). With
         ``sram_bytes``: each set at its cheapest option that fits the SRAM on a TP group of
-        ``tp`` (module doc), plus its streamed re-reads."""
+        ``tp`` (module doc), plus its streamed re-reads. With network seconds per set (``N``) on
+        an overlapping chip: each set at least its network too (a partition takes
+        ``max(c, m, n)``), so a plan pays its collectives *and* the busy time of the partitions
+        holding none; without overlap ``N`` adds the same to every plan and is left to the
+        caller (:func:`.dataflow_floor.with_network_s`)."""
         key = (k, s_per_byte, overlap, tp, sram_bytes)
         if key not in self._memo:
             C, mem = k * self.C, (k * self.A + self.F) * s_per_byte
@@ -116,6 +134,10 @@ class PlanFloor:
                 per_set = np.maximum(C, mem) if overlap else C + mem
             else:
                 per_set = self._option_floor(C, mem, k, s_per_byte, overlap, tp, float(sram_bytes))
+            if self.N is not None and overlap:
+                if k != 1 or tp != 1:
+                    raise ValueError(f"a plan floor with network seconds holds at factor 1 on its own graph, asked k={k}, tp={tp}")
+                per_set = np.maximum(per_set, self.N)
             self._memo[key] = self._order.shortest_s(per_set[self.inverse])
         return self._memo[key]
 
@@ -198,19 +220,23 @@ def phase_graph(graph: DataflowGraph, names: set[str], stash_free: bool) -> Data
 
 
 def plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
-               max_pairs: int = MAX_FLOOR_PAIRS, max_ideals: int = MAX_FLOOR_IDEALS) -> PlanFloor | None:
+               max_pairs: int = MAX_FLOOR_PAIRS, max_ideals: int = MAX_FLOOR_IDEALS,
+               network_s: dict[str, float] | None = None) -> PlanFloor | None:
     """:class:`PlanFloor` of the phase ``names`` of ``graph`` (one micro-batch, unsharded), or
     None when its kernels fit one partition (nothing to gain) or its ideals are too many.
-    Memoised per (graph, phase, chip): the search asks again at every TP degree."""
+    ``network_s``: network seconds per kernel of a graph whose communication kernels carry
+    them (:attr:`PlanFloor.N`). Memoised per (graph, phase, chip, network): the search asks
+    again at every TP degree."""
     chip = system.chip
     if chip.execution != "dataflow" or SMALL_PHASE_KERNELS < len(names) <= chip.compute_tiles:
         return None
-    key = (id(graph), frozenset(names), stash_free, max_pairs, max_ideals, chip.model_dump_json())
+    net = tuple(sorted((n, float(v)) for n, v in (network_s or {}).items() if n in names and v))
+    key = (id(graph), frozenset(names), stash_free, max_pairs, max_ideals, chip.model_dump_json(), net)
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is graph:  # (the graph is held: its id is not reused meanwhile)
         _PLANS.move_to_end(key)
         return hit[1]
-    out = _plan_floor(graph, system, names, stash_free, max_pairs, max_ideals)
+    out = _plan_floor(graph, system, names, stash_free, max_pairs, max_ideals, dict(net))
     _PLANS[key] = (graph, out)
     while len(_PLANS) > _PLANS_KEPT:
         _PLANS.popitem(last=False)
@@ -223,7 +249,7 @@ _PLANS_KEPT = 256
 
 
 def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
-                max_pairs: int, max_ideals: int) -> PlanFloor | None:
+                max_pairs: int, max_ideals: int, network_s: dict[str, float]) -> PlanFloor | None:
     sub = phase_graph(graph, names, stash_free)
     cm = CostModel(sub, system)
     try:
@@ -236,8 +262,11 @@ def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_fre
     src, dst, sets, inverse = st
     C, A, F = _set_terms(cm, sub, sets)
     terms = cm._terms_of(np.asarray(sets, dtype=bool))
+    N = None
+    if network_s:
+        N = np.asarray(sets, dtype=float) @ np.array([network_s.get(k.name, 0.0) for k in cm.kernels])
     return PlanFloor(C, A, F, src, dst, inverse, lat.bits.sum(axis=1), math.ceil(cm.n / cm.tiles),
-                     terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"])
+                     terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"], N)
 
 
 def _set_terms(cm: CostModel, graph: DataflowGraph, S: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -272,3 +301,73 @@ def _set_terms(cm: CostModel, graph: DataflowGraph, S: np.ndarray) -> tuple[np.n
 
 
 __all__ = ["PlanFloor", "plan_floor", "phase_graph"]
+
+
+#: kernels a reduced phase (:func:`reduced_plan_floor`) keeps at most, trying fewer until its
+#: lattice has at most the caller's ideals
+REDUCED_MAX_KERNELS = 20
+
+
+def reduced_plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
+                       max_ideals: int, network_s: dict[str, float] | None = None) -> PlanFloor | None:
+    """:func:`plan_floor` of the phase restricted to its heaviest kernels (:func:`restricted_phase`),
+    for a phase whose own lattice is too large (DeepSeek-V3's sharded MoE backward: ~20k ideals):
+    the most kernels (at most :data:`REDUCED_MAX_KERNELS`, by :func:`_kernel_weight_s`) whose
+    lattice has at most ``max_ideals`` ideals. Valid because every plan of the phase restricts
+    to a plan of the restricted phase that costs no more (:func:`restricted_phase`)."""
+    sub = phase_graph(graph, names, stash_free)
+    net = {n: v for n, v in (network_s or {}).items() if n in names}
+    cm = CostModel(sub, system, net)
+    order = sorted(range(cm.n), key=lambda i: -_kernel_weight_s(cm, i))
+    for n in range(min(REDUCED_MAX_KERNELS, cm.n - 1), system.chip.compute_tiles, -2):
+        small = restricted_phase(sub, {cm.names[i] for i in order[:n]})
+        try:
+            _dp.enumerate_ideals(CostModel(small, system), max_ideals=max_ideals)
+        except TooLarge:
+            continue
+        kept = {k.name for k in small.kernels}
+        return plan_floor(small, system, kept, False, max_ideals=max_ideals,
+                          network_s={n: v for n, v in net.items() if n in kept})
+    return None
+
+
+def _kernel_weight_s(cm: CostModel, i: int) -> float:
+    """A kernel's own seconds, to pick which a reduced phase keeps (any choice is valid): the
+    largest of its compute, network, and DRAM time for its weights, extra bytes and output."""
+    k = cm.kernels[i]
+    own = float(k.weight_bytes) + float(k.extra_memory_bytes) + float(k.output_bytes)
+    return max(float(cm.compute_s[i]), float(cm.network_s[i]), own * cm.s_per_byte)
+
+
+def restricted_phase(phase: DataflowGraph, keep: set[str]) -> DataflowGraph:
+    """The phase graph ``phase`` restricted to the kernels ``keep``: the tensors between kept
+    kernels and the phase's own inputs and outputs they read or write, and a zero-byte edge
+    ``u -> v`` for every path from kept ``u`` to kept ``v`` through dropped kernels only (the
+    order stays as narrow). A plan of the phase restricted to ``keep`` (each partition's kept
+    kernels, in the same order) is a plan of this graph with no more kernels per partition; each
+    restricted partition's compute and network are a part of the partition's, its weights and
+    extra bytes too, and a tensor crossing it crosses the partition (the same producer and
+    consumers inside or outside, and fewer consumers: a tensor leaves a partition that lacks
+    some consumer), its SRAM likewise; so every restricted plan floor is below every plan."""
+    tensors = [t for t in phase.tensors if (t.producer is None or t.producer in keep)
+               and (t.consumer is None or t.consumer in keep)]
+    succ: dict[str, set[str]] = {}
+    for t in phase.tensors:
+        if t.producer is not None and t.consumer is not None:
+            succ.setdefault(t.producer, set()).add(t.consumer)
+    for u in (k.name for k in phase.kernels if k.name in keep):
+        seen, stack = set(), [w for w in succ.get(u, ()) if w not in keep]
+        reached = set()
+        while stack:
+            w = stack.pop()
+            if w in seen:
+                continue
+            seen.add(w)
+            for x in succ.get(w, ()):
+                (reached.add(x) if x in keep else stack.append(x))
+        tensors += [Tensor(f"<order {u}->{v}>", u, v, 0.0) for v in sorted(reached)]
+    kernels = [k for k in phase.kernels if k.name in keep]
+    return DataflowGraph(kernels, tensors, name=f"{phase.name}[restricted]", meta=phase.meta, check=False)
+
+
+__all__ += ["reduced_plan_floor", "restricted_phase"]

@@ -325,18 +325,40 @@ def _adjacency_bytes(cm: CostModel) -> np.ndarray:
 
 def _cheapest_split(group: np.ndarray) -> np.ndarray:
     """``g(T) = min over groups B of T holding T's lowest member of group[B] + g(T - B)`` for
-    every bitmask ``T`` (``group`` indexed by bitmask)."""
+    every bitmask ``T`` (``group`` indexed by bitmask). Settled by popcount: ``T - B`` has fewer
+    members than ``T``, so its entry is final when ``T``'s level is taken, and a level is one
+    gather, add and ``minimum.reduceat`` over its (T, B) pairs (:func:`_split_pairs`; the same
+    sums as a loop over the pairs, and min is exact)."""
     table = np.zeros(group.size)
-    for code in range(1, group.size):
-        low = code & -code
-        rest, best, sub = code ^ low, np.inf, code ^ low
-        while True:  # every subset of the rest, with the lowest member added
-            best = min(best, group[sub | low] + table[rest ^ sub])
-            if sub == 0:
-                break
-            sub = (sub - 1) & rest
-        table[code] = best
+    for codes, starts, grp, rest in _split_pairs(group.size):
+        table[codes] = np.minimum.reduceat(group[grp] + table[rest], starts)
     return table
+
+
+_SPLIT_PAIRS: dict[int, list] = {}
+
+
+def _split_pairs(size: int) -> list:
+    """Per popcount level 1, 2, ... of the bitmasks below ``size`` (a power of two): (the level's
+    codes ``T``, each code's first pair, and per pair ``(T, B)`` of :func:`_cheapest_split` the
+    group ``B`` and the rest ``T - B``). Depends on the size alone: computed once."""
+    hit = _SPLIT_PAIRS.get(size)
+    if hit is None:
+        by_level: dict[int, tuple[list, list, list, list]] = {}
+        for code in range(1, size):
+            codes, starts, grp, rest = by_level.setdefault(bin(code).count("1"), ([], [], [], []))
+            low = code & -code
+            others, sub = code ^ low, code ^ low
+            codes.append(code)
+            starts.append(len(grp))
+            while True:  # every subset of the others, with the lowest member added
+                grp.append(sub | low)
+                rest.append(others ^ sub)
+                if sub == 0:
+                    break
+                sub = (sub - 1) & others
+        hit = _SPLIT_PAIRS[size] = [tuple(np.asarray(a, dtype=np.int64) for a in by_level[lv]) for lv in sorted(by_level)]
+    return hit
 
 
 def solve_bounded(

@@ -172,9 +172,9 @@ def transitions(
 
 #: structural pairs of recently seen lattices: (shape, bits, max_size) -> (src, dst, sets, inverse)
 _STRUCTURES: "OrderedDict[tuple, tuple]" = OrderedDict()
-_STRUCTURES_KEPT = 16
+_STRUCTURES_KEPT = 64
 #: ... and at most this many pairs in all (a 33-kernel backward layer has 3.7 M; ~70 MB)
-_STRUCTURES_MAX_PAIRS = 8_000_000
+_STRUCTURES_MAX_PAIRS = 16_000_000
 
 
 def _structure(lat: Lattice, max_size: int, max_pairs: int):
