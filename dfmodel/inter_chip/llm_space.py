@@ -365,16 +365,23 @@ class LLMSpace:
                 for spar in sps for o in opts if not (o.get("etp", 0) == 1 and tp > 1 and not spar)]
 
     def _pair_count(self, tp: int, sps, opts, places_by) -> int:
-        """Mappings per (interleave, recompute) of :meth:`_pairs`: what a group's count reads;
-        memoised on the option list's and the placements' identity (kept alive by the memo):
-        every micro-batch group of a degree tuple asks it of the same lists, and building the
-        pairs each time was 10% of DeepSeek-V3 / 512 B200's search."""
-        memo = self.__dict__.setdefault("_pair_count_memo", {})
+        """Mappings per (interleave, recompute) of :meth:`_pairs`: what a group's count reads
+        (:meth:`_pairs_counted`)."""
+        return self._pairs_counted(tp, sps, opts, places_by)[1]
+
+    def _pairs_counted(self, tp: int, sps, opts, places_by) -> tuple[list[tuple], int]:
+        """:meth:`_pairs` and the mappings they make, memoised on the option list's and the
+        placements' identity (both kept alive by the memo, so an id is never reused while its
+        entry lives): every micro-batch group of a degree tuple counts the same lists (building
+        the pairs each time was 10% of DeepSeek-V3 / 512 B200's search), and every leaf group of
+        one option list shares its pairs (read only, :meth:`_mappings`)."""
+        memo = self.__dict__.setdefault("_pairs_memo", {})
         key = (tp, tuple(bool(x) for x in sps), id(opts), id(places_by))
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = (opts, places_by, sum(len(pl) for _, _, pl in self._pairs(tp, sps, opts, places_by)))
-        return hit[2]
+            pairs = self._pairs(tp, sps, opts, places_by)
+            hit = memo[key] = (opts, places_by, pairs, sum(len(pl) for _, _, pl in pairs))
+        return hit[2], hit[3]
 
     def _overlap_places(self, places: list[tuple]) -> list[tuple]:
         memo = self.__dict__.setdefault("_overlap_memo", {})
@@ -577,7 +584,9 @@ class LLMSpace:
             return None
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
         keys = self._keys(opts)
-        probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
+        # (built only when asked: the optimizer floor is memoised per option list, and the memory
+        # floor is deferred to the screen, which the groups the cutoff prunes never reach)
+        probes = cache(lambda: [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps])
         opt_s = self._opt_min_s(deg, opts, probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
@@ -606,12 +615,13 @@ class LLMSpace:
                                         places_by) if relief else None,
                          refine=None if self._bounds_off else refine)
 
-    def _micro_batch_floor_bytes(self, probes: list[Mapping], rcs) -> float:
-        """A micro-batch group's memory floor: the least over its options (``probes``) of the
+    def _micro_batch_floor_bytes(self, probes, rcs) -> float:
+        """A micro-batch group's memory floor: the least over its options (``probes``, a list or
+        a function returning it) of the
         model's floor, and over its recompute and SP choices of their activation floors."""
         model = self.model
         return min(max(model.memory_floor_bytes(p), min(model.activation_floor_bytes(p, rc) for rc in rcs))
-                   for p in probes)
+                   for p in (probes() if callable(probes) else probes))
 
     def _last_stage_min_s(self, deg, mb, m, vs, rcs, sps, keys, ep_stage_s: float) -> float:
         """Least per-micro-batch time of plain 1F1B's last stage over a group's recompute, SP,
@@ -770,8 +780,7 @@ class LLMSpace:
         return subs
 
     def _leaf(self, deg, mb, m, v, rc, key, spar, places_by, mine, relief) -> SpaceNode | None:
-        pairs = self._pairs(deg["tp"], [spar], mine, places_by)
-        count = sum(len(pl) for _, _, pl in pairs)
+        pairs, count = self._pairs_counted(deg["tp"], [spar], mine, places_by)
         if not count:
             return None
         model = self.model
