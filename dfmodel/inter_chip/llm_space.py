@@ -889,7 +889,12 @@ class LLMSpace:
         every mapping runs plain 1F1B, ``max(vs) == 1``; a group's bound takes the largest ``v``)."""
         if self._bounds_off or max(vs) != 1 or deg["pp"] <= 1:
             return 0.0
-        return self.model.p2p_floor_s(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, 1, cp=deg["cp"], ep=deg["ep"]))
+        key = (deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"], mb, m)  # (what the Mapping reads)
+        memo = self.__dict__.setdefault("_p2p_memo", {})
+        if key not in memo:
+            memo[key] = self.model.p2p_floor_s(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, 1, cp=deg["cp"],
+                                                       ep=deg["ep"]))
+        return memo[key]
 
     def _exposed_ep_s(self, deg, mb, m, v, rc, places_by, opts) -> float:
         """What the MoE token all-to-alls add to the pipeline bound of every mapping of a leaf
