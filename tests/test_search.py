@@ -385,33 +385,31 @@ def test_folded_why_not_tables_merge_to_the_event_by_event_answer():
         assert merged.why_not(winner, best_s) == whole.why_not(winner, best_s)
 
 
-def test_gc_paused_during_a_search_and_restored_after_even_on_error():
-    """While a search runs the cyclic collector is off; its previous state (on, or off when the
-    caller had turned it off) is restored when the search returns or raises."""
+def test_full_gc_paused_during_a_search_and_restored_after_even_on_error():
+    """While a search runs only the young generations are collected (the oldest generation's
+    threshold is raised); the thresholds are restored when it returns or raises."""
     import gc
 
+    from dfmodel.inter_chip.search import FULL_GC_PAUSED_THRESHOLD
+
     model = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    before = gc.get_threshold()
     seen = []
 
     def candidates():
         for m in llm_candidates(model, Knobs(tp=2, micro_batch=1)):
-            seen.append(gc.isenabled())
+            seen.append(gc.get_threshold())
             yield m
+
+    best, _ = search(model, candidates())
+    assert best is not None and seen
+    assert all(t == (before[0], before[1], FULL_GC_PAUSED_THRESHOLD) for t in seen)
+    assert gc.get_threshold() == before
 
     def failing():
         yield from ()
         raise RuntimeError("enumeration failed")
 
-    assert gc.isenabled()
-    best, _ = search(model, candidates())
-    assert best is not None and seen and not any(seen)
-    assert gc.isenabled()
     with pytest.raises(RuntimeError):
         search(model, failing())
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        search(model, candidates())
-        assert not gc.isenabled()  # (off before: left off)
-    finally:
-        gc.enable()
+    assert gc.get_threshold() == before

@@ -100,22 +100,24 @@ def search_options(*, alternatives: int | None = None, progress=None, parallel=N
         _OPTIONS.reset(token)
 
 
+#: The cyclic collector's oldest-generation threshold while a search runs (CPython's default 10):
+#: high enough that no full collection runs. :func:`search` builds millions of long-lived
+#: objects (memos, groups, probes) and almost no cycles, and each full collection walks them
+#: all: 15 of them were 5 of DeepSeek-V3 / 512 H100's 18 serial CPU s, and freed 63 objects.
+FULL_GC_PAUSED_THRESHOLD = 1 << 30
+
+
 @contextlib.contextmanager
-def gc_paused():
-    """The cyclic garbage collector off inside the block (reference counting still frees
-    everything that is not a cycle), back to its previous state on exit. A search builds
-    millions of long-lived objects (memos, groups, probes) and almost no cycles: DeepSeek-V3 /
-    512 H100's serial search ran 15 full collections, each walking all of them (5 of its 18
-    CPU s), and ~5000 young ones (another ~0.7 s), which together freed ~1000 objects; peak
-    memory is unchanged on the cells measured (wse2, sn30, dgx_h100). Cycles left by the
-    search are freed by the first collection after it."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+def full_gc_paused():
+    """Only the young generations are collected inside the block (cycles among new objects
+    still are); the thresholds are restored on exit, when the next full collection frees
+    whatever long-lived cycles the search left."""
+    old = gc.get_threshold()
+    gc.set_threshold(old[0], old[1], FULL_GC_PAUSED_THRESHOLD)
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        gc.set_threshold(*old)
 
 
 def search(model, candidates, *, exhaustive: bool = False, alternatives: int | None = None,
@@ -140,7 +142,7 @@ def search(model, candidates, *, exhaustive: bool = False, alternatives: int | N
         progress = opts.get("progress")
     if time_limit_s is None:
         time_limit_s = getattr(model, "time_limit_s", None)
-    with deadline_scope(time_limit_s), gc_paused():
+    with deadline_scope(time_limit_s), full_gc_paused():
         if opts.get("parallel") is not None and hasattr(candidates, "roots") and not exhaustive:
             return opts["parallel"](model, candidates, keep=max(0, int(alternatives)) + 1, progress=progress,
                                     limit_s=time_limit_s)
