@@ -132,3 +132,26 @@ def test_dataflow_chips_take_the_dataflow_floor():
     # with the forced TP reductions as each phase's network floor (tests/test_comm_floor.py)
     with_tp = dff.pass_floor_s(model, m, _is_attention_core, model._tp_groups(m))
     assert model.pass_floor_s(m) == with_tp > model.pass_floor_s(m, comm=False)
+
+
+def test_memoised_kernel_sums_are_the_sums_of_the_kernel_floors():
+    """kernels_s / kernels_overlapped_s (memoised per micro-batch and recompute on the floor)
+    equal the sums taken from kernel_floors_s at every (mb, recompute, comm) asked in any order,
+    and a replaced copy starts with no memo of its own."""
+    import dataclasses
+
+    import numpy as np
+
+    model = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    fl = model._block_floor("layer", 2, 1, True, 1, False)
+    asks = [(mb, rc, c) for mb in (4, 1, 2, 1) for rc in ("full", "none", "selective") for c in (0.0, 1e-3, 1.0)]
+    for mb, rc, comm in asks:
+        t = fl.kernel_floors_s(mb)
+        again = {"none": 0.0, "selective": t[fl.core].sum(), "full": t[fl.fwd].sum()}[rc]
+        assert fl.kernels_s(mb, rc) == pytest.approx(t.sum() + again, rel=1e-12)
+        gemm_t = np.where(fl.linear, t - fl.overhead_s, 0.0)
+        rest_t = t - gemm_t
+        gemm = gemm_t.sum() + (gemm_t[fl.fwd].sum() if rc == "full" else 0.0)
+        rest = rest_t.sum() + {"none": 0.0, "selective": t[fl.core].sum(), "full": rest_t[fl.fwd].sum()}[rc]
+        assert fl.kernels_overlapped_s(mb, rc, comm) == pytest.approx(rest + max(gemm, comm), rel=1e-12)
+    assert fl._sums and not dataclasses.replace(fl)._sums

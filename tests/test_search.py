@@ -383,3 +383,33 @@ def test_folded_why_not_tables_merge_to_the_event_by_event_answer():
         winner = type("W", (), {})()
         winner.tp, winner.pp, winner.dp = 1, 1, 1
         assert merged.why_not(winner, best_s) == whole.why_not(winner, best_s)
+
+
+def test_full_gc_paused_during_a_search_and_restored_after_even_on_error():
+    """While a search runs only the young generations are collected (the oldest generation's
+    threshold is raised); the thresholds are restored when it returns or raises."""
+    import gc
+
+    from dfmodel.inter_chip.search import FULL_GC_PAUSED_THRESHOLD
+
+    model = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    before = gc.get_threshold()
+    seen = []
+
+    def candidates():
+        for m in llm_candidates(model, Knobs(tp=2, micro_batch=1)):
+            seen.append(gc.get_threshold())
+            yield m
+
+    best, _ = search(model, candidates())
+    assert best is not None and seen
+    assert all(t == (before[0], before[1], FULL_GC_PAUSED_THRESHOLD) for t in seen)
+    assert gc.get_threshold() == before
+
+    def failing():
+        yield from ()
+        raise RuntimeError("enumeration failed")
+
+    with pytest.raises(RuntimeError):
+        search(model, failing())
+    assert gc.get_threshold() == before

@@ -191,3 +191,22 @@ def test_lazy_group_bounds_are_valid_and_tighter(workload, system, knobs):
         tighter += finer > node.bound_s * (1 + 1e-9)
         assert finer <= min(_leaf_bounds_under(node)) * (1 + 1e-12)
     assert tighter > 0
+
+
+def test_pair_counts_are_right_for_option_lists_that_reuse_a_freed_list_id():
+    """_pairs_counted is keyed on the option list's identity: its memo holds the list, so a list
+    built after another is freed never takes over the freed one's entry (an id reused by a list
+    of other options would otherwise answer with the old count)."""
+    import gc
+
+    model = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
+    space = LLMSpace(model, Knobs())
+    deg = {"tp": 2, "cp": 1, "ep": 1, "pp": 1, "dp": 4}
+    places_by = {0: space.placements(deg)}
+    option = {"zero_stage": 0, "tp_comm_overlap": False}
+    for n in [1, 3, 2, 5, 4] * 20:
+        opts = [dict(option, zero_stage=i % 2) for i in range(n)]
+        want = sum(len(pl) for _, _, pl in space._pairs(2, [False, True], opts, places_by))
+        assert space._pair_count(2, [False, True], opts, places_by) == want == 2 * n * len(places_by[0])
+        del opts
+        gc.collect()

@@ -29,7 +29,7 @@ cases, and the search tests check bound <= evaluated on every candidate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,6 +66,9 @@ class BlockFloor:
     overlap: bool
     linear: np.ndarray | None = None  # the GEMMs tp_comm_overlap pairs with TP collectives
     paired: tuple = ()  # per ``forced`` group: its reductions are a paired GEMM's (tp_comm_overlap)
+    # (kernels_s and kernels_overlapped_s's sums per (micro-batch, recompute): the search asks
+    # them ~10^5 times of a few hundred keys; not an init field, so dataclasses.replace starts empty)
+    _sums: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def kernel_floors_s(self, k: int) -> np.ndarray:
         """Each kernel's floor at micro-batch ``k``: least over its options, plus its launch."""
@@ -77,10 +80,13 @@ class BlockFloor:
 
     def kernels_s(self, k: int, recompute: str) -> float:
         """Forward + backward (+ recompute) floor of the block's compute kernels."""
-        t = self.kernel_floors_s(k)
-        extra = {"none": 0.0, "selective": float(t[self.core].sum()), "full": float(t[self.fwd].sum())}[recompute]
-        return float(t.sum()) + extra
-
+        key = ("plain", k, recompute)
+        hit = self._sums.get(key)
+        if hit is None:
+            t = self.kernel_floors_s(k)
+            extra = {"none": 0.0, "selective": float(t[self.core].sum()), "full": float(t[self.fwd].sum())}[recompute]
+            hit = self._sums[key] = float(t.sum()) + extra
+        return hit
 
     def kernels_overlapped_s(self, k: int, recompute: str, comm_s: float) -> float:
         """The layer's floor under Megatron's tp_comm_overlap (``llm._userbuffers_s``): per
@@ -89,17 +95,27 @@ class BlockFloor:
         max(n g, (n - 1) c)``); summed over the phases, ``max(Gf, Cf) + max(Gb, Cb) >= max(Gf +
         Gb, Cf + Cb)``. ``comm_s`` is a floor on the whole block's TP collective seconds
         (network only, full recompute's repeated forward included: :func:`forced_comm_s`)."""
-        t = self.kernel_floors_s(k)
-        lin = self.linear if self.linear is not None else np.zeros(len(t), dtype=bool)
-        gemm_t = np.where(lin, t - self.overhead_s, 0.0)
-        rest_t = t - gemm_t  # every other kernel, and each GEMM's launch
-        again = {"none": None, "selective": None, "full": self.fwd}[recompute]
-        rest = float(rest_t.sum()) + (float(t[self.core].sum()) if recompute == "selective" else 0.0)
-        gemm = float(gemm_t.sum())
-        if again is not None:
-            rest += float(rest_t[again].sum())
-            gemm += float(gemm_t[again].sum())
+        rest, gemm = self._overlap_parts_s(k, recompute)
         return rest + max(gemm, comm_s)
+
+    def _overlap_parts_s(self, k: int, recompute: str) -> tuple[float, float]:
+        """(every other kernel and each GEMM's launch, the paired GEMMs) of
+        :meth:`kernels_overlapped_s`, memoised per (micro-batch, recompute)."""
+        key = ("overlapped", k, recompute)
+        hit = self._sums.get(key)
+        if hit is None:
+            t = self.kernel_floors_s(k)
+            lin = self.linear if self.linear is not None else np.zeros(len(t), dtype=bool)
+            gemm_t = np.where(lin, t - self.overhead_s, 0.0)
+            rest_t = t - gemm_t  # every other kernel, and each GEMM's launch
+            again = {"none": None, "selective": None, "full": self.fwd}[recompute]
+            rest = float(rest_t.sum()) + (float(t[self.core].sum()) if recompute == "selective" else 0.0)
+            gemm = float(gemm_t.sum())
+            if again is not None:
+                rest += float(rest_t[again].sum())
+                gemm += float(gemm_t[again].sum())
+            hit = self._sums[key] = (rest, gemm)
+        return hit
 
 
 def _tensors(graph: DataflowGraph):

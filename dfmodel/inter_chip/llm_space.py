@@ -293,7 +293,7 @@ class LLMSpace:
         self._classes = symmetric_dims(self.system)
         self._places: dict[tuple, list[tuple]] = {}
         self._ep_memo: dict[tuple, tuple] = {}
-        self._probe_memo: dict[tuple, Mapping] = {}
+        self._probe_memo: dict[int, tuple[dict, dict[tuple, Mapping]]] = {}  # (_probe)
         self.roots_built: list[SpaceNode] = []
         # offload (dfmodel.inter_chip.offload): enumerated up front only where the host's step
         # can beat the chip's; otherwise a group pruned for memory is relieved by its offloaded twin
@@ -346,12 +346,18 @@ class LLMSpace:
     def _probe(self, deg, mb, m, v, rc, key, sp: bool = False) -> Mapping:
         """A mapping with the knobs the bound and floor read (placement and the rest neutral),
         memoised on exactly those arguments (Mapping is frozen, so one object serves every
-        group asking for it: building its 21 fields cost 7% of DeepSeek-V3 / 1024 H100's search)."""
-        memo_key = (deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"], mb, m, v, rc, key, sp)
-        hit = self._probe_memo.get(memo_key)
+        group asking for it: building its 21 fields cost 7% of DeepSeek-V3 / 1024 H100's search).
+        Two levels: per degree dict (one object per degree tuple, shared by every group under its
+        root; held by the memo, so its id is never reused while the entry lives), then the rest:
+        reading five degrees into every key cost 3% of DeepSeek-V3 / 64 B200's search."""
+        per_deg = self._probe_memo.get(id(deg))
+        if per_deg is None:
+            per_deg = self._probe_memo[id(deg)] = (deg, {})
+        memo_key = (mb, m, v, rc, key, sp)
+        hit = per_deg[1].get(memo_key)
         if hit is None:
             zero, etp, oo, oa, ow, ub = key
-            hit = self._probe_memo[memo_key] = Mapping(
+            hit = per_deg[1][memo_key] = Mapping(
                 deg["tp"], deg["pp"], deg["dp"], mb, m, v, rc, sp, zero_stage=zero, cp=deg["cp"], ep=deg["ep"],
                 etp=etp, offload_optimizer=oo, offload_activations=oa, offload_weights=ow, tp_comm_overlap=ub)
         return hit
@@ -365,16 +371,23 @@ class LLMSpace:
                 for spar in sps for o in opts if not (o.get("etp", 0) == 1 and tp > 1 and not spar)]
 
     def _pair_count(self, tp: int, sps, opts, places_by) -> int:
-        """Mappings per (interleave, recompute) of :meth:`_pairs`: what a group's count reads;
-        memoised on the option list's and the placements' identity (kept alive by the memo):
-        every micro-batch group of a degree tuple asks it of the same lists, and building the
-        pairs each time was 10% of DeepSeek-V3 / 512 B200's search."""
-        memo = self.__dict__.setdefault("_pair_count_memo", {})
+        """Mappings per (interleave, recompute) of :meth:`_pairs`: what a group's count reads
+        (:meth:`_pairs_counted`)."""
+        return self._pairs_counted(tp, sps, opts, places_by)[1]
+
+    def _pairs_counted(self, tp: int, sps, opts, places_by) -> tuple[list[tuple], int]:
+        """:meth:`_pairs` and the mappings they make, memoised on the option list's and the
+        placements' identity (both kept alive by the memo, so an id is never reused while its
+        entry lives): every micro-batch group of a degree tuple counts the same lists (building
+        the pairs each time was 10% of DeepSeek-V3 / 512 B200's search), and every leaf group of
+        one option list shares its pairs (read only, :meth:`_mappings`)."""
+        memo = self.__dict__.setdefault("_pairs_memo", {})
         key = (tp, tuple(bool(x) for x in sps), id(opts), id(places_by))
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = (opts, places_by, sum(len(pl) for _, _, pl in self._pairs(tp, sps, opts, places_by)))
-        return hit[2]
+            pairs = self._pairs(tp, sps, opts, places_by)
+            hit = memo[key] = (opts, places_by, pairs, sum(len(pl) for _, _, pl in pairs))
+        return hit[2], hit[3]
 
     def _overlap_places(self, places: list[tuple]) -> list[tuple]:
         memo = self.__dict__.setdefault("_overlap_memo", {})
@@ -577,7 +590,9 @@ class LLMSpace:
             return None
         f1 = min(model.compute_floor_s(1, rc) for rc in rcs)
         keys = self._keys(opts)
-        probes = [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps]
+        # (built only when asked: the optimizer floor is memoised per option list, and the memory
+        # floor is deferred to the screen, which the groups the cutoff prunes never reach)
+        probes = cache(lambda: [self._probe(deg, mb, m, 1, rcs[0], k, sp) for k in keys for sp in sps])
         opt_s = self._opt_min_s(deg, opts, probes)
         ep_s = self._ep_layers_s(deg, mb, m, rcs, places_by, opts)
         p2p_s = self._p2p_floor_s(deg, mb, m, vs)
@@ -606,12 +621,13 @@ class LLMSpace:
                                         places_by) if relief else None,
                          refine=None if self._bounds_off else refine)
 
-    def _micro_batch_floor_bytes(self, probes: list[Mapping], rcs) -> float:
-        """A micro-batch group's memory floor: the least over its options (``probes``) of the
+    def _micro_batch_floor_bytes(self, probes, rcs) -> float:
+        """A micro-batch group's memory floor: the least over its options (``probes``, a list or
+        a function returning it) of the
         model's floor, and over its recompute and SP choices of their activation floors."""
         model = self.model
         return min(max(model.memory_floor_bytes(p), min(model.activation_floor_bytes(p, rc) for rc in rcs))
-                   for p in probes)
+                   for p in (probes() if callable(probes) else probes))
 
     def _last_stage_min_s(self, deg, mb, m, vs, rcs, sps, keys, ep_stage_s: float) -> float:
         """Least per-micro-batch time of plain 1F1B's last stage over a group's recompute, SP,
@@ -770,8 +786,7 @@ class LLMSpace:
         return subs
 
     def _leaf(self, deg, mb, m, v, rc, key, spar, places_by, mine, relief) -> SpaceNode | None:
-        pairs = self._pairs(deg["tp"], [spar], mine, places_by)
-        count = sum(len(pl) for _, _, pl in pairs)
+        pairs, count = self._pairs_counted(deg["tp"], [spar], mine, places_by)
         if not count:
             return None
         model = self.model
@@ -874,7 +889,12 @@ class LLMSpace:
         every mapping runs plain 1F1B, ``max(vs) == 1``; a group's bound takes the largest ``v``)."""
         if self._bounds_off or max(vs) != 1 or deg["pp"] <= 1:
             return 0.0
-        return self.model.p2p_floor_s(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, 1, cp=deg["cp"], ep=deg["ep"]))
+        key = (deg["tp"], deg["pp"], deg["dp"], deg["cp"], deg["ep"], mb, m)  # (what the Mapping reads)
+        memo = self.__dict__.setdefault("_p2p_memo", {})
+        if key not in memo:
+            memo[key] = self.model.p2p_floor_s(Mapping(deg["tp"], deg["pp"], deg["dp"], mb, m, 1, cp=deg["cp"],
+                                                       ep=deg["ep"]))
+        return memo[key]
 
     def _exposed_ep_s(self, deg, mb, m, v, rc, places_by, opts) -> float:
         """What the MoE token all-to-alls add to the pipeline bound of every mapping of a leaf
