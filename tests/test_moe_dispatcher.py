@@ -86,8 +86,8 @@ def test_fp32_router_runs_at_the_fp32_rate():
     chip = load_system("dgx_h100").chip
     ta = sum(compute_time_s(chip, k, k.precision or "bf16") for k in _router_kernels(a).values())
     tb = sum(compute_time_s(chip, k, k.precision or "bf16") for k in _router_kernels(b).values())
-    # 989 x 0.625 bf16 against 67 x 0.75 fp32 (dgx_h100.yaml): 12.3x slower
-    assert tb == pytest.approx(ta * (989 * 0.625) / (67 * 0.75), rel=1e-6)
+    # 989 x 0.65 bf16 against 67 x 0.75 fp32 (dgx_h100.yaml): 12.8x slower
+    assert tb == pytest.approx(ta * (989 * 0.65) / (67 * 0.75), rel=1e-6)
 
 
 def _big(**moe) -> dict:

@@ -40,8 +40,8 @@ from dfmodel.intra_chip import partition
 from dfmodel.intra_chip.api import floor_time_s
 from dfmodel.netmodels import CostTable, merge_groups, nccl
 from dfmodel.graph.builders.llm import FP8_CAST_EXTRA_BYTES
-from dfmodel.system.processor import (achieved_rate_Fps, compute_time_s, fp8_operand_prep_s, graph_launched,
-                                      memory_time_s)
+from dfmodel.system.processor import (achieved_rate_Fps, compute_time_s, fp8_operand_prep_s, gemm_epilogue_exposed_s,
+                                      graph_launched, memory_time_s)
 from dfmodel.system.schema import Precision, System
 
 #: Adam step DRAM traffic per parameter: read fp32 master, m, v and the gradient, write master,
@@ -335,6 +335,27 @@ def _fp8_prep_s(layer: BlockTimes, chip, recipe: str = "delayed",
             else:
                 bwd += t
     layer.__dict__["_fp8_prep_s"] = ((recipe, dispatch_fp8), (fwd, bwd))
+    return fwd, bwd
+
+
+def _gemm_epilogue_s(block: BlockTimes, chip, precision: str) -> tuple[float, float]:
+    """(forward, backward incl. weight-gradient) seconds per micro-batch that a block's GEMM
+    epilogues add to their rooflines (:func:`dfmodel.system.processor.gemm_epilogue_exposed_s`:
+    the output store, and a weight-gradient GEMM's read of the main gradient it accumulates into,
+    after the tile's mainloop); 0 on a chip that does not run kernel by kernel (a dataflow
+    partition streams its outputs while it computes)."""
+    cached = block.__dict__.get("_gemm_epilogue_s")
+    if cached is not None:
+        return cached
+    fwd = bwd = 0.0
+    if chip.execution == "kernel_by_kernel":
+        for k in block.sharded.graph.kernels:
+            t = gemm_epilogue_exposed_s(chip, k, precision)
+            if k.phase == Phase.forward:
+                fwd += t
+            else:
+                bwd += t
+    block.__dict__["_gemm_epilogue_s"] = (fwd, bwd)
     return fwd, bwd
 
 
@@ -1690,6 +1711,9 @@ class LLMModel:
                       if dense else (0.0, 0.0))
         emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
         head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
+        if head:  # the output layer's GEMM epilogues: the logits store, its wgrad's main-gradient read
+            head_f, head_b = (t + e for t, e in zip((head_f, head_b), _gemm_epilogue_s(head, self.system.chip,
+                                                                                       self.precision.value)))
         if m.zero_stage == 3:  # their parameters are gathered like a layer's
             emb_f, emb_b = self._fsdp_exposed(emb, emb_f, emb_b, m, dp_group)
             head_f, head_b = self._fsdp_exposed(head, head_f, head_b, m, dp_group)
@@ -1860,14 +1884,22 @@ class LLMModel:
         """(forward, backward) time of one layer and micro-batch with its exposed communication
         ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles, self._ub_config)
-        c_f, c_b = _fp8_prep_s(layer, self.system.chip, *self._fp8_kind)  # TE's FP8 cast/transpose kernels (serial)
-        redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts
+        c_f, c_b = self._serial_memory_s(layer)  # TE's FP8 casts and the GEMM epilogues (serial)
+        redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts and GEMMs
         redo_f += self._mla_up_redo_s(m)
         f = t_f + c_f + sum(f for f, _ in extra.values())
         b = t_b + c_b + redo_f + sum(b for _, b in extra.values())
         # an eager framework's host queues the layer no faster than _host_floor_s: the GPU's wait
         # shows in the backward (the CPU runs ahead once the forward's kernels are queued)
         return f, max(b, self._host_floor_s(layer) - f)
+
+    def _serial_memory_s(self, block: BlockTimes) -> tuple[float, float]:
+        """(forward, backward) DRAM time per micro-batch the block's rooflines hide but the GPU
+        runs serially: TE's FP8 cast / transpose kernels (:func:`_fp8_prep_s`) and the GEMM
+        epilogues (:func:`_gemm_epilogue_s`)."""
+        c_f, c_b = _fp8_prep_s(block, self.system.chip, *self._fp8_kind)
+        e_f, e_b = _gemm_epilogue_s(block, self.system.chip, self.precision.value)
+        return c_f + e_f, c_b + e_b
 
     @property
     def _ub_config(self) -> tuple[tuple[str, int], ...] | None:
@@ -1935,7 +1967,7 @@ class LLMModel:
             parts = {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
         else:
             parts = layer.parts(m.recompute)
-        c_f, c_b = _fp8_prep_s(layer, self.system.chip, *self._fp8_kind)  # memory-bound kernels of their own
+        c_f, c_b = self._serial_memory_s(layer)  # memory-bound kernels and GEMM epilogues of their own
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
         parts["compute"] += self._mla_up_redo_s(m)
         # the GPU waiting on the host (_layer_phases_s's floor; the layer's exposed communication

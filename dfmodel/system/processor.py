@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 
 from dfmodel.graph.fp8 import RECIPES, recipe_cost
-from dfmodel.graph.kernel import Kernel, KernelKind
+from dfmodel.graph.kernel import Kernel, KernelKind, Phase
 from dfmodel.system.schema import Chip, Precision, System
 
 
@@ -64,6 +64,64 @@ def compute_time_s(chip: Chip, kernel: Kernel, precision: Precision | str) -> fl
 def memory_time_s(chip: Chip, num_bytes: float) -> float:
     """Time to move ``num_bytes`` between DRAM and the chip at the achieved bandwidth."""
     return num_bytes / (chip.memory.bandwidth_Bps * chip.efficiency.memory)
+
+
+def gemm_epilogue_bytes(kernel: Kernel) -> float:
+    """DRAM bytes of a GEMM's epilogue: its output D written, and for a weight-gradient GEMM the
+    main-gradient C it accumulates into read first (Megatron-LM's gradient-accumulation fusion:
+    the wgrad GEMM runs with beta = 1 on ``param.main_grad``, TE ``accumulate=True``; the graph
+    charges that read as the kernel's ``weight_bytes``). 0 for anything but a matrix kernel, and
+    for a fused attention kernel, whose own efficiency factor covers its output.
+
+    >>> k = Kernel("wgrad.fc1", KernelKind.matmul, {"m": 8, "n": 8, "k": 4}, flop=512, output_bytes=256,
+    ...            weight_bytes=256, phase=Phase.weight_grad)
+    >>> gemm_epilogue_bytes(k), gemm_epilogue_bytes(Kernel("fc1", KernelKind.matmul, {}, flop=512,
+    ...     output_bytes=128, weight_bytes=64))
+    (512, 128.0)
+    """
+    if not kernel.kind.is_matrix or kernel.efficiency == "attention":
+        return 0.0
+    return kernel.output_bytes + (kernel.weight_bytes if kernel.phase == Phase.weight_grad else 0.0)
+
+
+def gemm_epilogue_exposed_s(chip: Chip, kernel: Kernel, precision: Precision | str) -> float:
+    """Time a GEMM's epilogue adds to its roofline ``max(compute, bytes / bandwidth)`` on a chip
+    whose ``gemm_epilogue`` is "serial": ``min(compute, epilogue bytes / bandwidth)``, so the
+    kernel takes its mainloop plus its epilogue, ``compute + epilogue`` (its operand loads are
+    hidden under the math); 0 where the epilogue overlaps the next tile's MMAs.
+
+    On Hopper a GEMM tile's accumulators live in the registers of the warp groups that computed
+    them (wgmma), so a tile's epilogue -- load C, add, store D -- runs after its mainloop, on the
+    same warps, while the tensor cores idle; CUTLASS's sm90 "cooperative" persistent kernel has
+    both consumer warp groups on one tile and does not overlap them (only the "ping-pong" schedule
+    overlaps one warp group's epilogue with the other's mainloop: Wright & Hoque, 'Deep Dive on
+    CUTLASS Ping-Pong GEMM Kernel', PyTorch blog 2024; Triton's Gluon persistent-matmul tutorial:
+    "especially for small K ... overlap the epilogue. Fully overlapping the epilogue is
+    challenging"). The epilogue's share is its bytes per FLOP: 1 / K of a 16-bit output, and
+    2 x 4 bytes per 2 T FLOP for a weight-gradient GEMM accumulating into fp32 main gradients over
+    the micro-batch's T tokens: on H100 (618 TFLOPS achieved, 2.85 TB/s) 0.42 of a wgrad GEMM's
+    math at GPT-3's T = 2048 (14 % of the layer's GEMM time; half that with bf16 main gradients),
+    a quarter of it at T = 8192. The roofline counted those bytes but hid them under the math. Blackwell
+    double-buffers the accumulator in tensor memory, so the next tile's MMAs run during the
+    epilogue (Triton Gluon Blackwell tutorial: "Double-buffer the accumulator to fully overlap the
+    epilogue"; CUTLASS sm100 kernels' "overlapping accum"): "overlapped" there.
+
+    >>> from dfmodel.system.schema import Chip
+    >>> chip = Chip.model_validate({"name": "c", "peak_flops": "1 TFLOPS", "sram_bytes": "1 MB", "memory": {"kind": "HBM",
+    ...     "capacity_bytes": "1 GB", "bandwidth_Bps": "1 TB/s"}, "efficiency": {"memory": 1.0, "matmul": 1.0},
+    ...     "gemm_epilogue": "serial"})
+    >>> k = Kernel("wgrad.fc1", KernelKind.matmul, {}, flop=4e9, output_bytes=4e6, weight_bytes=4e6, phase=Phase.weight_grad)
+    >>> round(gemm_epilogue_exposed_s(chip, k, "bf16"), 9)  # 8 MB at 1 TB/s under a 4 ms mainloop
+    8e-06
+    >>> round(gemm_epilogue_exposed_s(chip, Kernel("g", KernelKind.matmul, {}, flop=2e6, output_bytes=4e6), "bf16"), 9)
+    2e-06
+    >>> gemm_epilogue_exposed_s(chip.model_copy(update={"gemm_epilogue": "overlapped"}), k, "bf16")
+    0.0
+    """
+    ep = gemm_epilogue_bytes(kernel)
+    if chip.gemm_epilogue != "serial" or ep <= 0:
+        return 0.0
+    return min(compute_time_s(chip, kernel, precision), memory_time_s(chip, ep))
 
 
 def kernel_memory_bytes(kernel: Kernel, input_bytes: float) -> float:

@@ -190,6 +190,13 @@ class Chip(Strict):
     #: (``transformer_engine/pytorch/utils.py`` ``is_non_tn_fp8_gemm_supported``: true for
     #: sm 10.x-11.x and >= 13.0). False (Hopper, Ada): cuBLASLt FP8 GEMMs are "TN" only.
     fp8_gemm_any_layout: bool = False
+    #: Whether a GEMM tile's epilogue (store D; load C first when accumulating into main
+    #: gradients) runs after its mainloop on the warps that hold the accumulators ("serial":
+    #: Hopper, whose wgmma accumulators live in registers; cuBLAS / CUTLASS sm90 cooperative
+    #: kernels) or overlaps the next tile's MMAs ("overlapped", the roofline: Blackwell's
+    #: double-buffered tensor-memory accumulators). Read by
+    #: :func:`dfmodel.system.processor.gemm_epilogue_exposed_s`. Default "overlapped".
+    gemm_epilogue: Literal["overlapped", "serial"] = "overlapped"
     price_usd: NonNegativeFloat = 0.0
     power_w: NonNegativeFloat = 0.0
 
