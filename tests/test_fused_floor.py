@@ -45,17 +45,20 @@ def _random_dag(seed: int, n: int) -> DataflowGraph:
     return DataflowGraph(ks, ts)
 
 
-def _brute_force_s(graph: DataflowGraph, system, k: int, tiles: int) -> float:
-    """Least sum of max(k C, s (k A + F)) over every sequence of partitions of at most
-    ``tiles`` kernels whose prefixes are down-sets (every order-respecting plan)."""
+def _brute_force_s(graph: DataflowGraph, system, k: int, tiles: int, network_s: dict[str, float] | None = None) -> float:
+    """Least sum of max(k C, s (k A + F)[, N]) over every sequence of partitions of at most
+    ``tiles`` kernels whose prefixes are down-sets (every order-respecting plan); with
+    ``network_s`` (seconds per kernel) each partition also takes at least its kernels' network."""
     cm = CostModel(graph, system)
     n = cm.n
     full = (1 << n) - 1
+    index = {kn.name: i for i, kn in enumerate(cm.kernels)}
 
     def cost(mask: int) -> float:
         S = np.array([[(mask >> i) & 1 for i in range(n)]], dtype=bool)
         C, A, F = ff._set_terms(cm, graph, S)
-        return float(max(k * C[0], (k * A[0] + F[0]) * cm.s_per_byte))
+        nw = sum(v for name, v in (network_s or {}).items() if (mask >> index[name]) & 1)
+        return float(max(k * C[0], (k * A[0] + F[0]) * cm.s_per_byte, nw))
 
     @lru_cache(maxsize=None)
     def rest(placed: int) -> float:
@@ -270,29 +273,8 @@ def test_network_plan_floor_equals_brute_force_and_is_below_the_solve(seed, tile
     names = {k.name for k in g.kernels}
     pf = ff.plan_floor(g, system, names, stash_free=False, network_s=net)
     blind = ff.plan_floor(g, system, names, stash_free=False)
-    cm = CostModel(g, system)
-    index = {k.name: i for i, k in enumerate(cm.kernels)}
-
-    @lru_cache(maxsize=None)
-    def rest(placed: int) -> float:
-        n, full = cm.n, (1 << cm.n) - 1
-        if placed == full:
-            return 0.0
-        free = [i for i in range(n) if not (placed >> i) & 1]
-        best = float("inf")
-        for sub in range(1, 1 << len(free)):
-            mask = sum(1 << free[j] for j in range(len(free)) if (sub >> j) & 1)
-            if bin(mask).count("1") > tiles or any(((mask >> i) & 1) and (cm.pred_mask[i] & ~(placed | mask))
-                                                   for i in range(n)):
-                continue
-            S = np.array([[(mask >> i) & 1 for i in range(n)]], dtype=bool)
-            C, A, F = ff._set_terms(cm, g, S)
-            nw = sum(v for name, v in net.items() if (mask >> index[name]) & 1)
-            best = min(best, float(max(C[0], (A[0] + F[0]) * cm.s_per_byte, nw)) + rest(placed | mask))
-        return best
-
-    s = cm.s_per_byte
-    assert pf.best_s(1, s, True) == pytest.approx(rest(0), rel=1e-12)
+    s = CostModel(g, system).s_per_byte
+    assert pf.best_s(1, s, True) == pytest.approx(_brute_force_s(g, system, 1, tiles, net), rel=1e-12)
     assert pf.best_s(1, s, True) >= blind.best_s(1, s, True) and pf.best_s(1, s, True) >= sum(net.values()) * (1 - 1e-12)
     solved = partition(g, system, network_time_s=net)
     assert pf.best_s(1, s, True, 1, float(system.chip.sram_bytes)) <= solved.time_s * (1 + 1e-9)

@@ -39,11 +39,10 @@ def _nets(blk) -> tuple[float, float]:
     return sum(v for n, v in net.items() if n in fwd), sum(v for n, v in net.items() if n not in fwd)
 
 
-@pytest.mark.parametrize("sram,tiles", [("24 MiB", 3), ("64 MiB", 4)])
-def test_sharded_floor_below_every_solved_phase(sram, tiles):
-    w, s = _dataflow_moe(sram, tiles)
-    model = LLMModel(w, s)
-    seen, checked, tighter = set(), 0, 0
+def _solved_layers(model):
+    """(mapping, solved layer block) for each distinct sharded layer (TP > 1) of the space at
+    micro-batches 1 and 2; blocks that cannot be solved (SRAM) are skipped."""
+    seen = set()
     for mb in (1, 2):
         for m in llm_candidates(model, Knobs(micro_batch=mb)):
             key = model._block_key("layer", m)
@@ -51,23 +50,31 @@ def test_sharded_floor_below_every_solved_phase(sram, tiles):
                 continue
             seen.add(key)
             try:
-                blk = model.block("layer", m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel, m.cp,
-                                  m.ep_outside_tp, whole_experts=m.whole_experts)
+                yield m, model.block("layer", m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel, m.cp,
+                                     m.ep_outside_tp, whole_experts=m.whole_experts)
             except InfeasibleError:
                 continue
-            fl, (nf, nb) = dff.sharded_layer_floor(model, m, _is_attention_core), _nets(blk)
-            assert fl.phase_s(fl.fwd_dram, 1, nf) <= blk.fwd.time_s * TOL, m
-            assert fl.phase_s(fl.bwd_dram, 1, nb) <= blk.bwd.time_s * TOL, m
-            assert fl.phase_s(fl.core, 1) <= blk.attention_core.time_s * TOL, m
-            if blk.onchip is not None:
-                assert fl.phase_s(fl.fwd, 1, nf) <= blk.onchip.fwd_s * TOL, m
-                assert fl.phase_s(fl.bwd, 1, nb) <= blk.onchip.bwd_s * TOL, m
-            old = dff._block_floor_of(model.graphs(1, m.cp, m.ep_outside_tp).layer, s, m.tp, True, False,
-                                      _is_attention_core)
-            # (the pass floor takes each phase at the larger of the two: the forward's binds here,
-            # the backward's lattice being past SHARDED_MAX_IDEALS)
-            tighter += fl.phase_s(fl.fwd_dram, 1) > 1.1 * old.phase_s(old.fwd_dram, mb)
-            checked += 1
+
+
+@pytest.mark.parametrize("sram,tiles", [("24 MiB", 3), ("64 MiB", 4)])
+def test_sharded_floor_below_every_solved_phase(sram, tiles):
+    w, s = _dataflow_moe(sram, tiles)
+    model = LLMModel(w, s)
+    checked, tighter = 0, 0
+    for m, blk in _solved_layers(model):
+        fl, (nf, nb) = dff.sharded_layer_floor(model, m, _is_attention_core), _nets(blk)
+        assert fl.phase_s(fl.fwd_dram, 1, nf) <= blk.fwd.time_s * TOL, m
+        assert fl.phase_s(fl.bwd_dram, 1, nb) <= blk.bwd.time_s * TOL, m
+        assert fl.phase_s(fl.core, 1) <= blk.attention_core.time_s * TOL, m
+        if blk.onchip is not None:
+            assert fl.phase_s(fl.fwd, 1, nf) <= blk.onchip.fwd_s * TOL, m
+            assert fl.phase_s(fl.bwd, 1, nb) <= blk.onchip.bwd_s * TOL, m
+        old = dff._block_floor_of(model.graphs(1, m.cp, m.ep_outside_tp).layer, s, m.tp, True, False,
+                                  _is_attention_core)
+        # (the pass floor takes each phase at the larger of the two: the forward's binds here,
+        # the backward's lattice being past SHARDED_MAX_IDEALS)
+        tighter += fl.phase_s(fl.fwd_dram, 1) > 1.1 * old.phase_s(old.fwd_dram, m.micro_batch)
+        checked += 1
     assert checked >= 8 and tighter, (checked, tighter)
 
 
@@ -120,22 +127,12 @@ def test_reduced_sharded_floor_below_every_solved_phase(sram, tiles):
     solve of every sharded layer's forward and backward of the small MoE space."""
     w, s = _dataflow_moe(sram, tiles)
     model = LLMModel(w, s)
-    seen, reduced = set(), 0
-    for mb in (1, 2):
-        for m in llm_candidates(model, Knobs(micro_batch=mb)):
-            key = model._block_key("layer", m)
-            if m.tp <= 1 or key in seen:
-                continue
-            seen.add(key)
-            try:
-                blk = model.block("layer", m.micro_batch, m.tp, m.group("tp"), m.sequence_parallel, m.cp,
-                                  m.ep_outside_tp, whole_experts=m.whole_experts)
-            except InfeasibleError:
-                continue
-            sh = model.sharded_layer(m)
-            fl = dff.dataflow_block_floor(sh.graph, model.system, 1, _is_attention_core, 40, sh.network_time_s)
-            nf, nb = _nets(blk)
-            reduced += fl.bwd_dram.plan is not None
-            assert fl.phase_s(fl.fwd_dram, 1, nf) <= blk.fwd.time_s * TOL, m
-            assert fl.phase_s(fl.bwd_dram, 1, nb) <= blk.bwd.time_s * TOL, m
+    reduced = 0
+    for m, blk in _solved_layers(model):
+        sh = model.sharded_layer(m)
+        fl = dff.dataflow_block_floor(sh.graph, model.system, 1, _is_attention_core, 40, sh.network_time_s)
+        nf, nb = _nets(blk)
+        reduced += fl.bwd_dram.plan is not None
+        assert fl.phase_s(fl.fwd_dram, 1, nf) <= blk.fwd.time_s * TOL, m
+        assert fl.phase_s(fl.bwd_dram, 1, nb) <= blk.bwd.time_s * TOL, m
     assert reduced
