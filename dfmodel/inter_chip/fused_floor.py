@@ -115,7 +115,7 @@ class PlanFloor:
     # layer as sharded on the mapping's TP group: :func:`.dataflow_floor.sharded_layer_floor`),
     # at that graph's own micro-batch: such a floor is asked at factor ``k = 1`` only
     N: np.ndarray | None = None
-    _memo: dict = field(default_factory=dict)
+    _memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # (replace() starts a new one)
 
     def best_s(self, k: int, s_per_byte: float, overlap: bool, tp: int = 1,
                sram_bytes: float | None = None) -> float:
