@@ -61,12 +61,16 @@ def test_one_second_limit_on_a_large_case_holds(workers):
 def test_cli_time_limit_caps_the_command():
     """``dfmodel solve --time-limit 2`` counts from the command's start (imports and loading
     included), so the whole process ends within about a second of the limit (interpreter start
-    aside), with the time-limited status and a gap in its JSON."""
+    aside, measured as a bare ``import dfmodel.cli`` beside it, so a loaded machine does not fail
+    it), with the time-limited status and a gap in its JSON. Without the cap the run takes ~50 s."""
     import json
     import subprocess
     import sys
     import time
 
+    t0 = time.perf_counter()  # (the interpreter's start and the CLI's imports, on this machine now)
+    subprocess.run([sys.executable, "-c", "import dfmodel.cli"], check=True, timeout=120)
+    start_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "dfmodel.cli", "solve", "-w", "llama3_70b", "-s", "dgx_h100",
                           "--num-chips", "512", "--time-limit", "2", "--quiet", "--json", "-"],
@@ -75,7 +79,7 @@ def test_cli_time_limit_caps_the_command():
     assert out.returncode == 0, out.stderr[-2000:]
     solver = json.loads(out.stdout)["solver"]
     assert solver["status"] == "time_limit" and 0.0 < solver["gap"] < 1.0
-    assert wall_s < 2.0 + 1.5
+    assert wall_s < 2.0 + 1.0 + max(start_s, 0.5), (wall_s, start_s)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
