@@ -275,11 +275,9 @@ def _layer_times_s(layer: BlockTimes, m: Mapping, sms: int = nccl.H100_SMS, ub_c
     run under their GEMMs (:func:`_userbuffers_s`, on a chip of ``sms`` SMs), so the time can be
     below the phase's; ``ub_config``: the run's userbuffers SMs (:meth:`Training.userbuffers_config`)."""
     if m.tp_comm_overlap and m.tp > 1:
-        ub = layer.__dict__.get("_userbuffers_s")  # per block, tp, SMs and config (bounds ask often)
-        if ub is None or ub[0] != (m.tp, sms, ub_config):
-            ub = layer.__dict__["_userbuffers_s"] = ((m.tp, sms, ub_config), _userbuffers_s(layer.fwd, m.tp, sms, ub_config),
-                                                      _userbuffers_s(layer.bwd, m.tp, sms, ub_config))
-        _, fwd_ub, bwd_ub = ub
+        fwd_ub, bwd_ub = _kept_on(layer, "_userbuffers_s", (m.tp, sms, ub_config),  # bounds ask often
+                                  lambda: (_userbuffers_s(layer.fwd, m.tp, sms, ub_config),
+                                           _userbuffers_s(layer.bwd, m.tp, sms, ub_config)))
         redo = {"none": 0.0, "selective": layer.attention_core.time_s, "full": fwd_ub}[m.recompute]
         return fwd_ub, bwd_ub + redo
     return layer.fwd.time_s, layer.backward_s(m.recompute)
@@ -316,25 +314,44 @@ def _fp8_prep_s(layer: BlockTimes, chip, recipe: str = "delayed",
     (the sender's tokens for a dispatched operand). These kernels ran inside the GEMM's
     roofline before (hidden under its arithmetic); TE runs them on their own, before the GEMM.
     """
-    cached = layer.__dict__.get("_fp8_prep_s")
-    if cached is not None and cached[0] == (recipe, dispatch_fp8):
-        return cached[1]
+    return _kept_on(layer, "_fp8_prep_s", (recipe, dispatch_fp8),
+                    lambda: _phase_sums_s(layer, chip, lambda k: _fp8_kernel_prep_s(k, chip, recipe, dispatch_fp8)))
+
+
+def _fp8_kernel_prep_s(k, chip, recipe: str, dispatch_fp8: bool) -> float:
+    """One kernel's share of :func:`_fp8_prep_s`: 0 unless it is a forward or data-gradient FP8 GEMM."""
+    if k.precision != "fp8" or not k.kind.is_matrix or k.phase == Phase.weight_grad:
+        return 0.0
+    d = k.dims
+    gathered = d.get("b", 1) * d.get("m", 0) * d.get("k", 0)
+    shard = k.extra_memory_bytes / FP8_CAST_EXTRA_BYTES
+    name = k.name.split("/")[-1]
+    return fp8_operand_prep_s(chip, gathered, shard, from_norm=name in FP8_NORM_INPUT and not k.expert,
+                              recipe=recipe, dispatched=dispatch_fp8 and k.expert and name in FP8_DISPATCHED)
+
+
+def _kept_on(block, name: str, key, compute):
+    """``compute()`` kept on ``block`` (a :class:`BlockTimes`, built for one chip and precision)
+    under ``name`` while ``key`` (the knobs it also depends on) stays the same: the bounds of the
+    search ask for the same block's terms many times."""
+    hit = block.__dict__.get(name)
+    if hit is None or hit[0] != key:
+        hit = block.__dict__[name] = (key, compute())
+    return hit[1]
+
+
+def _phase_sums_s(block, chip, seconds_of) -> tuple[float, float]:
+    """(forward, backward incl. weight-gradient) sums of ``seconds_of(kernel)`` over a block's
+    kernels; 0 on a chip that does not run kernel by kernel (per-kernel launch, cast and epilogue
+    terms do not exist on a dataflow chip, whose partitions stream)."""
     fwd = bwd = 0.0
     if chip.execution == "kernel_by_kernel":
-        for k in layer.sharded.graph.kernels:
-            if k.precision != "fp8" or not k.kind.is_matrix or k.phase == Phase.weight_grad:
-                continue
-            d = k.dims
-            gathered = d.get("b", 1) * d.get("m", 0) * d.get("k", 0)
-            shard = k.extra_memory_bytes / FP8_CAST_EXTRA_BYTES
-            name = k.name.split("/")[-1]
-            t = fp8_operand_prep_s(chip, gathered, shard, from_norm=name in FP8_NORM_INPUT and not k.expert,
-                                   recipe=recipe, dispatched=dispatch_fp8 and k.expert and name in FP8_DISPATCHED)
+        for k in block.sharded.graph.kernels:
+            t = seconds_of(k)
             if k.phase == Phase.forward:
                 fwd += t
             else:
                 bwd += t
-    layer.__dict__["_fp8_prep_s"] = ((recipe, dispatch_fp8), (fwd, bwd))
     return fwd, bwd
 
 
@@ -344,19 +361,8 @@ def _gemm_epilogue_s(block: BlockTimes, chip, precision: str) -> tuple[float, fl
     the output store, and a weight-gradient GEMM's read of the main gradient it accumulates into,
     after the tile's mainloop); 0 on a chip that does not run kernel by kernel (a dataflow
     partition streams its outputs while it computes)."""
-    cached = block.__dict__.get("_gemm_epilogue_s")
-    if cached is not None:
-        return cached
-    fwd = bwd = 0.0
-    if chip.execution == "kernel_by_kernel":
-        for k in block.sharded.graph.kernels:
-            t = gemm_epilogue_exposed_s(chip, k, precision)
-            if k.phase == Phase.forward:
-                fwd += t
-            else:
-                bwd += t
-    block.__dict__["_gemm_epilogue_s"] = (fwd, bwd)
-    return fwd, bwd
+    return _kept_on(block, "_gemm_epilogue_s", None,
+                    lambda: _phase_sums_s(block, chip, lambda k: gemm_epilogue_exposed_s(chip, k, precision)))
 
 
 def _host_linear_s(chip, kernel_precision: str | None, precision: str) -> float:
@@ -387,16 +393,11 @@ def _host_floor_s(layer: BlockTimes, chip, precision: str) -> float:
     forward; PR #1016: "FP8 training is frequently bottlenecked by CPU overheads"). The other
     kernels of a layer (norms, attention, element-wise) are not counted: a lower estimate.
     """
-    cached = layer.__dict__.get("_host_floor_s")
-    if cached is not None:
-        return cached
-    floor = 0.0
-    if chip.execution == "kernel_by_kernel" and chip.efficiency.host_linear_s:
-        for k in layer.sharded.graph.kernels:
-            if k.phase == Phase.forward and k.kind.is_matrix and k.weight_bytes > 0:
-                floor += _host_linear_s(chip, k.precision, precision)
-    layer.__dict__["_host_floor_s"] = floor
-    return floor
+    if not chip.efficiency.host_linear_s:
+        return 0.0
+    return _kept_on(layer, "_host_floor_s", None, lambda: _phase_sums_s(
+        layer, chip, lambda k: _host_linear_s(chip, k.precision, precision)
+        if k.phase == Phase.forward and k.kind.is_matrix and k.weight_bytes > 0 else 0.0)[0])
 
 
 @lru_cache(maxsize=65536)
@@ -1406,7 +1407,7 @@ class LLMModel:
                 precision=self.training.precision.value, grad_bytes=self.training.grad_bytes,
                 optimizer=self.training.optimizer, linear=True,
                 fp8_weights=self.training.precision.value == "fp8" and self.training.fp8.fp8_weights,
-                param_remainders=getattr(self.training, "param_remainders", False),
+                param_remainders=self.training.param_remainders,
                 fp8_recipe=self.training.fp8.recipe)
             plans[key] = off.OffloadPlan.of(m, self.system, self.training, weight_bytes_per_param=state.weights,
                                             optimizer_bytes_per_param=state.optimizer)
@@ -1443,7 +1444,7 @@ class LLMModel:
             num_micro_batches=m.num_micro_batches,
             zero_stage=m.zero_stage if m.zero_stage >= 2 else None,
             **{"bytes_per_element": self.precision.bytes,
-               "bytes_per_param_optimizer": (mem.REMAINDER_BYTES + 8 if getattr(self.training, "param_remainders", False)
+               "bytes_per_param_optimizer": (mem.REMAINDER_BYTES + 8 if self.training.param_remainders
                                              else 12),  # never above the state llm_memory_per_chip counts
                **off.floor_overrides(m)},  # offloaded state is not on the chip
         )
@@ -1873,7 +1874,7 @@ class LLMModel:
 
     def checkpoint_state(self, m: Mapping):
         """What a checkpoint of this mapping saves and who writes it (None: no checkpointing)."""
-        ckpt = getattr(self.training, "checkpoint", None)
+        ckpt = self.training.checkpoint
         if ckpt is None:
             return None
         return checkpoint_state(self.graphs(1).params(), num_chips=self.system.num_chips, tp=m.tp, pp=m.pp,
@@ -1904,8 +1905,7 @@ class LLMModel:
     @property
     def _ub_config(self) -> tuple[tuple[str, int], ...] | None:
         """The run's userbuffers SMs per exchange (None: NeMo's tuned tables), for :func:`_layer_times_s`."""
-        config = getattr(self.training, "userbuffers_config", None)
-        return config() if config is not None else None
+        return self.training.userbuffers_config()
 
     @property
     def _fp8_kind(self) -> tuple[str, bool]:
@@ -1927,7 +1927,7 @@ class LLMModel:
         group, which grows with the data-parallel width. 0 unless the run is FP8 with
         ``delayed`` scaling, eagerly (a CUDA-graphed step reduces once per graph), over >1 rank."""
         if (self.precision != Precision.fp8 or self.training.fp8.recipe != "delayed"
-                or getattr(self.training, "cuda_graphs", False) or m.tp * m.dp_cp == 1):
+                or self.training.cuda_graphs or m.tp * m.dp_cp == 1):
             return 0.0, 0.0
         cached = layer.__dict__.get("_amax_reduce_s")
         key = (m.group("tp"), m.group("cp"), m.group("dp"), -(-self.num_layers // (m.pp * m.interleave)))
@@ -1944,7 +1944,7 @@ class LLMModel:
 
     def _host_floor_s(self, layer: BlockTimes) -> float:
         """:func:`_host_floor_s` of this run (0 when its layers run as CUDA graphs)."""
-        if getattr(self.training, "cuda_graphs", False):
+        if self.training.cuda_graphs:
             return 0.0
         return _host_floor_s(layer, self.system.chip, self.precision.value)
 
