@@ -1929,18 +1929,17 @@ class LLMModel:
         if (self.precision != Precision.fp8 or self.training.fp8.recipe != "delayed"
                 or self.training.cuda_graphs or m.tp * m.dp_cp == 1):
             return 0.0, 0.0
-        cached = layer.__dict__.get("_amax_reduce_s")
-        key = (m.group("tp"), m.group("cp"), m.group("dp"), -(-self.num_layers // (m.pp * m.interleave)))
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        layers_per_chunk = -(-self.num_layers // (m.pp * m.interleave))
+        return _kept_on(layer, "_amax_reduce_s", (m.group("tp"), m.group("cp"), m.group("dp"), layers_per_chunk),
+                        lambda: self._amax_reduce_uncached_s(m, layer, layers_per_chunk))
+
+    def _amax_reduce_uncached_s(self, m: Mapping, layer: BlockTimes, layers_per_chunk: int) -> tuple[float, float]:
         gemms = sum(1 for k in layer.sharded.graph.kernels
                     if k.phase == Phase.forward and k.kind.is_matrix and k.weight_bytes > 0 and k.precision == "fp8")
         group = merge_groups(self.system, m.group("tp"), m.group("cp"), m.group("dp"))
-        n = gemms * key[-1]
-        out = (self.costs.time_s("all_reduce", FP8_AMAX_BYTES * 3 * n, group) if n else 0.0,
-               self.costs.time_s("all_reduce", FP8_AMAX_BYTES * 2 * n, group) if n else 0.0)
-        layer.__dict__["_amax_reduce_s"] = (key, out)
-        return out
+        n = gemms * layers_per_chunk
+        return (self.costs.time_s("all_reduce", FP8_AMAX_BYTES * 3 * n, group) if n else 0.0,
+                self.costs.time_s("all_reduce", FP8_AMAX_BYTES * 2 * n, group) if n else 0.0)
 
     def _host_floor_s(self, layer: BlockTimes) -> float:
         """:func:`_host_floor_s` of this run (0 when its layers run as CUDA graphs)."""
