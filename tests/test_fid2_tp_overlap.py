@@ -54,33 +54,60 @@ def _row(kernel, compute_s=0.0, network_s=0.0):
 def test_userbuffers_slow_each_gemm_by_its_own_exchange_sms():
     """Issue 11 round 3: NeMo's userbuffers configs give each overlapped GEMM its own SM count
     (pipelined RS after fc2 fprop: 16 SMs at TP 4, 8 at TP 8; ring-exchange AG before fc1
-    fprop: none), so the phase's GEMMs slow by the time-weighted mean, not one average."""
+    fprop: none), so each GEMM slows by its own exchange's SMs."""
     from dfmodel.inter_chip.llm import _userbuffers_s
 
-    rows = [_row("comm1.all_gather.x", network_s=0.3), _row("fwd.fc1", 2.0),
-            _row("fwd.fc2", 1.0), _row("comm2.reduce_scatter.y", network_s=0.3)]
+    rows = [_row("comm1.all_gather.ln2_out", network_s=0.3), _row("fwd.fc1", 2.0),
+            _row("fwd.fc2", 1.0), _row("comm2.reduce_scatter.mlp_out", network_s=0.3)]
     phase = _phase(rows, 0.6)
-    for tp, fc2_sms in ((4, 16), (8, 8)):
-        slow = (2.0 * 1.0 + 1.0 * 132 / (132 - fc2_sms)) / 3.0  # fc1 keeps every SM
-        expect = nccl.tp_overlapped_phase_s(phase.time_s, 0.6, 3.0, 0.6, tp, gemm_slowdown=slow)
-        assert _userbuffers_s(phase, tp, 132) == pytest.approx(expect, rel=1e-12)
-    # the TP-4 config holds more SMs beside fc2 than the TP-8 one: never faster
-    assert _userbuffers_s(phase, 4, 132) > _userbuffers_s(phase, 8, 132)
-    # a GEMM no exchange pairs with (fc2 wgrad) is not slowed
-    alone = _phase([_row("wgrad.fc2", 3.0), _row("comm3.all_gather.z", network_s=0.6)], 0.6)
-    assert _userbuffers_s(alone, 8, 132) == pytest.approx(nccl.tp_overlapped_phase_s(3.6, 0.6, 3.0, 0.6, 8))
+    # both exchanges hide under their GEMMs: fc1 2.0 s unslowed, fc2 1.0 s on 132 - 16 (TP 4) or
+    # 132 - 8 (TP 8) SMs
+    assert _userbuffers_s(phase, 4, 132) == pytest.approx(2.0 + 132 / 116, rel=1e-12)  # 3.1379...
+    assert _userbuffers_s(phase, 8, 132) == pytest.approx(2.0 + 132 / 124, rel=1e-12)  # 3.0645...
+    # a GEMM no exchange pairs with (fc2 wgrad) is not slowed: the d_ln2_out exchange hides under
+    # FC1's weight-gradient GEMM, 3 s: 3 / 8 + 7 x max(3 / 8, 0.6 / 7) = 3.0
+    alone = _phase([_row("wgrad.fc2", 3.0), _row("wgrad.fc1", 3.0), _row("comm3.reduce_scatter.d_ln2_out", network_s=0.6)],
+                   0.6)
+    assert _userbuffers_s(alone, 8, 132, (("fc1_wgrad", 0),)) == pytest.approx(6.0, rel=1e-12)
+
+
+#: a run whose userbuffers exchanges hold no SMs (every TE exchange name at 0): overlap alone
+NO_SMS = tuple((name, 0) for name in nccl.UB_SM_EXCHANGES.values())
+
+
+def test_each_exchange_hides_only_under_its_own_gemm():
+    """TE userbuffers chunk each exchange with its own GEMM (llm.UB_PAIRS): the projection's
+    reduce-scatter, longer than the projection's GEMM (FP8 halves the GEMM, not the 16-bit RS),
+    stays partly exposed however long QKV's GEMM is. By hand at TP 4: QKV 1.0 s with its 0.3 s
+    all-gather: 1/4 + 3 x max(1/4, 0.1) = 1.0; projection 0.2 s with its 0.6 s reduce-scatter:
+    0.05 + 3 x max(0.05, 0.2) = 0.65; the phase 1.65 s (one pooled overlap of 1.2 s of GEMMs and
+    0.9 s of exchanges would give 1.2 s), 0.45 s of it exposed communication."""
+    from dfmodel.inter_chip.llm import _userbuffers_parts, _userbuffers_s
+
+    rows = [_row("comm1.all_gather.ln1_out", network_s=0.3), _row("fwd.qkv", 1.0),
+            _row("fwd.out_proj", 0.2), _row("comm2.reduce_scatter.attn_out", network_s=0.6)]
+    phase = _phase(rows, 0.9)
+    assert _userbuffers_s(phase, 4, 132, NO_SMS) == pytest.approx(1.65, rel=1e-12)
+    assert _userbuffers_parts(phase, 4, 132, NO_SMS)["tp_comm"] == pytest.approx(0.45, rel=1e-12)
+    # an exchange that no GEMM of the phase pairs with stays exposed as it was (a small all-reduce)
+    lone = _phase(rows + [_row("comm3.all_reduce.dW.ln1", network_s=0.05)], 0.95)
+    assert _userbuffers_s(lone, 4, 132, NO_SMS) == pytest.approx(1.70, rel=1e-12)
+    # the backward pairs by its own names: d_r1's all-gather under the projection's data gradient
+    bwd = _phase([_row("comm1.all_gather.d_r1", network_s=0.6), _row("bwd.out_proj", 0.2),
+                  _row("wgrad.out_proj", 0.2)], 0.6)
+    assert _userbuffers_s(bwd, 4, 132, NO_SMS) == pytest.approx(0.65 + 0.2, rel=1e-12)
 
 
 def test_userbuffers_parts_add_up_and_hide_the_comm():
     from dfmodel.inter_chip.llm import _userbuffers_parts, _userbuffers_s
 
-    rows = [_row("comm1.all_gather.x", network_s=0.3), _row("fwd.fc1", 2.0),
-            _row("fwd.fc2", 1.0), _row("comm2.reduce_scatter.y", network_s=0.3)]
+    rows = [_row("comm1.all_gather.ln2_out", network_s=0.3), _row("fwd.fc1", 2.0),
+            _row("fwd.fc2", 1.0), _row("comm2.reduce_scatter.mlp_out", network_s=0.3)]
     phase = _phase(rows, 0.6)
     parts = _userbuffers_parts(phase, 8, 132)
     assert sum(parts.values()) == pytest.approx(_userbuffers_s(phase, 8, 132), rel=1e-12)
-    assert parts["tp_comm"] == pytest.approx(0.0, abs=1e-12)  # 0.6 s of comm under 3 s of GEMMs
-    slow = _phase([_row("fwd.fc1", 0.2), _row("comm1.all_gather.x", network_s=2.0)], 2.0)
+    assert parts["tp_comm"] == pytest.approx(0.0, abs=1e-12)  # each 0.3 s exchange under its 1-2 s GEMM
+    slow = _phase([_row("fwd.fc1", 0.2), _row("comm1.all_gather.ln2_out", network_s=2.0)], 2.0)
     assert _userbuffers_parts(slow, 8, 132)["tp_comm"] > 0  # comm longer than its GEMM stays exposed
 
 
@@ -88,24 +115,23 @@ def test_moe_layer_userbuffers_serve_attention_only():
     """Megatron-Core's TELinear turns userbuffers off for expert linears and leaves their TP
     exchange to the token dispatcher (explicit_expert_comm): in an MoE layer only QKV / the
     projection pair with their collectives; the experts' fc1 / fc2 and their collectives do not."""
-    from dfmodel.inter_chip.llm import _userbuffers_s
+    from dfmodel.inter_chip.llm import _userbuffers_parts, _userbuffers_s
 
     attn = [_row("comm1.all_gather.ln1_out", network_s=0.3), _row("fwd.qkv", 1.0),
             _row("fwd.out_proj", 0.5), _row("comm2.reduce_scatter.attn_out", network_s=0.3)]
-    experts = [_row("fwd.fc1", 4.0), _row("fwd.fc2", 2.0), _row("comm3.reduce_scatter.expert_out", network_s=0.6)]
+    experts = [_row("fwd.fc1", 4.0), _row("fwd.fc2", 2.0), _row("comm3.reduce_scatter.mlp_out", network_s=0.6)]
     dense = _phase(attn + experts, 1.2)
     moe = _phase(attn + [_row("fwd.router", 0.1)] + experts, 1.2)
-    # dense: all 1.2 s of collectives under the 7.5 s of the four linears' GEMMs
+    # dense: every exchange under its own GEMM (each shorter than its GEMM's chunks), which slows
+    # by its own exchange's SMs (NeMo's TP-4 config): the phase is the four slowed GEMMs
     f = {n: 132 / (132 - nccl.userbuffers_sms(n, "fprop", 4)) for n in ("qkv", "out_proj", "fc1", "fc2")}
-    slow_d = (1.0 * f["qkv"] + 0.5 * f["out_proj"] + 4.0 * f["fc1"] + 2.0 * f["fc2"]) / 7.5
-    assert _userbuffers_s(dense, 4, 132) == pytest.approx(
-        nccl.tp_overlapped_phase_s(dense.time_s, 1.2, 7.5, 1.2, 4, gemm_slowdown=slow_d), rel=1e-12)
-    # MoE: 0.6 s (the experts' half of the collectives) stays exposed; 0.6 s pairs with 1.5 s of GEMMs
-    slow_m = (1.0 * f["qkv"] + 0.5 * f["out_proj"]) / 1.5
-    expect = 0.6 + nccl.tp_overlapped_phase_s(moe.time_s - 0.6, 0.6, 1.5, 0.6, 4, gemm_slowdown=slow_m)
+    slowed = 1.0 * f["qkv"] + 0.5 * f["out_proj"] + 4.0 * f["fc1"] + 2.0 * f["fc2"]
+    assert _userbuffers_s(dense, 4, 132) == pytest.approx(slowed, rel=1e-12)
+    # MoE: the experts' 0.6 s exchange stays exposed and their GEMMs keep their time; attention's
+    # two exchanges hide under QKV and the projection
+    expect = 0.6 + 0.1 + 4.0 + 2.0 + 1.0 * f["qkv"] + 0.5 * f["out_proj"]
     assert _userbuffers_s(moe, 4, 132) == pytest.approx(expect, rel=1e-12)
     assert _userbuffers_s(moe, 4, 132) > _userbuffers_s(dense, 4, 132) + 0.1  # beyond the router's 0.1 s
-    from dfmodel.inter_chip.llm import _userbuffers_parts
     assert _userbuffers_parts(moe, 4, 132)["tp_comm"] >= 0.6 - 1e-12  # the experts' exchange stays exposed
     assert _userbuffers_parts(dense, 4, 132)["tp_comm"] == pytest.approx(0.0, abs=1e-12)
     assert _userbuffers_s(moe, 4, 132) <= moe.time_s  # never worse than no overlap

@@ -191,11 +191,15 @@ def _is_ub_linear(kernel, linears: tuple[str, ...] = UB_LINEAR) -> bool:
 
 
 def _userbuffers_s(phase: PhaseTime, tp: int, sms: int = nccl.H100_SMS, ub_config: UBConfig = None) -> float:
-    """A layer phase's time with the TP collectives chunked under their GEMMs
-    (:func:`dfmodel.netmodels.nccl.tp_overlapped_phase_s`). Each GEMM is slowed by the SMs its
-    own exchange holds (:func:`~dfmodel.netmodels.nccl.userbuffers_sms`: the run's ``ub_config``,
-    :meth:`Training.userbuffers_config`, else NeMo's per-GEMM configs; of the chip's ``sms``):
-    the phase's GEMMs slow down by their time-weighted mean."""
+    """A layer phase's time with the TP collectives chunked under their GEMMs: each exchange
+    under its own GEMM (:data:`UB_PAIRS`, :func:`dfmodel.netmodels.nccl.tp_comm_overlap_s` per
+    pair), so an exchange longer than its GEMM stays partly exposed (FP8 halves the projection's
+    GEMM, not its 16-bit reduce-scatter). Each GEMM is slowed by the SMs its own exchange holds
+    (:func:`~dfmodel.netmodels.nccl.userbuffers_sms`: the run's ``ub_config``,
+    :meth:`Training.userbuffers_config`, else NeMo's per-GEMM configs; of the chip's ``sms``).
+    Never below the pooled overlap of all the phase's GEMMs and exchanges
+    (:func:`~dfmodel.netmodels.nccl.tp_overlapped_phase_s`, what the search's floors use):
+    ``sum max >= max sum``."""
     return _userbuffers_split(phase, tp, sms, ub_config)[0]
 
 
@@ -233,10 +237,46 @@ def _comm_tensor(row) -> str:
     return k.split(".", 2)[2] if k.startswith("comm") and k.count(".") >= 2 else ""
 
 
+#: The GEMM each userbuffers exchange runs under (TE v1.9-1.12 ``transformer_engine/pytorch/module``):
+#: forward, the sequence-parallel all-gather of a column-parallel layer's input is chunked under its
+#: own GEMM (``ub_overlap_ag``: QKV's ``ln1_out``, FC1's ``ln2_out``) and a row-parallel layer's
+#: reduce-scatter under its own GEMM (``ub_overlap_rs``: the projection's ``attn_out``, FC2's
+#: ``mlp_out``); backward, a row-parallel layer's gradient all-gather under its data-gradient GEMM
+#: (``d_y`` before FC2's, ``d_r1`` before the projection's), and a column-parallel layer's input
+#: all-gather under its data-gradient GEMM (``ub_bulk_dgrad``) and its data-gradient reduce-scatter
+#: under its weight-gradient GEMM (``ub_bulk_wgrad``: ``d_ln2_out``, ``d_ln1_out``). An exchange
+#: hides only under its own GEMM: one longer than that GEMM stays exposed however long the others.
+UB_PAIRS = {("forward", "ln1_out"): "fwd.qkv", ("forward", "attn_out"): "fwd.out_proj",
+            ("forward", "ln2_out"): "fwd.fc1", ("forward", "mlp_out"): "fwd.fc2",
+            ("backward", "d_y"): "bwd.fc2", ("backward", "d_r1"): "bwd.out_proj",
+            ("backward", "ln2_out"): "bwd.fc1", ("backward", "d_ln2_out"): "wgrad.fc1",
+            ("backward", "ln1_out"): "bwd.qkv", ("backward", "d_ln1_out"): "wgrad.qkv"}
+
+
+def _ub_exchanges(phase: PhaseTime, moe: bool) -> tuple[dict[str, float], float]:
+    """({GEMM kernel name: network seconds of the exchange(s) under it}, those exchanges' share of
+    the phase's exposed ``tp_comm``) of a layer phase under userbuffers (:data:`UB_PAIRS`; in an
+    MoE layer attention's exchanges only, :data:`UB_MOE_TENSORS`)."""
+    kernels = {k for r in phase.partitions for k in r["kernels"]}
+    direction = "backward" if any(k.startswith(("bwd.", "wgrad.")) for k in kernels) else "forward"
+    comm_of: dict[str, float] = {}
+    exposed_s = 0.0
+    for r in phase.partitions:
+        tensor = _comm_tensor(r)
+        gemm = UB_PAIRS.get((direction, tensor))
+        if gemm not in kernels or r["network_s"] <= 0 or (moe and tensor not in UB_MOE_TENSORS):
+            continue
+        comm_of[gemm] = comm_of.get(gemm, 0.0) + r["network_s"]
+        exposed_s += PhaseTime.split(r["compute_s"], r["memory_s"], r["network_s"], r["time_s"], True)["tp_comm"]
+    return comm_of, exposed_s
+
+
 def _userbuffers_split(phase: PhaseTime, tp: int, sms: int, ub_config: UBConfig = None) -> tuple[float, float]:
     """(time, TP communication still exposed) of a phase under userbuffers (:func:`_userbuffers_s`).
-    In an MoE layer only attention's GEMMs and collectives take part (:data:`UB_MOE_LINEAR`); the
-    experts' TP collectives keep their exposed share of the phase's ``tp_comm``."""
+    Each exchange runs chunked under its own GEMM (:data:`UB_PAIRS`,
+    :func:`~dfmodel.netmodels.nccl.tp_comm_overlap_s` per pair); a GEMM without one runs slowed by
+    its exchange's SMs only; an exchange without its GEMM (the experts' in an MoE layer,
+    :data:`UB_MOE_LINEAR`; small weight-gradient all-reduces) keeps its exposed share."""
     moe = _is_moe_phase(phase)
     ub_linear = UB_MOE_LINEAR if moe else UB_LINEAR
 
@@ -248,25 +288,23 @@ def _userbuffers_split(phase: PhaseTime, tp: int, sms: int, ub_config: UBConfig 
         return None
 
     config = None if ub_config is None else dict(ub_config)
-    gemm_s = slowed_s = 0.0
+    comm_of, paired_exposed_s = _ub_exchanges(phase, moe)
+    gemm_s = slowed_s = ub_s = 0.0
     for r in phase.partitions:
         role = linear(r)
         if role is None:
             continue
         t = max(r["compute_s"], r["memory_s"])
+        slow = nccl.contended_kernel_s(1.0, 0.0, comm_channels=min(nccl.userbuffers_sms(*role, tp, config), sms - 1),
+                                       sms=sms, comm_hbm_Bps=0.0, hbm_Bps=1.0)
+        c = sum(comm_of.get(k, 0.0) for k in r["kernels"])
         gemm_s += t
-        slowed_s += t * nccl.contended_kernel_s(1.0, 0.0, comm_channels=min(nccl.userbuffers_sms(*role, tp, config), sms - 1),
-                                                sms=sms, comm_hbm_Bps=0.0, hbm_Bps=1.0)
-    all_comm_s = sum(r["network_s"] for r in phase.partitions)
-    comm_s = sum(r["network_s"] for r in phase.partitions if _comm_tensor(r) in UB_MOE_TENSORS) if moe else all_comm_s
-    if comm_s <= 0 or gemm_s <= 0:
+        slowed_s += t * slow
+        ub_s += nccl.tp_comm_overlap_s(t, c, tp, gemm_slowdown=slow) if c > 0 else t * slow
+    if gemm_s <= 0 or paired_exposed_s <= 0:
         return phase.time_s, phase.parts_s["tp_comm"]
-    # the exposed TP time not for userbuffers (experts'), pro rata of the collectives' times
-    kept_s = phase.parts_s["tp_comm"] * (1.0 - comm_s / all_comm_s)
-    time_s = kept_s + nccl.tp_overlapped_phase_s(phase.time_s - kept_s, phase.parts_s["tp_comm"] - kept_s, gemm_s,
-                                                 comm_s, tp, gemm_slowdown=slowed_s / gemm_s)
-    rest_s = max(0.0, phase.time_s - phase.parts_s["tp_comm"] - gemm_s)
-    return time_s, max(0.0, time_s - rest_s - slowed_s)
+    time_s = phase.time_s - gemm_s - paired_exposed_s + ub_s
+    return time_s, max(0.0, phase.parts_s["tp_comm"] - paired_exposed_s + ub_s - slowed_s)
 
 
 def _layer_times_s(layer: BlockTimes, m: Mapping, sms: int = nccl.H100_SMS, ub_config: UBConfig = None) -> tuple[float, float]:
