@@ -135,3 +135,27 @@ def test_moe_layer_userbuffers_serve_attention_only():
     assert _userbuffers_parts(moe, 4, 132)["tp_comm"] >= 0.6 - 1e-12  # the experts' exchange stays exposed
     assert _userbuffers_parts(dense, 4, 132)["tp_comm"] == pytest.approx(0.0, abs=1e-12)
     assert _userbuffers_s(moe, 4, 132) <= moe.time_s  # never worse than no overlap
+
+
+def test_paired_userbuffers_never_below_the_pooled_overlap_the_floors_use():
+    """The search's floors (block_floor.kernels_overlapped_s) rest on the pooled overlap of all a
+    phase's GEMMs and exchanges; pairing each exchange with its own GEMM can only add time (a sum
+    of maxima is at least the maximum of the sums), so the floors stay below: checked on random
+    phases, with exchanges shorter and longer than their GEMMs."""
+    import random
+
+    from dfmodel.inter_chip.llm import _userbuffers_s
+
+    rng = random.Random(11)
+    pairs = [("ln1_out", "fwd.qkv"), ("attn_out", "fwd.out_proj"), ("ln2_out", "fwd.fc1"), ("mlp_out", "fwd.fc2")]
+    for _ in range(200):
+        rows, comm_s, gemm_s = [], 0.0, 0.0
+        for i, (tensor, gemm) in enumerate(pairs):
+            g, c = rng.uniform(0.01, 2.0), rng.uniform(0.0, 1.5)
+            rows += [_row(f"comm{i}.x.{tensor}", network_s=c), _row(gemm, g)]
+            comm_s, gemm_s = comm_s + c, gemm_s + g
+        phase = _phase(rows, comm_s)
+        tp = rng.choice((2, 4, 8))
+        pooled = nccl.tp_overlapped_phase_s(phase.time_s, comm_s, gemm_s, comm_s, tp)
+        assert _userbuffers_s(phase, tp, 132, NO_SMS) >= pooled - 1e-12
+        assert _userbuffers_s(phase, tp, 132, NO_SMS) <= phase.time_s + 1e-12  # never worse than no overlap
