@@ -80,9 +80,12 @@ def test_fused_activations_add_nothing_even_when_unfused_is_asked(ffn):
 def test_dense_embedding_gradient_bytes_per_micro_batch():
     # zero-fill 2 B + read 2 B + fp32 main-gradient read and write 8 B = 12 B per table element
     V, h = 1024, 256
-    on, off = build_llm_embedding(_w(emb=True), 2), build_llm_embedding(_w(emb=False), 2)
-    assert _extra(on, "wgrad.embed") - _extra(off, "wgrad.embed") == 12 * V * h
-    assert _extra(on, "fwd.embed") == _extra(off, "fwd.embed")
+    for mb in (1, 3):  # table-shaped: the same at any micro-batch
+        on, off = build_llm_embedding(_w(emb=True), mb), build_llm_embedding(_w(emb=False), mb)
+        wb = {g: {k.name: k.weight_bytes for k in g.kernels} for g in (on, off)}
+        assert wb[on]["wgrad.embed"] == 12 * V * h and wb[off]["wgrad.embed"] == 0
+        assert wb[on]["fwd.embed"] == wb[off]["fwd.embed"] == 0
+        assert _extra(on, "wgrad.embed") == _extra(off, "wgrad.embed")
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
@@ -105,3 +108,17 @@ def test_dataflow_default_keeps_the_fused_loss():
     w = resolve_fusion(load_workload("gpt3_175b"), "dataflow")
     g = build_llm_head(w, 1)
     assert _extra(g, "fwd.loss") == 0 and _extra(g, "bwd.loss") == 0
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_gpu_embedding_backward_grows_by_the_dense_gradient_of_the_vocab_slice(tp):
+    """12 B per element of the chip's vocab/tp x hidden slice, once per micro-batch."""
+    system = gpu()
+    V, h = 4096, 256
+    blocks = {}
+    for emb in (True, False):
+        model = LLMModel(_w(ce=True, emb=emb, vocab=V, h=h), system)
+        blocks[emb] = model.block("embedding", 1, tp, (("nvlink", tp),) if tp > 1 else (), False)
+    assert blocks[True].fwd.time_s == pytest.approx(blocks[False].fwd.time_s, rel=1e-12)
+    assert blocks[True].bwd.time_s - blocks[False].bwd.time_s == pytest.approx(
+        memory_time_s(system.chip, 12 * V * h / tp), rel=1e-6)

@@ -480,7 +480,9 @@ def build_llm_embedding(w: LLMWorkload, batch: int) -> DataflowGraph | None:
     ``vocab_size`` is 0.
 
     The tables are parameters (``params``) but not streamed weights (``weight_bytes = 0``): a
-    look-up reads only the gathered rows, counted in ``extra_memory_bytes``. Token ids have no
+    look-up reads only the gathered rows, counted in ``extra_memory_bytes``. The one exception is
+    the dense table gradient a GPU framework writes (``training.embedding_dense_grad``,
+    :func:`embedding_dense_grad_bytes`), the weight gradient's ``weight_bytes``. Token ids have no
     data gradient, so the backward is the weight-gradient scatter-add alone.
 
     >>> from dfmodel.graph.workload import load_workload
@@ -506,10 +508,12 @@ def build_llm_embedding(w: LLMWorkload, batch: int) -> DataflowGraph | None:
              output_bytes=T * h * p, extra_memory_bytes=gathered, params=params, group="vocab_embedding",
              weight="embed.table", **pr.vector_kw)
     # scatter-add of the gradient rows: read-modify-write of every touched row; on GPUs
-    # (training.embedding_dense_grad) also the dense table gradient of every micro-batch
+    # (training.embedding_dense_grad) also the dense table gradient of every micro-batch, traffic
+    # of the table's shape (weight_bytes: split with the table, the same at any micro-batch)
     dense = V * h * embedding_dense_grad_bytes(p, pr.grad) if w.training.embedding_dense_grad else 0
     g.kernel("wgrad.embed", EMB, {"m": T, "n": h, "k": V}, flop=vector_flop("embedding_scatter", tables * T * h),
-             output_bytes=T * h * p, extra_memory_bytes=2 * gathered + dense, phase=WG, group="vocab_embedding",
+             output_bytes=T * h * p, extra_memory_bytes=2 * gathered, weight_bytes=dense, phase=WG,
+             group="vocab_embedding",
              weight="embed.table", **pr.vector_kw)
     g.tensor("tokens", None, ["fwd.embed", "wgrad.embed"], T * INDEX_BYTES, "index", (batch, m.seq_len))
     g.tensor("emb", "fwd.embed", None, T * h * p, "x", (batch, m.seq_len, h))
