@@ -17,7 +17,7 @@ from tests.test_fidelity import gpu
 
 
 def _w(*, ffn_type="gelu", precision="bf16", ce=None, act=None, emb=None, h=256, s=512, vocab=1024):
-    training = {"global_batch": 8, "precision": precision, "cross_entropy_fusion": ce,
+    training = {"global_batch": 8, "precision": precision, "cross_entropy": ce,
                 "activation_fusion": act, "embedding_dense_grad": emb}
     model = {"hidden": h, "num_heads": 8, "num_layers": 4, "seq_len": s, "vocab_size": vocab, "ffn_type": ffn_type}
     return load_workload({"kind": "llm", "name": "t", "model": model, "training": training})
@@ -28,35 +28,45 @@ def _extra(g, name):
 
 
 @pytest.mark.parametrize("execution,ffn,expect", [
-    ("kernel_by_kernel", "gelu", (False, True, True)),
-    ("kernel_by_kernel", "swiglu", (False, True, True)),
-    ("kernel_by_kernel", "squared_relu", (False, False, True)),
-    ("dataflow", "squared_relu", (True, True, False)),
+    ("kernel_by_kernel", "gelu", ("unfused", True, True)),
+    ("kernel_by_kernel", "swiglu", ("unfused", True, True)),
+    ("kernel_by_kernel", "squared_relu", ("unfused", False, True)),
+    ("dataflow", "squared_relu", ("single_pass", True, False)),
 ])
 def test_resolve_fusion_follows_megatron_defaults_on_gpus_and_fuses_on_dataflow(execution, ffn, expect):
     t = resolve_fusion(_w(ffn_type=ffn), execution).training
-    assert (t.cross_entropy_fusion, t.activation_fusion, t.embedding_dense_grad) == expect
+    assert (t.cross_entropy, t.activation_fusion, t.embedding_dense_grad) == expect
 
 
 def test_resolve_fusion_keeps_explicit_values():
-    t = resolve_fusion(_w(ffn_type="squared_relu", ce=True, act=True, emb=False), "kernel_by_kernel").training
-    assert (t.cross_entropy_fusion, t.activation_fusion, t.embedding_dense_grad) == (True, True, False)
+    t = resolve_fusion(_w(ffn_type="squared_relu", ce="megatron_fused", act=True, emb=False),
+                       "kernel_by_kernel").training
+    assert (t.cross_entropy, t.activation_fusion, t.embedding_dense_grad) == ("megatron_fused", True, False)
 
 
 def test_unfused_cross_entropy_bytes_per_logit_bf16():
     # forward: cast 2+4, max 4, sub 4+4, exp 4+4, sum 4, div 4+4 = 38 B per logit; the edge reads 2
     # backward: mul_ 4+4, cast back 4+2 = 14 B; the edges read 2 and write 2
     T, V = 2 * 512, 1024
-    fused = build_llm_head(_w(ce=True), 2)
-    eager = build_llm_head(_w(ce=False), 2)
+    fused = build_llm_head(_w(ce="single_pass"), 2)
+    eager = build_llm_head(_w(ce="unfused"), 2)
     assert _extra(fused, "fwd.loss") == 0 and _extra(fused, "bwd.loss") == 0
     assert _extra(eager, "fwd.loss") == 36 * T * V
     assert _extra(eager, "bwd.loss") == 10 * T * V
 
 
+def test_megatron_fused_cross_entropy_bytes_per_logit_bf16():
+    # cross_entropy_loss_fusion: four compiled passes. Forward: read 2 + write 4 (fp32 copy, max),
+    # 4 + 4 (sub, exp, sum in place), 4 + 4 (divide) = 22 B (the edge reads 2); backward: read 4,
+    # write back 4, write the bf16 gradient 2 = 10 B (the edges 4)
+    T, V = 2 * 512, 1024
+    g = build_llm_head(_w(ce="megatron_fused"), 2)
+    assert _extra(g, "fwd.loss") == 20 * T * V and _extra(g, "bwd.loss") == 6 * T * V
+
+
 def test_unfused_cross_entropy_under_fp8_training_reads_bf16_logits():
     # the output layer is not a TE layer: its logits are bf16 under FP8 training, same 36 / 10
-    eager = build_llm_head(_w(ce=False, precision="fp8"), 1)
+    eager = build_llm_head(_w(ce="unfused", precision="fp8"), 1)
     assert _extra(eager, "fwd.loss") == 36 * 512 * 1024 and _extra(eager, "bwd.loss") == 10 * 512 * 1024
 
 
@@ -95,10 +105,10 @@ def test_gpu_head_time_grows_by_the_memory_time_of_the_eager_passes(tp):
     system = gpu()
     T, V = 1 * 512, 4096
     blocks = {}
-    for ce in (True, False):
+    for ce in ("single_pass", "unfused"):
         model = LLMModel(_w(ce=ce, emb=False, vocab=V), system)
         blocks[ce] = model.block("head", 1, tp, (("nvlink", tp),), False) if tp > 1 else model.block("head", 1, 1, (), False)
-    fused, eager = blocks[True], blocks[False]
+    fused, eager = blocks["single_pass"], blocks["unfused"]
     chip = system.chip
     assert eager.fwd.time_s - fused.fwd.time_s == pytest.approx(memory_time_s(chip, 36 * T * V / tp), rel=1e-6)
     assert eager.bwd.time_s - fused.bwd.time_s == pytest.approx(memory_time_s(chip, 10 * T * V / tp), rel=1e-6)
@@ -117,7 +127,7 @@ def test_gpu_embedding_backward_grows_by_the_dense_gradient_of_the_vocab_slice(t
     V, h = 4096, 256
     blocks = {}
     for emb in (True, False):
-        model = LLMModel(_w(ce=True, emb=emb, vocab=V, h=h), system)
+        model = LLMModel(_w(ce="single_pass", emb=emb, vocab=V, h=h), system)
         blocks[emb] = model.block("embedding", 1, tp, (("nvlink", tp),) if tp > 1 else (), False)
     assert blocks[True].fwd.time_s == pytest.approx(blocks[False].fwd.time_s, rel=1e-12)
     assert blocks[True].bwd.time_s - blocks[False].bwd.time_s == pytest.approx(

@@ -201,13 +201,16 @@ class Training(Strict):
     #: left out holds TE's default 16). ``te_default``: a run without a config (every exchange 16).
     #: Default (null): NeMo's tuned H100 configs (:data:`dfmodel.netmodels.nccl.USERBUFFERS_SMS_BY_TP`).
     userbuffers_sms: Literal["te_default"] | dict[UBExchange, NonNegativeInt] | None = None
-    #: LLM: Megatron-Core ``cross_entropy_loss_fusion`` (TransformerConfig; default False in
-    #: core_r0.8-r0.10, the versions NeMo 24.07 / 24.11 run). False: VocabParallelCrossEntropy
-    #: runs as eager PyTorch kernels over fp32 logits (the passes are
-    #: :data:`dfmodel.graph.builders.llm.EAGER_CE_FWD_BYTES`); True: one fused pass each way.
-    #: Default (null): False on kernel-by-kernel chips, True on dataflow chips (their compiler fuses
-    #: the element-wise chain); :func:`resolve_fusion`.
-    cross_entropy_fusion: bool | None = None
+    #: LLM: how the softmax cross-entropy over the vocabulary runs
+    #: (:func:`dfmodel.graph.builders.llm.cross_entropy_extra_bytes` counts each one's passes):
+    #: ``unfused``: Megatron-Core's VocabParallelCrossEntropy as eager PyTorch kernels over fp32
+    #: logits (``cross_entropy_loss_fusion: false``, the default of ModelParallelConfig in
+    #: core_r0.8-r0.10, the versions NeMo 24.07 / 24.11 run); ``megatron_fused``: its
+    #: ``cross_entropy_loss_fusion: true`` form (megatron/core/fusions/fused_cross_entropy.py: four
+    #: torch.compile regions); ``single_pass``: one fused pass each way. Default (null): unfused on
+    #: kernel-by-kernel chips, single_pass on dataflow chips (their compiler fuses the element-wise
+    #: chain); :func:`resolve_fusion`.
+    cross_entropy: Literal["unfused", "megatron_fused", "single_pass"] | None = None
     #: LLM: the FFN activation as one fused kernel (True) or as the eager PyTorch ops the framework
     #: writes (False; squared ReLU = ``torch.pow(F.relu(x), 2)``, NeMo utils.py ``squared_relu``).
     #: Default (null): on kernel-by-kernel chips True for gelu and swiglu (Megatron-Core
@@ -820,28 +823,28 @@ def resolve_attention(workload: AnyWorkload, execution: str) -> AnyWorkload:
 
 
 def resolve_fusion(workload: AnyWorkload, execution: str) -> AnyWorkload:
-    """The workload with ``training.cross_entropy_fusion``, ``activation_fusion`` and
+    """The workload with ``training.cross_entropy``, ``activation_fusion`` and
     ``embedding_dense_grad`` decided for a chip of this ``execution`` style (an explicit value is kept; other families
     are returned unchanged). Kernel-by-kernel chips run what Megatron-Core runs by default
     (see the fields); dataflow chips fuse both element-wise chains.
 
     >>> w = load_workload("gpt3_175b")
     >>> t = resolve_fusion(w, "kernel_by_kernel").training
-    >>> t.cross_entropy_fusion, t.activation_fusion
-    (False, True)
-    >>> resolve_fusion(w, "dataflow").training.cross_entropy_fusion
-    True
+    >>> t.cross_entropy, t.activation_fusion
+    ('unfused', True)
+    >>> resolve_fusion(w, "dataflow").training.cross_entropy
+    'single_pass'
     """
     if not isinstance(workload, LLMWorkload):
         return workload
     t = workload.training
-    if None not in (t.cross_entropy_fusion, t.activation_fusion, t.embedding_dense_grad):
+    if None not in (t.cross_entropy, t.activation_fusion, t.embedding_dense_grad):
         return workload
     gpu = execution == "kernel_by_kernel"
     w = workload.model_copy(deep=True)
     w._source = workload._source
-    if t.cross_entropy_fusion is None:
-        w.training.cross_entropy_fusion = not gpu
+    if t.cross_entropy is None:
+        w.training.cross_entropy = "unfused" if gpu else "single_pass"
     if t.activation_fusion is None:
         w.training.activation_fusion = not gpu or workload.model.ffn_type in MEGATRON_FUSED_ACTIVATIONS
     if t.embedding_dense_grad is None:

@@ -65,31 +65,51 @@ FLASH_BLOCK = 128
 FP8_CAST_EXTRA_BYTES = 2
 
 
-def eager_cross_entropy_extra_bytes(p: int) -> tuple[int, int]:
-    """Extra DRAM bytes per logit (one element of the tokens x vocab/tp tile) of Megatron-Core's
-    unfused cross-entropy, forward and backward, beyond what the graph's edges charge (forward:
-    one read of the p-byte logits; backward: that read again and the p-byte gradient's write).
+def cross_entropy_extra_bytes(mode: str | None, p: int) -> tuple[int, int]:
+    """Extra DRAM bytes per logit (one element of the tokens x vocab/tp tile) of the cross-entropy
+    as ``training.cross_entropy`` runs it, forward and backward, beyond what the graph's edges
+    charge (forward: one read of the p-byte logits; backward: that read again and the p-byte
+    gradient's write, the ``single_pass`` form; None counts as that too).
 
-    Source: Megatron-LM core_r0.8.0 (NeMo 24.07; core_r0.10 the same)
-    megatron/core/tensor_parallel/cross_entropy.py, ``_VocabParallelCrossEntropy`` with
-    ``cross_entropy_loss_fusion`` off, each line an eager PyTorch kernel over the whole tile:
+    ``unfused``: Megatron-LM core_r0.8.0 (NeMo 24.07; core_r0.10 the same)
+    megatron/core/tensor_parallel/cross_entropy.py, ``_VocabParallelCrossEntropy``, each line an
+    eager PyTorch kernel over the whole tile:
 
     - forward: ``.float()`` reads p, writes 4 (nothing when p is 4); ``torch.max(dim=-1)`` reads 4;
       the in-place ``-= logits_max`` reads and writes 4; in-place ``torch.exp`` 4 + 4;
       ``.sum(dim=-1)`` reads 4; ``exp_logits.div_(sum)`` 4 + 4 (the fp32 softmax saved for the
-      backward). The target gather, the log and the three TP all-reduces touch one value per token.
+      backward). The target gather, the log and the three TP all-reduces touch one value per token;
     - backward: the one-hot subtract is a scatter of one value per token;
       ``grad_input.mul_(grad_output)`` reads and writes the fp32 softmax (4 + 4); autograd's
       backward of ``.float()`` casts it back (reads 4, writes p).
 
-    >>> eager_cross_entropy_extra_bytes(2)   # bf16 logits: 38 - 2 forward, 14 - 4 backward
+    ``megatron_fused`` (``cross_entropy_loss_fusion: true``): core_r0.8.0
+    megatron/core/fusions/fused_cross_entropy.py, the same steps in four ``jit_fuser`` regions
+    (megatron/core/jit.py: torch.compile from PyTorch 2.2), each one pass that keeps what it returns
+    or mutates: ``calculate_logits_max`` reads p, writes the fp32 copy (4) with the max fused in;
+    ``calculate_predicted_logits`` subtracts, exponentiates and sums in place (4 + 4);
+    ``calculate_cross_entropy_loss`` divides in place (4 + 4); backward ``calculate_gradients``
+    reads the softmax (4), writes back its in-place update (4, an input mutation torch.compile
+    keeps) and the 16-bit gradient (p).
+
+    >>> cross_entropy_extra_bytes("unfused", 2)   # bf16 logits: 38 - 2 forward, 14 - 4 backward
     (36, 10)
-    >>> eager_cross_entropy_extra_bytes(4)   # fp32 training: no casts
+    >>> cross_entropy_extra_bytes("unfused", 4)   # fp32 training: no casts
     (28, 0)
+    >>> cross_entropy_extra_bytes("megatron_fused", 2)   # 22 - 2 forward, 10 - 4 backward
+    (20, 6)
+    >>> cross_entropy_extra_bytes("single_pass", 2), cross_entropy_extra_bytes(None, 2)
+    ((0, 0), (0, 0))
     """
-    cast_fwd, cast_bwd = (0, 0) if p == 4 else (p + 4, 4 + p)
-    fwd = cast_fwd + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4)
-    bwd = (4 + 4) + cast_bwd
+    if mode == "unfused":
+        cast_fwd, cast_bwd = (0, 0) if p == 4 else (p + 4, 4 + p)
+        fwd = cast_fwd + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4)
+        bwd = (4 + 4) + cast_bwd
+    elif mode == "megatron_fused":
+        fwd = (p + (0 if p == 4 else 4)) + (4 + 4) + (4 + 4)
+        bwd = 4 + 4 + p
+    else:
+        return 0, 0
     return fwd - p, bwd - 2 * p
 
 
@@ -546,9 +566,8 @@ def build_llm_head(w: LLMWorkload, batch: int) -> DataflowGraph | None:
              group="norm", params=ln_p, weight_bytes=ln_p * p, **pr.vector_kw)
     g.kernel("fwd.lm_head", MM, {"m": T, "n": V, "k": h}, flop=matmul_flop(1, T, V, h), output_bytes=T * V * p,
              group="head", params=head_p, weight_bytes=V * h * p, **pr.vector_kw)
-    # Megatron-Core's unfused cross-entropy (training.cross_entropy_fusion False) makes several
-    # fp32 passes over the logits each way: eager_cross_entropy_extra_bytes
-    ce_f, ce_b = (0, 0) if w.training.cross_entropy_fusion is not False else eager_cross_entropy_extra_bytes(p)
+    # Megatron-Core's cross-entropy makes several fp32 passes over the logits each way
+    ce_f, ce_b = cross_entropy_extra_bytes(w.training.cross_entropy, p)
     g.kernel("fwd.loss", RED, {"m": T, "n": V}, flop=vector_flop("cross_entropy", T * V),
              output_bytes=T * LOSS_BYTES, group="head", extra_memory_bytes=ce_f * T * V, **pr.vector_kw)
     g.kernel("bwd.loss", EW, {"m": T, "n": V}, flop=vector_flop("cross_entropy_bwd", T * V),
