@@ -71,6 +71,10 @@ class CaseTraining(Strict):
     #: the run's userbuffers SMs per TE exchange (workload ``training.userbuffers_sms``; ``te_default``:
     #: tp_comm_overlap without a ub_tp_comm_overlap_cfg); None: NeMo's tuned configs
     userbuffers_sms: Literal["te_default"] | dict[str, int] | None = None
+    #: the run's Megatron-Core ``cross_entropy_loss_fusion`` (its config file; NeMo 1.x copies the
+    #: key into TransformerConfig): workload ``training.cross_entropy`` megatron_fused (true) or
+    #: unfused (false); None: the system's default (unfused on GPUs, Megatron-Core's default)
+    cross_entropy_loss_fusion: bool | None = None
 
 
 class CaseSystem(Strict):
@@ -283,6 +287,8 @@ def workload_of(case: Case) -> dict[str, Any]:
         training["cuda_graphs"] = case.training.cuda_graphs
     if case.training.userbuffers_sms is not None:
         training["userbuffers_sms"] = case.training.userbuffers_sms
+    if case.training.cross_entropy_loss_fusion is not None:
+        training["cross_entropy"] = "megatron_fused" if case.training.cross_entropy_loss_fusion else "unfused"
     if precision == "fp8":
         fp8 = {"fp8_weights": case.training.fp8_weights, "recipe": fp8_recipe_of(case)}
         training["fp8"] = {k: v for k, v in fp8.items() if v is not None}

@@ -201,6 +201,29 @@ class Training(Strict):
     #: left out holds TE's default 16). ``te_default``: a run without a config (every exchange 16).
     #: Default (null): NeMo's tuned H100 configs (:data:`dfmodel.netmodels.nccl.USERBUFFERS_SMS_BY_TP`).
     userbuffers_sms: Literal["te_default"] | dict[UBExchange, NonNegativeInt] | None = None
+    #: LLM: how the softmax cross-entropy over the vocabulary runs
+    #: (:func:`dfmodel.graph.builders.llm.cross_entropy_extra_bytes` counts each one's passes):
+    #: ``unfused``: Megatron-Core's VocabParallelCrossEntropy as eager PyTorch kernels over fp32
+    #: logits (``cross_entropy_loss_fusion: false``, the default of ModelParallelConfig in
+    #: core_r0.8-r0.10, the versions NeMo 24.07 / 24.11 run); ``megatron_fused``: its
+    #: ``cross_entropy_loss_fusion: true`` form (megatron/core/fusions/fused_cross_entropy.py: four
+    #: torch.compile regions); ``single_pass``: one fused pass each way. Default (null): unfused on
+    #: kernel-by-kernel chips, single_pass on dataflow chips (their compiler fuses the element-wise
+    #: chain); :func:`resolve_fusion`.
+    cross_entropy: Literal["unfused", "megatron_fused", "single_pass"] | None = None
+    #: LLM: the FFN activation as one fused kernel (True) or as the eager PyTorch ops the framework
+    #: writes (False; squared ReLU = ``torch.pow(F.relu(x), 2)``, NeMo utils.py ``squared_relu``).
+    #: Default (null): on kernel-by-kernel chips True for gelu and swiglu (Megatron-Core
+    #: ``bias_activation_fusion``: bias_gelu_impl / bias_swiglu_impl) and False for relu / squared
+    #: relu (core_r0.8 mlp.py MLP.forward fuses gelu and swiglu only and raises for any other, so
+    #: such runs set bias_activation_fusion off); True on dataflow chips. :func:`resolve_fusion`.
+    activation_fusion: bool | None = None
+    #: LLM: the token embedding's weight gradient is a dense vocab/tp x hidden tensor each micro-batch
+    #: (PyTorch's CUDA ``embedding_dense_backward`` zero-fills one, which the framework's gradient
+    #: hook then adds into the main gradient: Megatron-Core core_r0.8 distributed_data_parallel.py
+    #: ``_make_param_hook``). Default (null): True on kernel-by-kernel chips, False on dataflow
+    #: chips (a scatter-add into the accumulator); :func:`resolve_fusion`.
+    embedding_dense_grad: bool | None = None
 
     def userbuffers_config(self) -> tuple[tuple[str, int], ...] | None:
         """``userbuffers_sms`` as sorted (exchange, SMs) pairs (hashable; () = TE's defaults), or None."""
@@ -797,6 +820,41 @@ def resolve_attention(workload: AnyWorkload, execution: str) -> AnyWorkload:
     w._source = workload._source
     w.model.attention = "flash" if execution == "kernel_by_kernel" else "unfused"
     return w
+
+
+def resolve_fusion(workload: AnyWorkload, execution: str) -> AnyWorkload:
+    """The workload with ``training.cross_entropy``, ``activation_fusion`` and
+    ``embedding_dense_grad`` decided for a chip of this ``execution`` style (an explicit value is kept; other families
+    are returned unchanged). Kernel-by-kernel chips run what Megatron-Core runs by default
+    (see the fields); dataflow chips fuse both element-wise chains.
+
+    >>> w = load_workload("gpt3_175b")
+    >>> t = resolve_fusion(w, "kernel_by_kernel").training
+    >>> t.cross_entropy, t.activation_fusion
+    ('unfused', True)
+    >>> resolve_fusion(w, "dataflow").training.cross_entropy
+    'single_pass'
+    """
+    if not isinstance(workload, LLMWorkload):
+        return workload
+    t = workload.training
+    if None not in (t.cross_entropy, t.activation_fusion, t.embedding_dense_grad):
+        return workload
+    gpu = execution == "kernel_by_kernel"
+    w = workload.model_copy(deep=True)
+    w._source = workload._source
+    if t.cross_entropy is None:
+        w.training.cross_entropy = "unfused" if gpu else "single_pass"
+    if t.activation_fusion is None:
+        w.training.activation_fusion = not gpu or workload.model.ffn_type in MEGATRON_FUSED_ACTIVATIONS
+    if t.embedding_dense_grad is None:
+        w.training.embedding_dense_grad = gpu
+    return w
+
+
+#: FFN activations Megatron-Core fuses with their bias (core_r0.8 megatron/core/transformer/mlp.py
+#: MLP.forward under ``bias_activation_fusion``: bias_gelu_impl, bias_swiglu_impl)
+MEGATRON_FUSED_ACTIVATIONS = frozenset(("gelu", "swiglu"))
 
 
 #: the former name of :class:`LLMArchitecture` (it collided with the cost model

@@ -22,7 +22,7 @@ from dfmodel.graph.build import build_graphs
 from dfmodel.graph.builders.moe import expert_params, routed_rows
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
-from dfmodel.graph.workload import resolve_attention
+from dfmodel.graph.workload import resolve_attention, resolve_fusion
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import offload as off
 from dfmodel.inter_chip import pipeline as pipe
@@ -477,7 +477,7 @@ class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
     def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
-        self.workload = resolve_attention(workload, system.chip.execution)
+        self.workload = resolve_fusion(resolve_attention(workload, system.chip.execution), system.chip.execution)
         if getattr(self.workload.training, "cuda_graphs", False):
             system = graph_launched(system)  # replayed kernels: the in-graph gap, not the launch
         self.system = system

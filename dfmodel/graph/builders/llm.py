@@ -65,6 +65,93 @@ FLASH_BLOCK = 128
 FP8_CAST_EXTRA_BYTES = 2
 
 
+def cross_entropy_extra_bytes(mode: str | None, p: int) -> tuple[int, int]:
+    """Extra DRAM bytes per logit (one element of the tokens x vocab/tp tile) of the cross-entropy
+    as ``training.cross_entropy`` runs it, forward and backward, beyond what the graph's edges
+    charge (forward: one read of the p-byte logits; backward: that read again and the p-byte
+    gradient's write, the ``single_pass`` form; None counts as that too).
+
+    ``unfused``: Megatron-LM core_r0.8.0 (NeMo 24.07; core_r0.10 the same)
+    megatron/core/tensor_parallel/cross_entropy.py, ``_VocabParallelCrossEntropy``, each line an
+    eager PyTorch kernel over the whole tile:
+
+    - forward: ``.float()`` reads p, writes 4 (nothing when p is 4); ``torch.max(dim=-1)`` reads 4;
+      the in-place ``-= logits_max`` reads and writes 4; in-place ``torch.exp`` 4 + 4;
+      ``.sum(dim=-1)`` reads 4; ``exp_logits.div_(sum)`` 4 + 4 (the fp32 softmax saved for the
+      backward). The target gather, the log and the three TP all-reduces touch one value per token;
+    - backward: the one-hot subtract is a scatter of one value per token;
+      ``grad_input.mul_(grad_output)`` reads and writes the fp32 softmax (4 + 4); autograd's
+      backward of ``.float()`` casts it back (reads 4, writes p).
+
+    ``megatron_fused`` (``cross_entropy_loss_fusion: true``): core_r0.8.0
+    megatron/core/fusions/fused_cross_entropy.py, the same steps in four ``jit_fuser`` regions
+    (megatron/core/jit.py: torch.compile from PyTorch 2.2), each one pass that keeps what it returns
+    or mutates: ``calculate_logits_max`` reads p, writes the fp32 copy (4) with the max fused in;
+    ``calculate_predicted_logits`` subtracts, exponentiates and sums in place (4 + 4);
+    ``calculate_cross_entropy_loss`` divides in place (4 + 4); backward ``calculate_gradients``
+    reads the softmax (4), writes back its in-place update (4, an input mutation torch.compile
+    keeps) and the 16-bit gradient (p).
+
+    >>> cross_entropy_extra_bytes("unfused", 2)   # bf16 logits: 38 - 2 forward, 14 - 4 backward
+    (36, 10)
+    >>> cross_entropy_extra_bytes("unfused", 4)   # fp32 training: no casts
+    (28, 0)
+    >>> cross_entropy_extra_bytes("megatron_fused", 2)   # 22 - 2 forward, 10 - 4 backward
+    (20, 6)
+    >>> cross_entropy_extra_bytes("single_pass", 2), cross_entropy_extra_bytes(None, 2)
+    ((0, 0), (0, 0))
+    """
+    if mode == "unfused":
+        cast_fwd, cast_bwd = (0, 0) if p == 4 else (p + 4, 4 + p)
+        fwd = cast_fwd + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4)
+        bwd = (4 + 4) + cast_bwd
+    elif mode == "megatron_fused":
+        fwd = (p + (0 if p == 4 else 4)) + (4 + 4) + (4 + 4)
+        bwd = 4 + 4 + p
+    else:
+        return 0, 0
+    return fwd - p, bwd - 2 * p
+
+
+def eager_activation_extra_bytes(ffn_type: str, p: int) -> tuple[int, int]:
+    """Extra DRAM bytes per element of the f-wide activation input when the framework runs the
+    FFN activation unfused, forward and backward, beyond the graph's one fused kernel (forward
+    reads fc1's output and writes the activation, p + p; backward reads the gradient and fc1's
+    output and writes the input gradient, 3p). Fused activations (gelu, swiglu: Megatron-Core's
+    bias_gelu_impl / bias_swiglu_impl) and relu (one kernel each way) add nothing.
+
+    Squared ReLU (Nemotron-4): NeMo v2.0.0rc0 (NeMo 24.07) nemo/collections/nlp/modules/common/
+    megatron/utils.py ``squared_relu(x) = torch.pow(torch.nn.functional.relu(x), 2)``, run by
+    Megatron-Core core_r0.8 mlp.py ``self.activation_func(...)`` (no bias fusion for it):
+
+    - forward: relu (p + p), pow (p + p): 2 kernels, 4p;
+    - backward: PyTorch FunctionsManual.cpp ``pow_backward`` = ``grad * (2 * self.pow(1))``:
+      ``self.pow(1)`` copies (p + p), ``2 * .`` (p + p), ``grad * .`` (2p + p); then relu's
+      ``threshold_backward(grad, result)`` (2p + p): 4 kernels, 10p. ReLU saves its output,
+      which is also pow's input, so no tensor more is kept for the backward.
+
+    >>> eager_activation_extra_bytes("squared_relu", 2), eager_activation_extra_bytes("gelu", 2)
+    ((4, 14), (0, 0))
+    """
+    if ffn_type != "squared_relu":
+        return 0, 0
+    return 4 * p - 2 * p, 10 * p - 3 * p
+
+
+def embedding_dense_grad_bytes(p: int, grad_bytes: int) -> int:
+    """DRAM bytes per token-table element of the dense embedding gradient a GPU framework makes
+    each micro-batch: PyTorch's CUDA ``embedding_dense_backward`` (aten/src/ATen/native/cuda/
+    EmbeddingBackwardKernel.cu ``embedding_backward_cuda_kernel``: ``at::zeros({num_weights,
+    dim})``) zero-fills a p-byte vocab/tp x hidden tensor before it scatters the rows; then
+    Megatron-Core's gradient hook (core_r0.8 distributed_data_parallel.py ``_make_param_hook``:
+    ``param.main_grad.add_(param.grad.data)``) reads it and reads and writes the main gradient.
+
+    >>> embedding_dense_grad_bytes(2, 4)   # bf16 table, fp32 main gradient
+    12
+    """
+    return p + p + 2 * grad_bytes
+
+
 def causal_fraction(seq_len: int, block: int = FLASH_BLOCK) -> float:
     """Fraction of the s x s score tiles a causal fused-attention kernel computes.
 
@@ -246,8 +333,9 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
         _moe_forward(g, w, T, TR, pr, sort_d)
     g.kernel("fwd.fc1", MM, mm(R, f_in, h), flop=matmul_flop(1, TR, f_in, h),
              output_bytes=TR * f_in * p, group="mlp", **weights(fc1_p), **cast(TQ * h), **xk)
+    act_f, act_b = (0, 0) if w.training.activation_fusion is not False else eager_activation_extra_bytes(m.ffn_type, p)
     g.kernel("fwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act, TR * f) + vector_flop("bias", TR * f_in),
-             output_bytes=TR * f * p, group="mlp", **vec)
+             output_bytes=TR * f * p, group="mlp", extra_memory_bytes=act_f * TR * f, **vec)
     g.kernel("fwd.fc2", MM, mm(R, h, f), flop=matmul_flop(1, TR, h, f), output_bytes=TR * h * p,
              group="mlp", **weights(fc2_p), **cast(TR * f), **xk)
     if routed:
@@ -269,7 +357,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     g.kernel("wgrad.fc2", MM, {"b": nE, "m": f, "n": h, "k": R} if nE > 1 else {"m": f, "n": h, "k": R},
              flop=matmul_flop(1, f, h, TR), output_bytes=fc2_p * gb, phase=WG, group="mlp", **wgrad(fc2_p), **xk)
     g.kernel("bwd.act", EW, {"m": TR, "n": f}, flop=vector_flop(act_bwd, TR * f) + vector_flop("bias_grad", TR * f_in),
-             output_bytes=TR * f_in * p, phase=BWD, group="mlp", **vec)
+             output_bytes=TR * f_in * p, phase=BWD, group="mlp", extra_memory_bytes=act_b * TR * f, **vec)
     g.kernel("bwd.fc1", MM, mm(R, h, f_in), flop=matmul_flop(1, TR, h, f_in), output_bytes=TR * h * p,
              phase=BWD, group="mlp", weight_bytes=fc1_p * pw, **lin, **cast(TR * f_in), **xk)
     g.kernel("wgrad.fc1", MM, {"b": nE, "m": h, "n": f_in, "k": R} if nE > 1 else {"m": h, "n": f_in, "k": R},
@@ -412,7 +500,9 @@ def build_llm_embedding(w: LLMWorkload, batch: int) -> DataflowGraph | None:
     ``vocab_size`` is 0.
 
     The tables are parameters (``params``) but not streamed weights (``weight_bytes = 0``): a
-    look-up reads only the gathered rows, counted in ``extra_memory_bytes``. Token ids have no
+    look-up reads only the gathered rows, counted in ``extra_memory_bytes``. The one exception is
+    the dense table gradient a GPU framework writes (``training.embedding_dense_grad``,
+    :func:`embedding_dense_grad_bytes`), the weight gradient's ``weight_bytes``. Token ids have no
     data gradient, so the backward is the weight-gradient scatter-add alone.
 
     >>> from dfmodel.graph.workload import load_workload
@@ -437,9 +527,13 @@ def build_llm_embedding(w: LLMWorkload, batch: int) -> DataflowGraph | None:
     g.kernel("fwd.embed", EMB, {"m": T, "n": h, "k": V}, flop=vector_flop("embedding_pool", (tables - 1) * T * h),
              output_bytes=T * h * p, extra_memory_bytes=gathered, params=params, group="vocab_embedding",
              weight="embed.table", **pr.vector_kw)
-    # scatter-add of the gradient rows: read-modify-write of every touched row
+    # scatter-add of the gradient rows: read-modify-write of every touched row; on GPUs
+    # (training.embedding_dense_grad) also the dense table gradient of every micro-batch, traffic
+    # of the table's shape (weight_bytes: split with the table, the same at any micro-batch)
+    dense = V * h * embedding_dense_grad_bytes(p, pr.grad) if w.training.embedding_dense_grad else 0
     g.kernel("wgrad.embed", EMB, {"m": T, "n": h, "k": V}, flop=vector_flop("embedding_scatter", tables * T * h),
-             output_bytes=T * h * p, extra_memory_bytes=2 * gathered, phase=WG, group="vocab_embedding",
+             output_bytes=T * h * p, extra_memory_bytes=2 * gathered, weight_bytes=dense, phase=WG,
+             group="vocab_embedding",
              weight="embed.table", **pr.vector_kw)
     g.tensor("tokens", None, ["fwd.embed", "wgrad.embed"], T * INDEX_BYTES, "index", (batch, m.seq_len))
     g.tensor("emb", "fwd.embed", None, T * h * p, "x", (batch, m.seq_len, h))
@@ -472,10 +566,12 @@ def build_llm_head(w: LLMWorkload, batch: int) -> DataflowGraph | None:
              group="norm", params=ln_p, weight_bytes=ln_p * p, **pr.vector_kw)
     g.kernel("fwd.lm_head", MM, {"m": T, "n": V, "k": h}, flop=matmul_flop(1, T, V, h), output_bytes=T * V * p,
              group="head", params=head_p, weight_bytes=V * h * p, **pr.vector_kw)
+    # Megatron-Core's cross-entropy makes several fp32 passes over the logits each way
+    ce_f, ce_b = cross_entropy_extra_bytes(w.training.cross_entropy, p)
     g.kernel("fwd.loss", RED, {"m": T, "n": V}, flop=vector_flop("cross_entropy", T * V),
-             output_bytes=T * LOSS_BYTES, group="head", **pr.vector_kw)
+             output_bytes=T * LOSS_BYTES, group="head", extra_memory_bytes=ce_f * T * V, **pr.vector_kw)
     g.kernel("bwd.loss", EW, {"m": T, "n": V}, flop=vector_flop("cross_entropy_bwd", T * V),
-             output_bytes=T * V * p, phase=BWD, group="head", **pr.vector_kw)
+             output_bytes=T * V * p, phase=BWD, group="head", extra_memory_bytes=ce_b * T * V, **pr.vector_kw)
     g.kernel("bwd.lm_head", MM, {"m": T, "n": h, "k": V}, flop=matmul_flop(1, T, h, V), output_bytes=T * h * p,
              phase=BWD, group="head", weight_bytes=V * h * p, **pr.vector_kw)
     g.kernel("wgrad.lm_head", MM, {"m": h, "n": V, "k": T}, flop=matmul_flop(1, h, V, T),
