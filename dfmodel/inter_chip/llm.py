@@ -40,7 +40,7 @@ from dfmodel.intra_chip import partition
 from dfmodel.intra_chip.api import floor_time_s
 from dfmodel.netmodels import CostTable, merge_groups, nccl
 from dfmodel.graph.builders.llm import FP8_CAST_EXTRA_BYTES
-from dfmodel.system.processor import (achieved_rate_Fps, compute_time_s, fp8_operand_prep_s, gemm_epilogue_exposed_s,
+from dfmodel.system.processor import (achieved_rate_Fps, compute_time_s, fp8_operand_prep_s,
                                       graph_launched, memory_time_s)
 from dfmodel.system.schema import Precision, System
 
@@ -391,16 +391,6 @@ def _phase_sums_s(block, chip, seconds_of) -> tuple[float, float]:
             else:
                 bwd += t
     return fwd, bwd
-
-
-def _gemm_epilogue_s(block: BlockTimes, chip, precision: str) -> tuple[float, float]:
-    """(forward, backward incl. weight-gradient) seconds per micro-batch that a block's GEMM
-    epilogues add to their rooflines (:func:`dfmodel.system.processor.gemm_epilogue_exposed_s`:
-    the output store, and a weight-gradient GEMM's read of the main gradient it accumulates into,
-    after the tile's mainloop); 0 on a chip that does not run kernel by kernel (a dataflow
-    partition streams its outputs while it computes)."""
-    return _kept_on(block, "_gemm_epilogue_s", None,
-                    lambda: _phase_sums_s(block, chip, lambda k: gemm_epilogue_exposed_s(chip, k, precision)))
 
 
 def _host_linear_s(chip, kernel_precision: str | None, precision: str) -> float:
@@ -1750,9 +1740,6 @@ class LLMModel:
                       if dense else (0.0, 0.0))
         emb_f, emb_b = (emb.fwd.time_s, emb.backward_s("none")) if emb else (0.0, 0.0)
         head_f, head_b = (head.fwd.time_s, head.backward_s("none")) if head else (0.0, 0.0)
-        if head:  # the output layer's GEMM epilogues: the logits store, its wgrad's main-gradient read
-            head_f, head_b = (t + e for t, e in zip((head_f, head_b), _gemm_epilogue_s(head, self.system.chip,
-                                                                                       self.precision.value)))
         if m.zero_stage == 3:  # their parameters are gathered like a layer's
             emb_f, emb_b = self._fsdp_exposed(emb, emb_f, emb_b, m, dp_group)
             head_f, head_b = self._fsdp_exposed(head, head_f, head_b, m, dp_group)
@@ -1923,7 +1910,7 @@ class LLMModel:
         """(forward, backward) time of one layer and micro-batch with its exposed communication
         ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles, self._ub_config)
-        c_f, c_b = self._serial_memory_s(layer)  # TE's FP8 casts and the GEMM epilogues (serial)
+        c_f, c_b = self._serial_memory_s(layer)  # TE's FP8 cast / transpose kernels (serial)
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts and GEMMs
         redo_f += self._mla_up_redo_s(m)
         f = t_f + c_f + sum(f for f, _ in extra.values())
@@ -1934,11 +1921,9 @@ class LLMModel:
 
     def _serial_memory_s(self, block: BlockTimes) -> tuple[float, float]:
         """(forward, backward) DRAM time per micro-batch the block's rooflines hide but the GPU
-        runs serially: TE's FP8 cast / transpose kernels (:func:`_fp8_prep_s`) and the GEMM
-        epilogues (:func:`_gemm_epilogue_s`)."""
-        c_f, c_b = _fp8_prep_s(block, self.system.chip, *self._fp8_kind)
-        e_f, e_b = _gemm_epilogue_s(block, self.system.chip, self.precision.value)
-        return c_f + e_f, c_b + e_b
+        runs serially: TE's FP8 cast / transpose kernels (:func:`_fp8_prep_s`). (A Hopper GEMM's
+        serial epilogue is in its kernel's own time, :func:`dfmodel.system.processor.compute_time_s`.)"""
+        return _fp8_prep_s(block, self.system.chip, *self._fp8_kind)
 
     @property
     def _ub_config(self) -> tuple[tuple[str, int], ...] | None:
@@ -2004,7 +1989,7 @@ class LLMModel:
             parts = {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
         else:
             parts = layer.parts(m.recompute)
-        c_f, c_b = self._serial_memory_s(layer)  # memory-bound kernels and GEMM epilogues of their own
+        c_f, c_b = self._serial_memory_s(layer)  # memory-bound FP8 cast kernels of their own
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
         parts["compute"] += self._mla_up_redo_s(m)
         # the GPU waiting on the host (_layer_phases_s's floor; the layer's exposed communication

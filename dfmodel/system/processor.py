@@ -48,11 +48,19 @@ def achieved_rate_Fps(chip: Chip, kernel: Kernel, precision: Precision | str) ->
 
 
 def compute_time_s(chip: Chip, kernel: Kernel, precision: Precision | str) -> float:
-    """Time for ``kernel``'s arithmetic on the whole chip: ``FLOP / achieved rate``.
-
-    Matmuls are padded to ``efficiency.matmul_tile`` first (see :func:`achieved_rate_Fps` for
-    the rates). Communication kernels do no arithmetic here.
+    """Time for ``kernel``'s arithmetic on the whole chip: ``FLOP / achieved rate``
+    (:func:`mainloop_time_s`), plus, on a chip whose GEMM epilogue is serial, the epilogue that
+    follows each tile's mainloop (:func:`gemm_epilogue_exposed_s`): the GEMM kernel's own time,
+    so every pass that times a kernel (intra-chip, sharding, the search's floors, the other
+    families) charges it alike. Communication kernels do no arithmetic here.
     """
+    mainloop_s = mainloop_time_s(chip, kernel, precision)
+    return mainloop_s + _serial_epilogue_s(chip, kernel, mainloop_s, precision)
+
+
+def mainloop_time_s(chip: Chip, kernel: Kernel, precision: Precision | str) -> float:
+    """``FLOP / achieved rate`` of ``kernel`` on the whole chip; matmuls padded to
+    ``efficiency.matmul_tile`` first (see :func:`achieved_rate_Fps` for the rates)."""
     if kernel.kind == KernelKind.comm or kernel.flop == 0:
         return 0.0
     rate = achieved_rate_Fps(chip, kernel, precision)
@@ -85,10 +93,11 @@ def gemm_epilogue_bytes(kernel: Kernel) -> float:
 
 
 def gemm_epilogue_exposed_s(chip: Chip, kernel: Kernel, precision: Precision | str) -> float:
-    """Time a GEMM's epilogue adds to its roofline ``max(compute, bytes / bandwidth)`` on a chip
-    whose ``gemm_epilogue`` is "serial": ``min(compute, epilogue bytes / bandwidth)``, so the
-    kernel takes its mainloop plus its epilogue, ``compute + epilogue`` (its operand loads are
-    hidden under the math); 0 where the epilogue overlaps the next tile's MMAs.
+    """Time a GEMM's epilogue adds to its mainloop on a chip whose ``gemm_epilogue`` is "serial":
+    ``min(mainloop, epilogue bytes / bandwidth)``, so the kernel's compute time is its mainloop
+    plus its epilogue (:func:`compute_time_s`; its operand loads are hidden under the math, and
+    a memory-bound GEMM's roofline already counts the epilogue's bytes); 0 where the epilogue
+    overlaps the next tile's MMAs.
 
     On Hopper a GEMM tile's accumulators live in the registers of the warp groups that computed
     them (wgmma), so a tile's epilogue -- load C, add, store D -- runs after its mainloop, on the
@@ -118,10 +127,24 @@ def gemm_epilogue_exposed_s(chip: Chip, kernel: Kernel, precision: Precision | s
     >>> gemm_epilogue_exposed_s(chip.model_copy(update={"gemm_epilogue": "overlapped"}), k, "bf16")
     0.0
     """
-    ep = gemm_epilogue_bytes(kernel)
-    if chip.gemm_epilogue != "serial" or ep <= 0:
+    return _serial_epilogue_s(chip, kernel, mainloop_time_s(chip, kernel, precision), precision)
+
+
+#: GEMM precisions Hopper runs on its warp-group MMA (wgmma: f16 / bf16 / tf32 / fp8 / int8
+#: operands, PTX ISA 8.x sec. 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
+#: the serial epilogue of :func:`gemm_epilogue_exposed_s` is theirs. An fp64 GEMM (HPL's DGEMM)
+#: runs on the warp-level DMMA (mma.sync) with several CTAs per SM, as on Ampere, whose
+#: epilogues overlap ("overlapped", dgx_a100.yaml).
+WGMMA_PRECISIONS = frozenset(("bf16", "fp16", "fp8"))
+
+
+def _serial_epilogue_s(chip: Chip, kernel: Kernel, mainloop_s: float, precision: Precision | str) -> float:
+    """:func:`gemm_epilogue_exposed_s` of a kernel whose mainloop takes ``mainloop_s``."""
+    if (chip.gemm_epilogue != "serial" or chip.execution != "kernel_by_kernel"  # a dataflow partition streams
+            or Precision(kernel.precision or precision).value not in WGMMA_PRECISIONS):
         return 0.0
-    return min(compute_time_s(chip, kernel, precision), memory_time_s(chip, ep))
+    ep = gemm_epilogue_bytes(kernel)
+    return min(mainloop_s, memory_time_s(chip, ep)) if ep > 0 else 0.0
 
 
 def kernel_memory_bytes(kernel: Kernel, input_bytes: float) -> float:
