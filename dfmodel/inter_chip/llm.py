@@ -751,7 +751,7 @@ class LLMModel:
         return (with_recompute(gs.layer) * (self.num_moe_layers + mtp) + dense + floor(gs.embedding)
                 + floor(gs.head) * (1 + mtp))
 
-    def presolve_bound_s(self, m: Mapping) -> float | None:
+    def presolve_bound_s(self, m: Mapping, cutoff_s: float | None = None) -> float | None:
         """A valid lower bound on ``evaluate(m).iteration_time_s`` of a MoE mapping before its
         blocks are solved, tighter than its group's: the per-kernel / forced TP-collective floor
         on ``m``'s own TP group (:meth:`pass_floor_s`; the group bound takes the cheapest group
@@ -759,7 +759,10 @@ class LLMModel:
         bound: its cheapest placement's, ``LLMSpace._exposed_ep_s``), or the pipeline bound of
         :meth:`_presolve_pipeline_s` (ZeRO-3 collectives, plain 1F1B's last stage). The search asks it of a
         mapping once, before solving its blocks (a TP group across slow links then never pays
-        a block solve). None for a dense model (its search is left as it was)."""
+        a block solve). None for a dense model (its search is left as it was). ``cutoff_s``
+        (the search's): where the own-group bound already reaches it, the blocks' intra-chip
+        floors (:meth:`_floor_blocks_bound_s`, ~10 of DeepSeek-V3/512 dragonfly's 40 serial CPU
+        s) are not computed: the mapping is pruned on that bound alone."""
         if self.num_experts <= 1:
             return None
         # (the blocks' floors where weights must stream: 0.05 CPU s a block key, which on WSE-2's
@@ -776,7 +779,9 @@ class LLMModel:
             # (where it applies it holds the own-group bound's terms: that one is not needed then)
             memo[key] = self._presolve_pipeline_s(m) or self._own_groups_bound_s(m)
         out = self._with_zero2_floor_s(m, memo[key])
-        return max(out, self._floor_blocks_bound_s(m)) if dataflow else out
+        if not dataflow or (cutoff_s is not None and out >= cutoff_s):
+            return out
+        return max(out, self._floor_blocks_bound_s(m))
 
     def _floor_blocks_bound_s(self, m: Mapping) -> float:
         """Dataflow chips: :meth:`refined_bound_s` with every block's phases at their intra-chip
@@ -1729,6 +1734,10 @@ class LLMModel:
             floor = self.memory_before_blocks(m)
             if not floor.fits:
                 return MemoryFloorMiss(m, floor)
+        if cutoff_s is not None and self._block_key("layer", m) not in self._blocks:
+            floor = self.memory_before_solves(m)
+            if floor is not None:  # no layer split it may take fits: no block needs solving
+                return MemoryFloorMiss(m, floor)
         tp_group, pp_group = m.group("tp"), m.group("pp")
         dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))  # Megatron-Core dp x cp
         key = (m.micro_batch, m.tp, tp_group, m.sequence_parallel)
@@ -1765,8 +1774,7 @@ class LLMModel:
         layers = _balance(self.num_layers, m.pp, m.interleave, per_layer_s, emb_f + emb_b,
                           head_f + head_b + mtp_f + mtp_b)
         stages = self._stage_layers(layers, m)
-        dense_st = moe_terms.dense_layers_per_stage(layers, m.pp, self.num_dense_layers)
-        moe_st = [n - d for n, d in zip(stages, dense_st)]
+        moe_st, dense_st = self._split_kinds(layers, m)
         stage_fwd = [n * t_f + d * td_f for n, d in zip(moe_st, dense_st)]
         stage_bwd = [n * t_b + d * td_b for n, d in zip(moe_st, dense_st)]
         if layer.onchip is not None:  # dataflow chips: the stash stays in SRAM where it fits, per stage
@@ -1860,6 +1868,71 @@ class LLMModel:
             input_bound=input_s > 0,
             io=io,
         )
+
+    def _split_kinds(self, layers: tuple[int, ...], m: Mapping) -> tuple[list[int], list[int]]:
+        """(MoE layers, dense layers) per physical stage of the chunk split ``layers``."""
+        dense_st = moe_terms.dense_layers_per_stage(layers, m.pp, self.num_dense_layers)
+        return [n - d for n, d in zip(self._stage_layers(layers, m), dense_st)], dense_st
+
+    def _splits_evaluate_may_take(self, m: Mapping) -> list[tuple[int, ...]] | None:
+        """Every chunk split :meth:`evaluate` may give ``m`` (``_balance``): the whole model
+        with pp 1, Megatron's equal chunks when interleaved (they read no time), and each
+        ``(s, L - s)``, ``1 <= s < L``, with two plain 1F1B stages (``balance_layers`` keeps a
+        layer a stage), the balanced ones first. None with more stages (too many splits)."""
+        n = self.num_layers
+        if m.pp == 1:
+            return [(n,)]
+        if m.interleave > 1:
+            try:
+                return [_balance(n, m.pp, m.interleave, 1.0, 0.0, 0.0)]
+            except ValueError:  # (evaluate raises it)
+                return None
+        if m.pp == 2:
+            return [(s, n - s) for s in sorted(range(1, n), key=lambda s: abs(2 * s - n))]
+        return None
+
+    def memory_before_solves(self, m: Mapping) -> "mem.MemoryBreakdown | None":
+        """The least worst-stage memory of ``m`` over every layer split :meth:`evaluate` may
+        take (:meth:`_splits_evaluate_may_take`) when none fits the chip, else None (also where
+        the splits are not enumerated). Exact, not a floor, per split: :meth:`_stage_memory`
+        reads the blocks' sharded graphs (parameters), never their solved times, which only
+        pick the split. So a mapping none of whose splits fits needs no intra-chip solve
+        (DeepSeek-V3 on 512 dragonfly chips: 59 layer blocks were solved and then did not
+        fit). Memoised on what memory reads and the TP group (the shardings')."""
+        key = (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), m.group("tp"))
+        memo = self.__dict__.setdefault("_split_memory_memo", {})
+        if key not in memo:
+            memo[key] = self._least_split_memory(m)
+        return memo[key]
+
+    def _least_split_memory(self, m: Mapping) -> "mem.MemoryBreakdown | None":
+        splits = self._splits_evaluate_may_take(m)
+        if splits is None:
+            return None
+        try:
+            blocks = [self._sharded_only(which, m) for which in ("layer", "embedding", "head", "dense_layer")]
+        except InfeasibleError:  # (the block solve reports it)
+            return None
+        if blocks[3] is not None and not self.num_dense_layers:
+            blocks[3] = None
+        least = None
+        for layers in splits:
+            memory = self._stage_memory(m, *blocks[:3], blocks[3], *self._split_kinds(layers, m))[1]
+            if memory.fits:
+                return None
+            if least is None or memory.total_bytes < least.total_bytes:
+                least = memory
+        return least
+
+    def _sharded_only(self, which: str, m: Mapping) -> BlockTimes | None:
+        """Block ``which`` of ``m`` sharded as :meth:`block` shards it, no phase solved (None
+        phases): what :meth:`_stage_memory` reads. None when the model has no such block."""
+        layer = which == "layer"
+        graph = getattr(self.graphs(m.micro_batch, m.cp, m.ep_outside_tp if layer else 1), which)
+        if graph is None:
+            return None
+        whole = m.whole_experts and layer and m.tp > 1
+        return BlockTimes(self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole), None, None, None)
 
     def _stage_memory(self, m: Mapping, layer: BlockTimes, emb, head, dense, moe_st: list[int],
                       dense_st: list[int]) -> tuple[list[float], "mem.MemoryBreakdown"]:

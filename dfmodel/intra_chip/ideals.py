@@ -322,7 +322,9 @@ def shortest_plan(
         dist = np.full(N, np.inf)
         dist[0] = 0.0
         sizes = lat.bits.sum(axis=1)
-        order = np.argsort(sizes[dst], kind="stable")
+        # (a stable sort of small integers: numpy radix-sorts 8/16-bit keys, the same order as the
+        # comparison sort of the int64 sizes, ~10x faster on the millions of a layer's backward)
+        order = np.argsort(sizes[dst].astype(np.uint16 if cm.n < 2**16 else np.int64), kind="stable")
         src, dst, cost = src[order], dst[order], cost[order]
         bounds = np.searchsorted(sizes[dst], np.arange(cm.n + 2))
         for s in range(1, cm.n + 1):
@@ -348,9 +350,9 @@ def shortest_plan(
     plan_ideals = [full]
     node = full
     if layers is None:
+        pred = _first_tight_edge(src, dst, cost, dist, N)
         while node != 0:
-            hit = np.flatnonzero((dst == node) & (dist[src] + cost == dist[node]))
-            node = int(src[hit[0]])
+            node = int(src[pred[node]])
             plan_ideals.append(node)
         total = float(dist[full])
     else:
@@ -365,6 +367,18 @@ def shortest_plan(
         idx = np.flatnonzero(lat.bits[b] & ~lat.bits[a])
         plan.append([cm.names[int(i)] for i in idx])
     return plan, total
+
+
+def _first_tight_edge(src: np.ndarray, dst: np.ndarray, cost: np.ndarray, dist: np.ndarray, n: int) -> np.ndarray:
+    """Per ideal, the index of the first edge (in the given order) into it that achieves its
+    settled distance (``dist[src] + cost == dist[dst]``): the edge the walk back from the full
+    ideal takes, found for every ideal in one pass over the edges (the walk used to scan all
+    of them once per partition of the plan: 9 % of DeepSeek-V3/512 dragonfly's search)."""
+    tight = np.flatnonzero(dist[src] + cost == dist[dst])
+    first = np.full(n, -1, dtype=np.int64)
+    ends, at = np.unique(dst[tight], return_index=True)  # (first occurrence of each ideal)
+    first[ends] = tight[at]
+    return first
 
 
 def count_ideals(cm: CostModel, limit: int) -> int | None:
