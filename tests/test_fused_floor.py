@@ -253,7 +253,12 @@ def test_level_order_equals_the_masked_relaxation(seed):
         cost = rng.uniform(0.0, 1.0, pf.src.size)
         cost[rng.uniform(size=cost.size) < 0.3] = np.inf
         want = ff._shortest_s(pf.level, pf.src, pf.dst, cost)
-        assert ff._LevelOrder(pf.level, pf.src, pf.dst).shortest_s(cost) == want
+        lo = ff._LevelOrder(pf.level, pf.src, pf.dst)
+        assert lo.shortest_s(cost, lo.order) == want  # (edge e in sorted order costs cost[order[e]])
+        # per set, as best_s asks it: the shared order of the same structure, the same path
+        set_cost = rng.uniform(0.0, 1.0, int(pf.inverse.max()) + 1)
+        assert (ff._level_order(pf.level, pf.src, pf.dst).shortest_s(set_cost, pf.inverse[lo.order])
+                == ff._shortest_s(pf.level, pf.src, pf.dst, set_cost[pf.inverse]))
 
 
 def _network_s(graph: DataflowGraph, seed: int) -> dict[str, float]:

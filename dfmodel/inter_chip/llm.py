@@ -760,9 +760,10 @@ class LLMModel:
         :meth:`_presolve_pipeline_s` (ZeRO-3 collectives, plain 1F1B's last stage). The search asks it of a
         mapping once, before solving its blocks (a TP group across slow links then never pays
         a block solve). None for a dense model (its search is left as it was). ``cutoff_s``
-        (the search's): where the own-group bound already reaches it, the blocks' intra-chip
-        floors (:meth:`_floor_blocks_bound_s`, ~10 of DeepSeek-V3/512 dragonfly's 40 serial CPU
-        s) are not computed: the mapping is pruned on that bound alone."""
+        (the search's): where the own-group bound, then the shard bound (:meth:`shard_bound_s`),
+        already reaches it, the blocks' intra-chip floors (:meth:`_floor_blocks_bound_s`, ~10 of
+        DeepSeek-V3/512 dragonfly's 40 serial CPU s) are not computed: the mapping is pruned on
+        that bound alone."""
         if self.num_experts <= 1:
             return None
         # (the blocks' floors where weights must stream: 0.05 CPU s a block key, which on WSE-2's
@@ -779,9 +780,26 @@ class LLMModel:
             # (where it applies it holds the own-group bound's terms: that one is not needed then)
             memo[key] = self._presolve_pipeline_s(m) or self._own_groups_bound_s(m)
         out = self._with_zero2_floor_s(m, memo[key])
-        if not dataflow or (cutoff_s is not None and out >= cutoff_s):
+        if not dataflow:
             return out
+        if cutoff_s is not None:  # the cheaper bounds first: past the cutoff, no block floor is needed
+            if out >= cutoff_s:
+                return out
+            out = max(out, self._shard_bound_or_0(m))  # (evaluate's stash screen asks it anyway)
+            if out >= cutoff_s:
+                return out
         return max(out, self._floor_blocks_bound_s(m))
+
+    def _shard_bound_or_0(self, m: Mapping) -> float:
+        """:meth:`shard_bound_s` where the layer has its own collectives (:meth:`layer_nets_s`),
+        else 0 (a bound that proves nothing): memoised in the pass floors, so the stash screen
+        of :meth:`evaluate` that may follow re-reads it."""
+        if self.layer_nets_s(m) is None:
+            return 0.0
+        try:
+            return self.shard_bound_s(m)
+        except InfeasibleError:  # (the block solve reports it)
+            return 0.0
 
     def _floor_blocks_bound_s(self, m: Mapping) -> float:
         """Dataflow chips: :meth:`refined_bound_s` with every block's phases at their intra-chip
