@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -115,6 +115,7 @@ class PlanFloor:
     # layer as sharded on the mapping's TP group: :func:`.dataflow_floor.sharded_layer_floor`),
     # at that graph's own micro-batch: such a floor is asked at factor ``k = 1`` only
     N: np.ndarray | None = None
+    sets: np.ndarray | None = None  # (the distinct sets, boolean rows over the phase's kernels: N is summed on them)
     _memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # (replace() starts a new one)
 
     def best_s(self, k: int, s_per_byte: float, overlap: bool, tp: int = 1,
@@ -282,22 +283,46 @@ _PLANS_KEPT = 256
 def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
                 max_pairs: int, max_ideals: int, network_s: dict[str, float]) -> PlanFloor | None:
     sub = phase_graph(graph, names, stash_free)
+    key = (sub.content_key, system.chip.model_dump_json(), max_pairs, max_ideals)
+    hit = _BY_CONTENT.get(key)
+    if hit is None:
+        hit = _BY_CONTENT[key] = _network_free_plan_floor(sub, system, max_pairs, max_ideals)
+        while len(_BY_CONTENT) > _BY_CONTENT_KEPT:
+            _BY_CONTENT.popitem(last=False)
+    else:
+        _BY_CONTENT.move_to_end(key)
+    base, kernel_names = hit
+    if base is None or not network_s:
+        return base
+    return replace(base, N=_per_set(base.sets, np.array([network_s.get(n, 0.0) for n in kernel_names])))
+
+
+#: plan floors without network seconds by the content of their phase graph, oldest first: the
+#: layer as sharded on TP groups placed differently (DeepSeek-V3 on 8192 dragonfly chips) has
+#: the same kernels and tensors and differs only in its collectives' seconds (``N``), so its
+#: lattice, sets and their terms are built once
+_BY_CONTENT: "OrderedDict[tuple, tuple]" = OrderedDict()
+_BY_CONTENT_KEPT = 64
+
+
+def _network_free_plan_floor(sub: DataflowGraph, system: System, max_pairs: int,
+                             max_ideals: int) -> tuple[PlanFloor | None, list[str]]:
+    """(:class:`PlanFloor` of the phase graph ``sub`` without ``N``, or None past the limits;
+    its kernel names in set-column order)."""
     cm = CostModel(sub, system)
+    names = [k.name for k in cm.kernels]
     try:
         lat = _dp.enumerate_ideals(cm, max_ideals=max_ideals)
     except TooLarge:
-        return None
+        return None, names
     st = _dp._structure(lat, cm.tiles, max_pairs // 4)
     if st is None or st[0].size > max_pairs:
-        return None
+        return None, names
     src, dst, sets, inverse = st
     C, A, F = _set_terms(cm, sub, sets)
     terms = cm._terms_of(np.asarray(sets, dtype=bool))
-    N = None
-    if network_s:
-        N = _per_set(sets, np.array([network_s.get(k.name, 0.0) for k in cm.kernels]))
     return PlanFloor(C, A, F, src, dst, inverse, lat.bits.sum(axis=1), math.ceil(cm.n / cm.tiles),
-                     terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"], N)
+                     terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"], sets=sets), names
 
 
 def _per_set(S: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -667,13 +667,13 @@ class LLMModel:
         :meth:`stash_cap` layers keeping their stash in SRAM, and the layer's own collectives
         (:meth:`layer_nets_s`): a valid lower bound on ``evaluate(m).iteration_time_s`` on a
         dataflow chip."""
-        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, self.stash_cap(m, forward_only),
-                                                                    self.layer_nets_s(m)))
+        return self._with_zero2_floor_s(m, self._own_groups_bound_memo_s(m, self.stash_cap(m, forward_only),
+                                                                         self.layer_nets_s(m)))
 
     def shard_bound_s(self, m: Mapping) -> float:
         """:meth:`stash_bound_s` without the stash cap (no on-chip plan solved): the dataflow
         floor with the (MoE) layer's own collectives as sharded on ``m``'s TP group."""
-        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, None, self.layer_nets_s(m)))
+        return self._with_zero2_floor_s(m, self._own_groups_bound_memo_s(m, None, self.layer_nets_s(m)))
 
     def layer_nets_s(self, m: Mapping) -> tuple[float, float] | None:
         """(forward, backward) network seconds of the (MoE) layer sharded on ``m``'s TP group, as
@@ -772,9 +772,7 @@ class LLMModel:
         if m.ep <= 1 and (dataflow or m.zero_stage != 3):
             # (ep 1 on GPUs: only ZeRO-3's expert gathers are its own, _moe_fsdp_floor_s)
             return self._floor_blocks_bound_s(m) if dataflow else None
-        key = (tuple(v for k, v in vars(m).items() if k not in _NOT_IN_PRESOLVE), m.group("tp"), m.group("ep"))
-        if m.zero_stage == 3:  # (the ZeRO-3 floor reads the dp x cp and expert data-parallel groups, and prefetch)
-            key += (m.group("dp"), m.group("cp"), m.overlap_param_gather)
+        key = self._presolve_key(m)
         memo = self.__dict__.setdefault("_presolve_memo", {})
         if key not in memo:
             # (where it applies it holds the own-group bound's terms: that one is not needed then)
@@ -789,6 +787,26 @@ class LLMModel:
             if out >= cutoff_s:
                 return out
         return max(out, self._floor_blocks_bound_s(m))
+
+    @staticmethod
+    def _presolve_key(m: Mapping) -> tuple:
+        """What the own-group bound (:meth:`_own_groups_bound_s`) of ``m`` reads: every field but
+        ``_NOT_IN_PRESOLVE``, and the TP and ep groups of the placement."""
+        key = (tuple(v for k, v in vars(m).items() if k not in _NOT_IN_PRESOLVE), m.group("tp"), m.group("ep"))
+        if m.zero_stage == 3:  # (the ZeRO-3 floor reads the dp x cp and expert data-parallel groups, and prefetch)
+            key += (m.group("dp"), m.group("cp"), m.overlap_param_gather)
+        return key
+
+    def _own_groups_bound_memo_s(self, m: Mapping, stash_cap: int | None, layer_nets: tuple | None) -> float:
+        """:meth:`_own_groups_bound_s` memoised on :meth:`_presolve_key` (with the cap and the
+        layer's collectives): the stash screen asks it of every mapping that reaches
+        :meth:`evaluate` (DeepSeek-V3 on 8192 dragonfly chips: ~20k, most differing only in
+        fields it does not read)."""
+        key = (self._presolve_key(m), stash_cap, layer_nets)
+        memo = self.__dict__.setdefault("_own_bound_memo", {})
+        if key not in memo:
+            memo[key] = self._own_groups_bound_s(m, stash_cap, layer_nets)
+        return memo[key]
 
     def _shard_bound_or_0(self, m: Mapping) -> float:
         """:meth:`shard_bound_s` where the layer has its own collectives (:meth:`layer_nets_s`),
