@@ -203,7 +203,7 @@ class _LevelOrder:
 
 
 #: level orders of recent lattice structures, keyed by the ids of their (held) edge arrays: the
-#: structures are cached (``ideals._structure``), so floors of the same phase shape at other
+#: structures are cached (``ideals.pair_structure``), so floors of the same phase shape at other
 #: micro-batches, TP groups and placements share one sort (3 % of DeepSeek-V3/8192 dragonfly)
 _LEVEL_ORDERS: "OrderedDict[tuple, tuple]" = OrderedDict()
 _LEVEL_ORDERS_KEPT = 32
@@ -315,12 +315,12 @@ def _network_free_plan_floor(sub: DataflowGraph, system: System, max_pairs: int,
         lat = _dp.enumerate_ideals(cm, max_ideals=max_ideals)
     except TooLarge:
         return None, names
-    st = _dp._structure(lat, cm.tiles, max_pairs // 4)
+    st = _dp.pair_structure(lat, cm.tiles, max_pairs // 4)
     if st is None or st[0].size > max_pairs:
         return None, names
     src, dst, sets, inverse = st
     C, A, F = _set_terms(cm, sub, sets)
-    terms = cm._terms_of(np.asarray(sets, dtype=bool))
+    terms = cm.terms_of(np.asarray(sets, dtype=bool))
     return PlanFloor(C, A, F, src, dst, inverse, lat.bits.sum(axis=1), math.ceil(cm.n / cm.tiles),
                      terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"], sets=sets), names
 
@@ -328,13 +328,13 @@ def _network_free_plan_floor(sub: DataflowGraph, system: System, max_pairs: int,
 def _per_set(S: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``S @ values`` over the boolean set rows without a float copy of ``S`` (a lattice's sets
     run to ~10^5 rows: the copy was 8 % of DeepSeek-V3/8192 dragonfly's search), as
-    ``CostModel._terms_of`` sums its per-kernel terms."""
+    ``CostModel.terms_of`` sums its per-kernel terms."""
     return np.einsum("ij,j->i", np.asarray(S, dtype=bool), np.asarray(values, dtype=float))
 
 
 def _set_terms(cm: CostModel, graph: DataflowGraph, S: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per set: compute seconds at the achieved rate without padding, activation bytes and fixed
-    bytes crossing its boundary (``CostModel._terms_of``'s crossing rule, split)."""
+    bytes crossing its boundary (``CostModel.terms_of``'s crossing rule, split)."""
     precision = graph.meta.get("precision", "bf16")
     rate_free = np.array([0.0 if k.kind == KernelKind.comm or not k.flop else k.flop / achieved_rate_Fps(cm.chip, k, precision)
                           for k in cm.kernels])

@@ -131,7 +131,7 @@ def transitions(
     it). Each set takes its fastest fitting option (tile, resident or streamed weights).
 
     The pairs and their distinct sets depend only on the lattice and the size limit, not on the
-    sizes of the tensors: they are computed once per lattice shape (:func:`_structure`) and
+    sizes of the tensors: they are computed once per lattice shape (:func:`pair_structure`) and
     reused by every graph of the same shape (a layer at every micro-batch, TP degree and
     placement), which only re-applies the SRAM screen and costs the sets it keeps.
     """
@@ -139,7 +139,7 @@ def transitions(
     if singletons:
         max_size = 1
     weights = cm.min_sram_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size)
-    st = _structure(lat, max_size, max_pairs)
+    st = pair_structure(lat, max_size, max_pairs)
     if st is None:  # too many structural pairs to keep: screen row by row (no reuse)
         src, dst, sets, inverse = _pairs_screened(cm, lat, max_size, weights, max_pairs)
     else:
@@ -177,7 +177,7 @@ _STRUCTURES_KEPT = 64
 _STRUCTURES_MAX_PAIRS = 16_000_000
 
 
-def _structure(lat: Lattice, max_size: int, max_pairs: int):
+def pair_structure(lat: Lattice, max_size: int, max_pairs: int):
     """(src, dst, distinct sets, set index of each pair) of every ideal pair ``I < J`` with
     ``|J - I| <= max_size``; cached by lattice. None past ``4 max_pairs`` pairs (not kept)."""
     key = (lat.bits.shape, lat.bits.tobytes(), max_size)
@@ -222,7 +222,7 @@ def supersets_in(packed: np.ndarray, i: int, lo: int, hi: int) -> np.ndarray:
 
 
 def estimate_pairs(lat: Lattice, max_size: int, samples: int = 64) -> float:
-    """Estimated count of pairs ``I < J`` with ``|J - I| <= max_size`` (what :func:`_structure`
+    """Estimated count of pairs ``I < J`` with ``|J - I| <= max_size`` (what :func:`pair_structure`
     enumerates): the mean superset count of ``samples`` evenly spaced ideals times the ideals."""
     packed = _pack(lat.bits)
     sizes = lat.bits.sum(axis=1)
@@ -272,7 +272,7 @@ _UNIQUE_CHUNK = 1 << 21
 
 
 def _pairs_screened(cm: CostModel, lat: Lattice, max_size: int, weights: np.ndarray, max_pairs: int):
-    """The pairs of :func:`_structure` with the SRAM screen applied row by row (large lattices)."""
+    """The pairs of :func:`pair_structure` with the SRAM screen applied row by row (large lattices)."""
     packed = _pack(lat.bits)
     sizes = lat.bits.sum(axis=1)
     src_l, dst_l = [], []
