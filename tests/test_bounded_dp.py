@@ -118,7 +118,7 @@ def test_pair_estimate_is_exact_when_every_ideal_is_sampled(tiles):
     g = _wide_graph()
     cm = CostModel(g, chip(tiles=tiles))
     lat = dpmod.enumerate_ideals(cm)
-    exact = dpmod._structure(lat, tiles, 10**7)[0].size
+    exact = dpmod.pair_structure(lat, tiles, 10**7)[0].size
     assert dpmod.estimate_pairs(lat, tiles, samples=lat.size) == pytest.approx(exact)
     assert exact > 0
 

@@ -253,7 +253,12 @@ def test_level_order_equals_the_masked_relaxation(seed):
         cost = rng.uniform(0.0, 1.0, pf.src.size)
         cost[rng.uniform(size=cost.size) < 0.3] = np.inf
         want = ff._shortest_s(pf.level, pf.src, pf.dst, cost)
-        assert ff._LevelOrder(pf.level, pf.src, pf.dst).shortest_s(cost) == want
+        lo = ff._LevelOrder(pf.level, pf.src, pf.dst)
+        assert lo.shortest_s(cost, lo.order) == want  # (edge e in sorted order costs cost[order[e]])
+        # per set, as best_s asks it: the shared order of the same structure, the same path
+        set_cost = rng.uniform(0.0, 1.0, int(pf.inverse.max()) + 1)
+        assert (ff._level_order(pf.level, pf.src, pf.dst).shortest_s(set_cost, pf.inverse[lo.order])
+                == ff._shortest_s(pf.level, pf.src, pf.dst, set_cost[pf.inverse]))
 
 
 def _network_s(graph: DataflowGraph, seed: int) -> dict[str, float]:
@@ -324,3 +329,23 @@ def test_restricted_phase_floor_is_below_the_exact_solve(seed, tiles):
     assert floors
     for pf in floors:
         assert pf.best_s(1, s, True, 1, sram) <= solved * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_plan_floor_shared_by_content_equals_a_fresh_build(seed):
+    """A plan floor reused for a graph of the same content (fused_floor._BY_CONTENT: the layer
+    sharded on differently placed TP groups) with other network seconds gives the very floor a
+    fresh build gives, and the network-free one is unchanged by the network of another."""
+    system = load_system(_few_tile_system(3))
+    names_of = lambda g: {k.name for k in g.kernels}  # noqa: E731
+    a, b = _random_dag(seed, 9), _random_dag(seed, 9)  # (two graph objects, one content)
+    net_a, net_b = _network_s(a, seed), _network_s(a, seed + 100)
+    got = [ff.plan_floor(g, system, names_of(g), False, network_s=n) for g, n in ((a, net_a), (b, net_b), (b, None))]
+    ff._BY_CONTENT.clear()
+    ff._PLANS.clear()
+    fresh = [ff.plan_floor(_random_dag(seed, 9), system, names_of(a), False, network_s=n) for n in (net_a, net_b, None)]
+    for g, f in zip(got, fresh):
+        assert (g is None) == (f is None)
+        if g is not None:
+            assert g.best_s(1, 1e-12, True) == f.best_s(1, 1e-12, True)
+            assert (g.N is None and f.N is None) or np.array_equal(g.N, f.N)

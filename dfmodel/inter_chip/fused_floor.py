@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -115,6 +115,7 @@ class PlanFloor:
     # layer as sharded on the mapping's TP group: :func:`.dataflow_floor.sharded_layer_floor`),
     # at that graph's own micro-batch: such a floor is asked at factor ``k = 1`` only
     N: np.ndarray | None = None
+    sets: np.ndarray | None = None  # (the distinct sets, boolean rows over the phase's kernels: N is summed on them)
     _memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # (replace() starts a new one)
 
     def best_s(self, k: int, s_per_byte: float, overlap: bool, tp: int = 1,
@@ -138,15 +139,23 @@ class PlanFloor:
                 if k != 1 or tp != 1:
                     raise ValueError(f"a plan floor with network seconds holds at factor 1 on its own graph, asked k={k}, tp={tp}")
                 per_set = np.maximum(per_set, self.N)
-            self._memo[key] = self._order.shortest_s(per_set[self.inverse])
+            self._memo[key] = self._order.shortest_s(per_set, self._sorted_sets)
         return self._memo[key]
 
     @property
     def _order(self) -> "_LevelOrder":
-        """The edges sorted once for :meth:`_LevelOrder.shortest_s` (built on first use)."""
+        """The edges sorted once for :meth:`_LevelOrder.shortest_s` (built on first use, shared
+        by every floor on the same lattice structure: :func:`_level_order`)."""
         if "order" not in self._memo:
-            self._memo["order"] = _LevelOrder(self.level, self.src, self.dst)
+            self._memo["order"] = _level_order(self.level, self.src, self.dst)
         return self._memo["order"]
+
+    @property
+    def _sorted_sets(self) -> np.ndarray:
+        """The set index of each edge in :attr:`_order`'s order (``inverse[order]``, once)."""
+        if "sorted_sets" not in self._memo:
+            self._memo["sorted_sets"] = self.inverse[self._order.order]
+        return self._memo["sorted_sets"]
 
     def _option_floor(self, C: np.ndarray, mem: np.ndarray, k: int, s_per_byte: float, overlap: bool,
                       tp: int, sram_bytes: float) -> np.ndarray:
@@ -182,14 +191,37 @@ class _LevelOrder:
             starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
             self.levels.append((d[starts], starts, slice(a, b)))
 
-    def shortest_s(self, cost: np.ndarray) -> float:
+    def shortest_s(self, set_cost: np.ndarray, sorted_sets: np.ndarray) -> float:
+        """Shortest path with edge ``e`` (in this order) costing ``set_cost[sorted_sets[e]]``."""
         dist = np.full(self.size, np.inf)
         dist[0] = 0.0
-        cost = cost[self.order]
+        cost = set_cost[sorted_sets]
         for dsts, starts, sl in self.levels:
             cand = dist[self.src[sl]] + cost[sl]
             dist[dsts] = np.minimum(dist[dsts], np.minimum.reduceat(cand, starts))
         return float(dist[-1])
+
+
+#: level orders of recent lattice structures, keyed by the ids of their (held) edge arrays: the
+#: structures are cached (``ideals.pair_structure``), so floors of the same phase shape at other
+#: micro-batches, TP groups and placements share one sort (3 % of DeepSeek-V3/8192 dragonfly)
+_LEVEL_ORDERS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_LEVEL_ORDERS_KEPT = 32
+
+
+def _level_order(level: np.ndarray, src: np.ndarray, dst: np.ndarray) -> _LevelOrder:
+    """:class:`_LevelOrder` of the edges, memoised on the arrays' identity (and checked equal
+    levels: a lattice's level array is rebuilt per floor)."""
+    key = (id(src), id(dst))
+    hit = _LEVEL_ORDERS.get(key)
+    if hit is not None and hit[0] is src and hit[1] is dst and np.array_equal(hit[2], level):
+        _LEVEL_ORDERS.move_to_end(key)
+        return hit[3]
+    out = _LevelOrder(level, src, dst)
+    _LEVEL_ORDERS[key] = (src, dst, level, out)
+    while len(_LEVEL_ORDERS) > _LEVEL_ORDERS_KEPT:
+        _LEVEL_ORDERS.popitem(last=False)
+    return out
 
 
 def _shortest_s(level: np.ndarray, src: np.ndarray, dst: np.ndarray, cost: np.ndarray) -> float:
@@ -251,33 +283,63 @@ _PLANS_KEPT = 256
 def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_free: bool,
                 max_pairs: int, max_ideals: int, network_s: dict[str, float]) -> PlanFloor | None:
     sub = phase_graph(graph, names, stash_free)
+    key = (sub.content_key, system.chip.model_dump_json(), max_pairs, max_ideals)
+    hit = _BY_CONTENT.get(key)
+    if hit is None:
+        hit = _BY_CONTENT[key] = _network_free_plan_floor(sub, system, max_pairs, max_ideals)
+        while len(_BY_CONTENT) > _BY_CONTENT_KEPT:
+            _BY_CONTENT.popitem(last=False)
+    else:
+        _BY_CONTENT.move_to_end(key)
+    base, kernel_names = hit
+    if base is None or not network_s:
+        return base
+    return replace(base, N=_per_set(base.sets, np.array([network_s.get(n, 0.0) for n in kernel_names])))
+
+
+#: plan floors without network seconds by the content of their phase graph, oldest first: the
+#: layer as sharded on TP groups placed differently (DeepSeek-V3 on 8192 dragonfly chips) has
+#: the same kernels and tensors and differs only in its collectives' seconds (``N``), so its
+#: lattice, sets and their terms are built once
+_BY_CONTENT: "OrderedDict[tuple, tuple]" = OrderedDict()
+_BY_CONTENT_KEPT = 64
+
+
+def _network_free_plan_floor(sub: DataflowGraph, system: System, max_pairs: int,
+                             max_ideals: int) -> tuple[PlanFloor | None, list[str]]:
+    """(:class:`PlanFloor` of the phase graph ``sub`` without ``N``, or None past the limits;
+    its kernel names in set-column order)."""
     cm = CostModel(sub, system)
+    names = [k.name for k in cm.kernels]
     try:
         lat = _dp.enumerate_ideals(cm, max_ideals=max_ideals)
     except TooLarge:
-        return None
-    st = _dp._structure(lat, cm.tiles, max_pairs // 4)
+        return None, names
+    st = _dp.pair_structure(lat, cm.tiles, max_pairs // 4)
     if st is None or st[0].size > max_pairs:
-        return None
+        return None, names
     src, dst, sets, inverse = st
     C, A, F = _set_terms(cm, sub, sets)
-    terms = cm._terms_of(np.asarray(sets, dtype=bool))
-    N = None
-    if network_s:
-        N = np.asarray(sets, dtype=float) @ np.array([network_s.get(k.name, 0.0) for k in cm.kernels])
+    terms = cm.terms_of(np.asarray(sets, dtype=bool))
     return PlanFloor(C, A, F, src, dst, inverse, lat.bits.sum(axis=1), math.ceil(cm.n / cm.tiles),
-                     terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"], N)
+                     terms["sram_scaled"], terms["sram_fixed"], terms["stream_bytes"], sets=sets), names
+
+
+def _per_set(S: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``S @ values`` over the boolean set rows without a float copy of ``S`` (a lattice's sets
+    run to ~10^5 rows: the copy was 8 % of DeepSeek-V3/8192 dragonfly's search), as
+    ``CostModel.terms_of`` sums its per-kernel terms."""
+    return np.einsum("ij,j->i", np.asarray(S, dtype=bool), np.asarray(values, dtype=float))
 
 
 def _set_terms(cm: CostModel, graph: DataflowGraph, S: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per set: compute seconds at the achieved rate without padding, activation bytes and fixed
-    bytes crossing its boundary (``CostModel._terms_of``'s crossing rule, split)."""
+    bytes crossing its boundary (``CostModel.terms_of``'s crossing rule, split)."""
     precision = graph.meta.get("precision", "bf16")
     rate_free = np.array([0.0 if k.kind == KernelKind.comm or not k.flop else k.flop / achieved_rate_Fps(cm.chip, k, precision)
                           for k in cm.kernels])
-    Sf = S.astype(float)
-    C = Sf @ rate_free
-    A = Sf @ cm.extra_bytes
+    C = _per_set(S, rate_free)
+    A = _per_set(S, cm.extra_bytes)
     F = np.zeros(S.shape[0])
     fixed_names = set()
     for t in graph.tensors:

@@ -657,13 +657,13 @@ class LLMModel:
         :meth:`stash_cap` layers keeping their stash in SRAM, and the layer's own collectives
         (:meth:`layer_nets_s`): a valid lower bound on ``evaluate(m).iteration_time_s`` on a
         dataflow chip."""
-        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, self.stash_cap(m, forward_only),
-                                                                    self.layer_nets_s(m)))
+        return self._with_zero2_floor_s(m, self._own_groups_bound_memo_s(m, self.stash_cap(m, forward_only),
+                                                                         self.layer_nets_s(m)))
 
     def shard_bound_s(self, m: Mapping) -> float:
         """:meth:`stash_bound_s` without the stash cap (no on-chip plan solved): the dataflow
         floor with the (MoE) layer's own collectives as sharded on ``m``'s TP group."""
-        return self._with_zero2_floor_s(m, self._own_groups_bound_s(m, None, self.layer_nets_s(m)))
+        return self._with_zero2_floor_s(m, self._own_groups_bound_memo_s(m, None, self.layer_nets_s(m)))
 
     def layer_nets_s(self, m: Mapping) -> tuple[float, float] | None:
         """(forward, backward) network seconds of the (MoE) layer sharded on ``m``'s TP group, as
@@ -741,7 +741,7 @@ class LLMModel:
         return (with_recompute(gs.layer) * (self.num_moe_layers + mtp) + dense + floor(gs.embedding)
                 + floor(gs.head) * (1 + mtp))
 
-    def presolve_bound_s(self, m: Mapping) -> float | None:
+    def presolve_bound_s(self, m: Mapping, cutoff_s: float | None = None) -> float | None:
         """A valid lower bound on ``evaluate(m).iteration_time_s`` of a MoE mapping before its
         blocks are solved, tighter than its group's: the per-kernel / forced TP-collective floor
         on ``m``'s own TP group (:meth:`pass_floor_s`; the group bound takes the cheapest group
@@ -749,7 +749,11 @@ class LLMModel:
         bound: its cheapest placement's, ``LLMSpace._exposed_ep_s``), or the pipeline bound of
         :meth:`_presolve_pipeline_s` (ZeRO-3 collectives, plain 1F1B's last stage). The search asks it of a
         mapping once, before solving its blocks (a TP group across slow links then never pays
-        a block solve). None for a dense model (its search is left as it was)."""
+        a block solve). None for a dense model (its search is left as it was). ``cutoff_s``
+        (the search's): where the own-group bound, then the shard bound (:meth:`shard_bound_s`),
+        already reaches it, the blocks' intra-chip floors (:meth:`_floor_blocks_bound_s`, ~10 of
+        DeepSeek-V3/512 dragonfly's 40 serial CPU s) are not computed: the mapping is pruned on
+        that bound alone."""
         if self.num_experts <= 1:
             return None
         # (the blocks' floors where weights must stream: 0.05 CPU s a block key, which on WSE-2's
@@ -758,15 +762,52 @@ class LLMModel:
         if m.ep <= 1 and (dataflow or m.zero_stage != 3):
             # (ep 1 on GPUs: only ZeRO-3's expert gathers are its own, _moe_fsdp_floor_s)
             return self._floor_blocks_bound_s(m) if dataflow else None
-        key = (tuple(v for k, v in vars(m).items() if k not in _NOT_IN_PRESOLVE), m.group("tp"), m.group("ep"))
-        if m.zero_stage == 3:  # (the ZeRO-3 floor reads the dp x cp and expert data-parallel groups, and prefetch)
-            key += (m.group("dp"), m.group("cp"), m.overlap_param_gather)
+        key = self._presolve_key(m)
         memo = self.__dict__.setdefault("_presolve_memo", {})
         if key not in memo:
             # (where it applies it holds the own-group bound's terms: that one is not needed then)
             memo[key] = self._presolve_pipeline_s(m) or self._own_groups_bound_s(m)
         out = self._with_zero2_floor_s(m, memo[key])
-        return max(out, self._floor_blocks_bound_s(m)) if dataflow else out
+        if not dataflow:
+            return out
+        if cutoff_s is not None:  # the cheaper bounds first: past the cutoff, no block floor is needed
+            if out >= cutoff_s:
+                return out
+            out = max(out, self._shard_bound_or_0(m))  # (evaluate's stash screen asks it anyway)
+            if out >= cutoff_s:
+                return out
+        return max(out, self._floor_blocks_bound_s(m))
+
+    @staticmethod
+    def _presolve_key(m: Mapping) -> tuple:
+        """What the own-group bound (:meth:`_own_groups_bound_s`) of ``m`` reads: every field but
+        ``_NOT_IN_PRESOLVE``, and the TP and ep groups of the placement."""
+        key = (tuple(v for k, v in vars(m).items() if k not in _NOT_IN_PRESOLVE), m.group("tp"), m.group("ep"))
+        if m.zero_stage == 3:  # (the ZeRO-3 floor reads the dp x cp and expert data-parallel groups, and prefetch)
+            key += (m.group("dp"), m.group("cp"), m.overlap_param_gather)
+        return key
+
+    def _own_groups_bound_memo_s(self, m: Mapping, stash_cap: int | None, layer_nets: tuple | None) -> float:
+        """:meth:`_own_groups_bound_s` memoised on :meth:`_presolve_key` (with the cap and the
+        layer's collectives): the stash screen asks it of every mapping that reaches
+        :meth:`evaluate` (DeepSeek-V3 on 8192 dragonfly chips: ~20k, most differing only in
+        fields it does not read)."""
+        key = (self._presolve_key(m), stash_cap, layer_nets)
+        memo = self.__dict__.setdefault("_own_bound_memo", {})
+        if key not in memo:
+            memo[key] = self._own_groups_bound_s(m, stash_cap, layer_nets)
+        return memo[key]
+
+    def _shard_bound_or_0(self, m: Mapping) -> float:
+        """:meth:`shard_bound_s` where the layer has its own collectives (:meth:`layer_nets_s`),
+        else 0 (a bound that proves nothing): memoised in the pass floors, so the stash screen
+        of :meth:`evaluate` that may follow re-reads it."""
+        if self.layer_nets_s(m) is None:
+            return 0.0
+        try:
+            return self.shard_bound_s(m)
+        except InfeasibleError:  # (the block solve reports it)
+            return 0.0
 
     def _floor_blocks_bound_s(self, m: Mapping) -> float:
         """Dataflow chips: :meth:`refined_bound_s` with every block's phases at their intra-chip
@@ -1719,6 +1760,10 @@ class LLMModel:
             floor = self.memory_before_blocks(m)
             if not floor.fits:
                 return MemoryFloorMiss(m, floor)
+        if cutoff_s is not None and self._block_key("layer", m) not in self._blocks:
+            floor = self.memory_before_solves(m)
+            if floor is not None:  # no layer split it may take fits: no block needs solving
+                return MemoryFloorMiss(m, floor)
         tp_group, pp_group = m.group("tp"), m.group("pp")
         dp_group = merge_groups(self.system, m.group("cp"), m.group("dp"))  # Megatron-Core dp x cp
         key = (m.micro_batch, m.tp, tp_group, m.sequence_parallel)
@@ -1752,8 +1797,7 @@ class LLMModel:
         layers = _balance(self.num_layers, m.pp, m.interleave, per_layer_s, emb_f + emb_b,
                           head_f + head_b + mtp_f + mtp_b)
         stages = self._stage_layers(layers, m)
-        dense_st = moe_terms.dense_layers_per_stage(layers, m.pp, self.num_dense_layers)
-        moe_st = [n - d for n, d in zip(stages, dense_st)]
+        moe_st, dense_st = self._split_kinds(layers, m)
         stage_fwd = [n * t_f + d * td_f for n, d in zip(moe_st, dense_st)]
         stage_bwd = [n * t_b + d * td_b for n, d in zip(moe_st, dense_st)]
         if layer.onchip is not None:  # dataflow chips: the stash stays in SRAM where it fits, per stage
@@ -1847,6 +1891,71 @@ class LLMModel:
             input_bound=input_s > 0,
             io=io,
         )
+
+    def _split_kinds(self, layers: tuple[int, ...], m: Mapping) -> tuple[list[int], list[int]]:
+        """(MoE layers, dense layers) per physical stage of the chunk split ``layers``."""
+        dense_st = moe_terms.dense_layers_per_stage(layers, m.pp, self.num_dense_layers)
+        return [n - d for n, d in zip(self._stage_layers(layers, m), dense_st)], dense_st
+
+    def _splits_evaluate_may_take(self, m: Mapping) -> list[tuple[int, ...]] | None:
+        """Every chunk split :meth:`evaluate` may give ``m`` (``_balance``): the whole model
+        with pp 1, Megatron's equal chunks when interleaved (they read no time), and each
+        ``(s, L - s)``, ``1 <= s < L``, with two plain 1F1B stages (``balance_layers`` keeps a
+        layer a stage), the balanced ones first. None with more stages (too many splits)."""
+        n = self.num_layers
+        if m.pp == 1:
+            return [(n,)]
+        if m.interleave > 1:
+            try:
+                return [_balance(n, m.pp, m.interleave, 1.0, 0.0, 0.0)]
+            except ValueError:  # (evaluate raises it)
+                return None
+        if m.pp == 2:
+            return [(s, n - s) for s in sorted(range(1, n), key=lambda s: abs(2 * s - n))]
+        return None
+
+    def memory_before_solves(self, m: Mapping) -> "mem.MemoryBreakdown | None":
+        """The least worst-stage memory of ``m`` over every layer split :meth:`evaluate` may
+        take (:meth:`_splits_evaluate_may_take`) when none fits the chip, else None (also where
+        the splits are not enumerated). Exact, not a floor, per split: :meth:`_stage_memory`
+        reads the blocks' sharded graphs (parameters), never their solved times, which only
+        pick the split. So a mapping none of whose splits fits needs no intra-chip solve
+        (DeepSeek-V3 on 512 dragonfly chips: 59 layer blocks were solved and then did not
+        fit). Memoised on what memory reads and the TP group (the shardings')."""
+        key = (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), m.group("tp"))
+        memo = self.__dict__.setdefault("_split_memory_memo", {})
+        if key not in memo:
+            memo[key] = self._least_split_memory(m)
+        return memo[key]
+
+    def _least_split_memory(self, m: Mapping) -> "mem.MemoryBreakdown | None":
+        splits = self._splits_evaluate_may_take(m)
+        if splits is None:
+            return None
+        try:
+            blocks = [self._sharded_only(which, m) for which in ("layer", "embedding", "head", "dense_layer")]
+        except InfeasibleError:  # (the block solve reports it)
+            return None
+        if blocks[3] is not None and not self.num_dense_layers:
+            blocks[3] = None
+        least = None
+        for layers in splits:
+            memory = self._stage_memory(m, *blocks[:3], blocks[3], *self._split_kinds(layers, m))[1]
+            if memory.fits:
+                return None
+            if least is None or memory.total_bytes < least.total_bytes:
+                least = memory
+        return least
+
+    def _sharded_only(self, which: str, m: Mapping) -> BlockTimes | None:
+        """Block ``which`` of ``m`` sharded as :meth:`block` shards it, no phase solved (None
+        phases): what :meth:`_stage_memory` reads. None when the model has no such block."""
+        layer = which == "layer"
+        graph = getattr(self.graphs(m.micro_batch, m.cp, m.ep_outside_tp if layer else 1), which)
+        if graph is None:
+            return None
+        whole = m.whole_experts and layer and m.tp > 1
+        return BlockTimes(self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole), None, None, None)
 
     def _stage_memory(self, m: Mapping, layer: BlockTimes, emb, head, dense, moe_st: list[int],
                       dense_st: list[int]) -> tuple[list[float], "mem.MemoryBreakdown"]:

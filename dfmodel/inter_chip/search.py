@@ -355,7 +355,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
                 # optional (LLM MoE): the mapping's own bound before its blocks are solved, once;
                 # re-queued unrefined, so solved blocks can still tighten it later
                 presolved.add(m)
-                pre = presolve(m)
+                pre = presolve(m, cutoff_s=cutoff)  # (past the cutoff: it may skip its costlier terms)
                 if pre is not None and pre > bound:
                     heapq.heappush(queue, (pre, i, False, m))
                     continue

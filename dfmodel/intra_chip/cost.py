@@ -305,14 +305,16 @@ class CostModel:
         returned are shared, never modified in place; the dict is a fresh copy."""
         S = np.asfortranarray(S, dtype=bool)  # column access below is then contiguous
         if S.shape[0] > 4 * self.n + 8:
-            return self._terms_of(S)
+            return self.terms_of(S)
         key = (S.shape, np.packbits(S, axis=None).tobytes())
         hit = self._terms_memo.get(key)
         if hit is None:
-            hit = self._terms_memo[key] = self._terms_of(S)
+            hit = self._terms_memo[key] = self.terms_of(S)
         return dict(hit)
 
-    def _terms_of(self, S: np.ndarray) -> dict[str, np.ndarray]:
+    def terms_of(self, S: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`_terms` of the set rows ``S`` computed afresh (no memo): what the floors of
+        :mod:`dfmodel.inter_chip.fused_floor` read for a lattice's ~10^5 sets."""
         m = S.shape[0]
         def per_kernel(values):  # S @ values; einsum avoids BLAS threads, ~10x faster on these shapes, and
             return np.einsum("ij,j->i", S, values)  # reads the booleans as they are (no float copy of S)
