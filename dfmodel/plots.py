@@ -488,8 +488,8 @@ def _graph_of_result(d: Mapping) -> DataflowGraph | None:
     try:
         w = load_workload(d["workload"])
         if d.get("system"):  # the attention kernels the solve used (flash on GPUs)
-            ex = load_system(d["system"]).chip.execution
-            w = resolve_fusion(resolve_attention(w, ex), ex)
+            chip = load_system(d["system"]).chip
+            w = resolve_fusion(resolve_attention(w, chip.execution), chip.eager)
         return build_graphs(w).layer
     except (DFModelError, KeyError, AttributeError, OSError, ValueError):
         return None

@@ -27,20 +27,20 @@ def _extra(g, name):
     return next(k.extra_memory_bytes for k in g.kernels if k.name == name)
 
 
-@pytest.mark.parametrize("execution,ffn,expect", [
-    ("kernel_by_kernel", "gelu", ("unfused", True, True)),
-    ("kernel_by_kernel", "swiglu", ("unfused", True, True)),
-    ("kernel_by_kernel", "squared_relu", ("unfused", False, True)),
-    ("dataflow", "squared_relu", ("single_pass", True, False)),
+@pytest.mark.parametrize("eager,ffn,expect", [
+    (True, "gelu", ("unfused", True, True)),
+    (True, "swiglu", ("unfused", True, True)),
+    (True, "squared_relu", ("unfused", False, True)),
+    (False, "squared_relu", ("single_pass", True, False)),
 ])
-def test_resolve_fusion_follows_megatron_defaults_on_gpus_and_fuses_on_dataflow(execution, ffn, expect):
-    t = resolve_fusion(_w(ffn_type=ffn), execution).training
+def test_resolve_fusion_follows_megatron_defaults_on_gpus_and_fuses_on_dataflow(eager, ffn, expect):
+    t = resolve_fusion(_w(ffn_type=ffn), eager).training
     assert (t.cross_entropy, t.activation_fusion, t.embedding_dense_grad) == expect
 
 
 def test_resolve_fusion_keeps_explicit_values():
     t = resolve_fusion(_w(ffn_type="squared_relu", ce="megatron_fused", act=True, emb=False),
-                       "kernel_by_kernel").training
+                       True).training
     assert (t.cross_entropy, t.activation_fusion, t.embedding_dense_grad) == ("megatron_fused", True, False)
 
 
@@ -115,7 +115,7 @@ def test_gpu_head_time_grows_by_the_memory_time_of_the_eager_passes(tp):
 
 
 def test_dataflow_default_keeps_the_fused_loss():
-    w = resolve_fusion(load_workload("gpt3_175b"), "dataflow")
+    w = resolve_fusion(load_workload("gpt3_175b"), False)
     g = build_llm_head(w, 1)
     assert _extra(g, "fwd.loss") == 0 and _extra(g, "bwd.loss") == 0
 
@@ -132,3 +132,18 @@ def test_gpu_embedding_backward_grows_by_the_dense_gradient_of_the_vocab_slice(t
     assert blocks[True].fwd.time_s == pytest.approx(blocks[False].fwd.time_s, rel=1e-12)
     assert blocks[True].bwd.time_s - blocks[False].bwd.time_s == pytest.approx(
         memory_time_s(system.chip, 12 * V * h / tp), rel=1e-6)
+
+
+@pytest.mark.parametrize("preset,eager", [("dgx_h100", True), ("mi300x", True), ("tpu_v4", False), ("wse2", False)])
+def test_compiled_and_dataflow_chips_keep_the_fused_forms(preset, eager):
+    """XLA on TPU fuses the loss and activation chains like a dataflow compiler: only eager
+    frameworks' chips get Megatron-Core's separate kernels."""
+    from dfmodel.presets import resolve
+    from dfmodel.system.loader import load_system
+    from dfmodel.yamlio import read_yaml
+
+    chip = load_system(read_yaml(resolve(preset, "systems"))).chip
+    assert chip.eager is eager
+    model = LLMModel(load_workload("gpt3_175b"), load_system(read_yaml(resolve(preset, "systems"))))
+    t = model.workload.training
+    assert (t.cross_entropy == "unfused", t.embedding_dense_grad) == (eager, eager)

@@ -822,17 +822,19 @@ def resolve_attention(workload: AnyWorkload, execution: str) -> AnyWorkload:
     return w
 
 
-def resolve_fusion(workload: AnyWorkload, execution: str) -> AnyWorkload:
+def resolve_fusion(workload: AnyWorkload, eager: bool) -> AnyWorkload:
     """The workload with ``training.cross_entropy``, ``activation_fusion`` and
-    ``embedding_dense_grad`` decided for a chip of this ``execution`` style (an explicit value is kept; other families
-    are returned unchanged). Kernel-by-kernel chips run what Megatron-Core runs by default
-    (see the fields); dataflow chips fuse both element-wise chains.
+    ``embedding_dense_grad`` decided for a chip that runs an ``eager`` framework's kernels
+    (:attr:`dfmodel.system.schema.Chip.eager`: GPUs under PyTorch / Megatron-Core) or a fusing
+    compiler's programs (dataflow chips; XLA on TPUs); an explicit value is kept, other families
+    are returned unchanged. Eager chips run what Megatron-Core runs by default (see the fields);
+    the others fuse both element-wise chains.
 
     >>> w = load_workload("gpt3_175b")
-    >>> t = resolve_fusion(w, "kernel_by_kernel").training
+    >>> t = resolve_fusion(w, eager=True).training
     >>> t.cross_entropy, t.activation_fusion
     ('unfused', True)
-    >>> resolve_fusion(w, "dataflow").training.cross_entropy
+    >>> resolve_fusion(w, eager=False).training.cross_entropy
     'single_pass'
     """
     if not isinstance(workload, LLMWorkload):
@@ -840,7 +842,7 @@ def resolve_fusion(workload: AnyWorkload, execution: str) -> AnyWorkload:
     t = workload.training
     if None not in (t.cross_entropy, t.activation_fusion, t.embedding_dense_grad):
         return workload
-    gpu = execution == "kernel_by_kernel"
+    gpu = eager
     w = workload.model_copy(deep=True)
     w._source = workload._source
     if t.cross_entropy is None:

@@ -467,7 +467,7 @@ class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
     def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
-        self.workload = resolve_fusion(resolve_attention(workload, system.chip.execution), system.chip.execution)
+        self.workload = resolve_fusion(resolve_attention(workload, system.chip.execution), system.chip.eager)
         if getattr(self.workload.training, "cuda_graphs", False):
             system = graph_launched(system)  # replayed kernels: the in-graph gap, not the launch
         self.system = system

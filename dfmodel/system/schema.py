@@ -190,6 +190,12 @@ class Chip(Strict):
     #: (``transformer_engine/pytorch/utils.py`` ``is_non_tn_fp8_gemm_supported``: true for
     #: sm 10.x-11.x and >= 13.0). False (Hopper, Ada): cuBLASLt FP8 GEMMs are "TN" only.
     fp8_gemm_any_layout: bool = False
+    #: A kernel-by-kernel chip whose programs come from a fusing compiler (XLA on TPUs: element-wise
+    #: chains fused into their neighbours) rather than an eager framework that launches each op
+    #: (PyTorch / Megatron-Core on GPUs). Decides the LLM defaults of ``training.cross_entropy``,
+    #: ``activation_fusion`` and ``embedding_dense_grad`` (:attr:`eager`,
+    #: :func:`dfmodel.graph.workload.resolve_fusion`).
+    compiled: bool = False
     #: Whether a GEMM tile's epilogue (store D; load C first when accumulating into main
     #: gradients) runs after its mainloop on the warps that hold the accumulators ("serial":
     #: Hopper, whose wgmma accumulators live in registers; cuBLAS / CUTLASS sm90 cooperative
@@ -199,6 +205,12 @@ class Chip(Strict):
     gemm_epilogue: Literal["overlapped", "serial"] = "overlapped"
     price_usd: NonNegativeFloat = 0.0
     power_w: NonNegativeFloat = 0.0
+
+    @property
+    def eager(self) -> bool:
+        """Whether the chip runs an eager framework's kernels one by one (GPUs): kernel by kernel
+        and not :attr:`compiled`."""
+        return self.execution == "kernel_by_kernel" and not self.compiled
 
     def peak(self, precision: Precision | str) -> float:
         """Matrix peak FLOP/s at ``precision``; a precision the chip does not list is an error."""
