@@ -482,14 +482,13 @@ def _graph_of_result(d: Mapping) -> DataflowGraph | None:
     """The one-layer (or one-step) kernel graph of a result's workload, if it is a preset."""
     from dfmodel.errors import DFModelError
     from dfmodel.graph.build import build_graphs
-    from dfmodel.graph.workload import load_workload, resolve_attention, resolve_fusion
+    from dfmodel.graph.workload import load_workload, resolve_for_chip
     from dfmodel.system.loader import load_system
 
     try:
         w = load_workload(d["workload"])
         if d.get("system"):  # the attention kernels the solve used (flash on GPUs)
-            chip = load_system(d["system"]).chip
-            w = resolve_fusion(resolve_attention(w, chip.execution), chip.eager)
+            w = resolve_for_chip(w, load_system(d["system"]).chip)
         return build_graphs(w).layer
     except (DFModelError, KeyError, AttributeError, OSError, ValueError):
         return None

@@ -854,6 +854,13 @@ def resolve_fusion(workload: AnyWorkload, eager: bool) -> AnyWorkload:
     return w
 
 
+def resolve_for_chip(workload: AnyWorkload, chip) -> AnyWorkload:
+    """The workload with every chip-dependent default decided for ``chip`` (a
+    :class:`dfmodel.system.schema.Chip`): :func:`resolve_attention` by its execution style and
+    :func:`resolve_fusion` by whether it runs an eager framework (``chip.eager``)."""
+    return resolve_fusion(resolve_attention(workload, chip.execution), chip.eager)
+
+
 #: FFN activations Megatron-Core fuses with their bias (core_r0.8 megatron/core/transformer/mlp.py
 #: MLP.forward under ``bias_activation_fusion``: bias_gelu_impl, bias_swiglu_impl)
 MEGATRON_FUSED_ACTIVATIONS = frozenset(("gelu", "swiglu"))

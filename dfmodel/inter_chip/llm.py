@@ -22,7 +22,7 @@ from dfmodel.graph.build import build_graphs
 from dfmodel.graph.builders.moe import expert_params, routed_rows
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
-from dfmodel.graph.workload import resolve_attention, resolve_fusion
+from dfmodel.graph.workload import resolve_for_chip
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import offload as off
 from dfmodel.inter_chip import pipeline as pipe
@@ -467,7 +467,7 @@ class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
     def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
-        self.workload = resolve_fusion(resolve_attention(workload, system.chip.execution), system.chip.eager)
+        self.workload = resolve_for_chip(workload, system.chip)
         if getattr(self.workload.training, "cuda_graphs", False):
             system = graph_launched(system)  # replayed kernels: the in-graph gap, not the launch
         self.system = system
@@ -2019,7 +2019,7 @@ class LLMModel:
         """(forward, backward) time of one layer and micro-batch with its exposed communication
         ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles, self._ub_config)
-        c_f, c_b = self._serial_memory_s(layer)  # TE's FP8 cast / transpose kernels (serial)
+        c_f, c_b = self._fp8_prep_of(layer)  # TE's FP8 cast / transpose kernels (serial)
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts and GEMMs
         redo_f += self._mla_up_redo_s(m)
         f = t_f + c_f + sum(f for f, _ in extra.values())
@@ -2028,10 +2028,11 @@ class LLMModel:
         # shows in the backward (the CPU runs ahead once the forward's kernels are queued)
         return f, max(b, self._host_floor_s(layer) - f)
 
-    def _serial_memory_s(self, block: BlockTimes) -> tuple[float, float]:
-        """(forward, backward) DRAM time per micro-batch the block's rooflines hide but the GPU
-        runs serially: TE's FP8 cast / transpose kernels (:func:`_fp8_prep_s`). (A Hopper GEMM's
-        serial epilogue is in its kernel's own time, :func:`dfmodel.system.processor.compute_time_s`.)"""
+    def _fp8_prep_of(self, block: BlockTimes) -> tuple[float, float]:
+        """(forward, backward) seconds per micro-batch of TE's FP8 cast / transpose kernels in
+        ``block`` (:func:`_fp8_prep_s` at this run's recipe), run serially beside its GEMMs. (A
+        Hopper GEMM's serial epilogue is in its kernel's own time,
+        :func:`dfmodel.system.processor.compute_time_s`.)"""
         return _fp8_prep_s(block, self.system.chip, *self._fp8_kind)
 
     @property
@@ -2098,7 +2099,7 @@ class LLMModel:
             parts = {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
         else:
             parts = layer.parts(m.recompute)
-        c_f, c_b = self._serial_memory_s(layer)  # memory-bound FP8 cast kernels of their own
+        c_f, c_b = self._fp8_prep_of(layer)  # memory-bound FP8 cast kernels of their own
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
         parts["compute"] += self._mla_up_redo_s(m)
         # the GPU waiting on the host (_layer_phases_s's floor; the layer's exposed communication
