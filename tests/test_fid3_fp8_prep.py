@@ -105,3 +105,30 @@ def test_fp8_layernorm_outputs_are_gathered_in_fp8_by_default():
     tok = 512 * 1024
     assert ln1_bytes() == tok * 1
     assert ln1_bytes(fp8_allgather=False) == tok * 2
+
+
+def test_fp8_incoming_gradients_are_gathered_in_fp8():
+    """TE v1.11 ``grad_output_preprocess`` ("FP8 case with gather") casts a row-parallel layer's
+    incoming gradient on the rank's shard and all-gathers the FP8 copy: FC2's ``d_y`` and the
+    projection's ``d_r1`` move 1 byte per element under sequence parallelism, half the bf16
+    bytes, and the 16-bit kernels that also read them (residual and norm backward) still read
+    2 bytes per element. ``fp8_allgather: false`` (a framework that gathers 16 bit) keeps 2."""
+    def comm_bytes(precision, **fp8):
+        w = copy.deepcopy(SMALL_LLM)
+        w["training"]["precision"] = precision
+        if fp8:
+            w["training"]["fp8"] = fp8
+        model = LLMModel(load_workload(w), _system())
+        g = model.block("layer", 1, 2, (("nvlink", 2),), True).sharded.graph
+        moved = {k.name.split(".", 2)[2]: k.comm_bytes for k in g.kernels if k.kind.value == "comm"}
+        reads = {k.name: k.extra_memory_bytes for k in g.kernels if k.name in ("bwd.residual1", "bwd.ln1")}
+        return moved, reads
+
+    bf16, bf16_reads = comm_bytes("bf16")
+    fp8, fp8_reads = comm_bytes("fp8")
+    wide, wide_reads = comm_bytes("fp8", fp8_allgather=False)
+    for name in ("d_y", "d_r1"):
+        assert bf16[name] > 0 and fp8[name] == pytest.approx(bf16[name] / 2) and wide[name] == bf16[name]
+    tok_shard = 512 * 1024 / 2  # tokens x hidden of SMALL_LLM on one of the 2 sequence-parallel ranks
+    assert bf16_reads == wide_reads == {"bwd.residual1": 0.0, "bwd.ln1": 0.0}
+    assert fp8_reads == {"bwd.residual1": pytest.approx(tok_shard), "bwd.ln1": pytest.approx(tok_shard)}

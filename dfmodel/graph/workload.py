@@ -28,7 +28,7 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       data: {...}                      # optional input pipeline (dfmodel.graph.data_pipeline)
       checkpoint: {...}                # optional checkpointing (same module)
       grad_reduce: null                # fp32 | bf16 | fp16 (null: fp32 for bf16/fp8, Megatron)
-      fp8: {attention: false, fp8_allgather: false, fp8_weights: false, amax_history_len: 1024,
+      fp8: {attention: false, fp8_allgather: true, fp8_weights: false, amax_history_len: 1024,
             recipe: delayed}                 # delayed | current | mxfp8 | blockwise (TE recipes)
       param_remainders: false          # fp32 master kept as bf16 weight + 16-bit remainder (Apex)
 
@@ -140,7 +140,9 @@ class FP8Recipe(Strict):
       with and without userbuffers (TE v1.11 layernorm_linear.py ``ln_out_dtype = uint8 if fp8
       and not return_layernorm_output``; Megatron-Core's ``TELayerNormColumnParallelLinear``
       keeps ``return_layernorm_output=False``; ``initialize_ub``: "AllGather buffers use fp8 when
-      using fp8 recipe"); off for a framework that casts after a 16-bit gather;
+      using fp8 recipe"); likewise a row-parallel layer's incoming gradient, which TE casts on the
+      rank's shard and gathers in FP8 for its data- and weight-gradient GEMMs (TE v1.11 module/base.py
+      ``grad_output_preprocess``); off for a framework that casts after a 16-bit gather;
     - ``fp8_weights``: the model keeps its parameters only in FP8 (TE ``fp8_model_init`` /
       Megatron ``--fp8-param-gather``): 1 byte/param instead of a 16-bit weight plus a cached
       FP8 copy and its transpose (2 + 2 bytes/param); default off;

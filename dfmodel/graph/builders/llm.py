@@ -223,6 +223,14 @@ class _Precisions:
         self.vector_kw = {"precision": "bf16"} if self.fp8 else {}
 
 
+def _wide_read(elements: int, pr: _Precisions, gathered_fp8: bool = True) -> dict:
+    """Extra DRAM bytes of a 16-bit kernel that reads the 16-bit form of an incoming gradient whose
+    graph edge carries its FP8 copy (``d_y`` / ``d_r1``: the edge is what the TP all-gather and the
+    GEMMs move, :func:`build_llm_layer`), so the kernel's read is counted at 16 bit."""
+    extra = elements * (pr.act - pr.allgather) if gathered_fp8 else 0
+    return {"extra_memory_bytes": extra} if extra else {}
+
+
 def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "layer") -> DataflowGraph:
     """One decoder layer for ``batch`` sequences: forward, backward and weight-gradient kernels.
 
@@ -368,7 +376,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
              phase=BWD, group="norm", weight_bytes=ln_p * pr.weight, **vec)
     g.kernel("bwd.residual1", EW, {"m": T, "n": h},
              flop=vector_flop("residual", tok) + vector_flop("bias_grad", tok), output_bytes=tok * p,
-             phase=BWD, group="attention", **vec)
+             phase=BWD, group="attention", **_wide_read(tok, pr, not routed), **vec)
     g.kernel("bwd.out_proj", MM, {"m": T, "n": a * dv, "k": h}, flop=matmul_flop(1, T, a * dv, h),
              output_bytes=T * a * dv * p, phase=BWD, group="attention", weight_bytes=out_p * pw, **lin, **cast(tok))
     g.kernel("wgrad.out_proj", MM, {"m": a * dv, "n": h, "k": T}, flop=matmul_flop(1, a * dv, h, T),
@@ -400,11 +408,16 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     if mla:
         _mla_down_backward(g, mla, T, h, pr)
     g.kernel("bwd.ln1", RED, {"m": T, "n": h}, flop=vector_flop("layernorm_bwd", tok), output_bytes=tok * p,
-             phase=BWD, group="norm", weight_bytes=ln_p * pr.weight, **vec)
+             phase=BWD, group="norm", weight_bytes=ln_p * pr.weight, **_wide_read(tok, pr), **vec)
 
     # ---- tensors ------------------------------------------------------------------------------
     act_shape = (b, s, h)
-    ag = pr.allgather  # bytes of the layernorm outputs TP all-gathers (1 with FP8 all-gather)
+    # bytes of what the TP all-gathers move into an FP8 GEMM (1 with FP8 all-gather): the layer norms'
+    # outputs, and a row-parallel layer's incoming gradient (``d_y`` before FC2, ``d_r1`` before the
+    # projection), which TE casts on the rank's shard and gathers in FP8 (TE v1.11 module/base.py
+    # ``grad_output_preprocess``: "FP8 case with gather", with and without userbuffers); its data- and
+    # weight-gradient GEMMs read that FP8 copy, the residual and norm backward the 16-bit one
+    ag = pr.allgather
     g.tensor("x", None, ["fwd.ln1", "fwd.residual1", "bwd.ln1"], tok * p, ["x", "residual", "saved"], act_shape)
     if mla:
         _mla_tensors(g, mla, b, s, h, pr)
@@ -437,7 +450,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     else:
         g.tensor("ln2_out", "fwd.ln2", ["fwd.fc1", "wgrad.fc1"], tok * ag, "a", act_shape)
         g.tensor("mlp_out", "fwd.fc2", "fwd.residual2", tok * p, "x", act_shape)
-        g.tensor("d_y", "bwd.residual2", ["bwd.fc2", "wgrad.fc2", "bwd.residual1"], tok * p,
+        g.tensor("d_y", "bwd.residual2", ["bwd.fc2", "wgrad.fc2", "bwd.residual1"], tok * ag,
                  ["a", "b", "grad_skip"], act_shape)
         g.tensor("d_ln2_out", "bwd.fc1", "bwd.ln2", tok * p, "grad", act_shape)
     g.tensor("fc1_out", "fwd.fc1", ["fwd.act", "bwd.act"], TR * f_in * p, ["x", "saved"], rshape(f_in))
@@ -451,7 +464,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     g.tensor("dW.fc1", "wgrad.fc1", None, fc1_p * gb, "x")
     g.tensor("dW.ln2", "bwd.ln2", None, ln_p * gb, "x")
     g.tensor("d_ln2_in", "bwd.ln2", "bwd.residual1", tok * p, "grad", act_shape)
-    g.tensor("d_r1", "bwd.residual1", ["bwd.out_proj", "wgrad.out_proj", "bwd.ln1"], tok * p,
+    g.tensor("d_r1", "bwd.residual1", ["bwd.out_proj", "wgrad.out_proj", "bwd.ln1"], tok * ag,
              ["a", "b", "grad_skip"], act_shape)
     g.tensor("dW.out_proj", "wgrad.out_proj", None, out_p * gb, "x")
     if flash:
