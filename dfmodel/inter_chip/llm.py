@@ -1179,7 +1179,8 @@ class LLMModel:
         memo = self.__dict__.setdefault("_offload_floor_memo", {})
         if key not in memo:
             layer_params = self.graphs(1).layer.params() - expert_params(self.graphs(1).layer) * (1 - 1 / m.ep)
-            memo[key] = self.num_layers / m.pp * sum(self._offload_layer_s(m, layer_params / m.tp))
+            # (the routed rows counted sharded, the least over expert TP: the key leaves it out)
+            memo[key] = self.num_layers / m.pp * sum(self._offload_layer_s(m, layer_params / m.tp, least=True))
         return memo[key]
 
     def p2p_floor_s(self, m: Mapping) -> float:
@@ -1653,6 +1654,8 @@ class LLMModel:
         reserve = float(self.system.chip.memory.reserve_bytes)
         if m.offload_activations:
             return reserve
+        # (the routed rows counted sharded, as expert TP 1 keeps them: the least over expert TP, so
+        # the floor holds for the groups of mappings that ask it with one probe for every expert TP)
         key = (m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc, m.pp)
         memo = self.__dict__.setdefault("_act_floor_memo", {})
         if key not in memo:
@@ -1742,7 +1745,8 @@ class LLMModel:
             cp=m.cp, zero_stage=m.zero_stage, layer_expert_params_per_chip=layer_expert_params, ep=m.ep_outside_tp,
             **({"dense_layers_per_stage": dense_n, "dense_layer_params_per_chip": dense_layer_params}
                if dense_per_stage is not None else {}),
-            offload=self.offload_plan(m), act_memo=self.__dict__.setdefault("_act_memo", {}))
+            offload=self.offload_plan(m), act_memo=self.__dict__.setdefault("_act_memo", {}),
+            experts_gathered=self._experts_gathered(m))
 
     # -- the full evaluation ----------------------------------------------------------------------
     #: :func:`dfmodel.inter_chip.search.search` may pass ``cutoff_s`` and ``screen_memory``
@@ -2155,30 +2159,39 @@ class LLMModel:
             memo[key] = self._layer_comm(m, layer, dp_group, experts)
         return memo[key]
 
-    def _offload_layer_s(self, m: Mapping, layer_params: float) -> tuple[float, float]:
+    def _offload_layer_s(self, m: Mapping, layer_params: float, least: bool = False) -> tuple[float, float]:
         """Host-link time of one layer and micro-batch, (forward, backward):
         :meth:`OffloadPlan.layer_transfer_s` with this layer's saved activations and the 16-bit
-        weights of ``layer_params`` parameters per chip (streamed as the ZeRO-3 shard)."""
+        weights of ``layer_params`` parameters per chip (streamed as the ZeRO-3 shard). ``least``:
+        the least over expert TP (the routed rows kept sharded), for floors of groups that span it."""
         plan = self.offload_plan(m)
         if plan is None or not (plan.activations or plan.weights):
             return 0.0, 0.0
-        act = self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, m.recompute)
+        act = self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, m.recompute,
+                                    experts_gathered=self._experts_gathered(m) and not least)
         weights = layer_params * self.training.activation_bytes / (m.dp_cp if m.zero_stage == 3 else 1)
         return plan.layer_transfer_s(act_bytes=act, weight_bytes=weights)
 
+    def _experts_gathered(self, m: Mapping) -> bool:
+        """Whether ``m``'s MoE dispatcher all-gathers the routed rows over TP (expert TP = tp > 1,
+        not expert TP 1), so the expert FC1 keeps them whole for its weight gradient
+        (:func:`memory.moe_mla_activation_delta_bytes`, :func:`sharding.comm_phase`)."""
+        return self.model.moe is not None and m.tp > 1 and not m.whole_experts
+
     def _layer_act_bytes(self, tp: int, cp: int, micro_batch: int, sp: bool, recompute: str,
-                         dense: bool = False) -> float:
+                         dense: bool = False, experts_gathered: bool = False) -> float:
         """:func:`memory.llm_layer_activation_bytes` of one (MoE) layer, or with ``dense`` of an
         MoE model's dense layer (the model without its moe block, as ``llm_memory_per_chip``
         counts it), memoised on what it reads (every offloaded leaf's bound asks for it: ~20 us
         a call, 10^5 calls on DeepSeek-V3 / 64 H100)."""
-        key = (tp, cp, micro_batch, sp, recompute, dense)
+        key = (tp, cp, micro_batch, sp, recompute, dense, experts_gathered)
         memo = self.__dict__.setdefault("_layer_act_memo", {})
         if key not in memo:
             model = self.model.model_copy(update={"moe": None}) if dense else self.model
             memo[key] = mem.llm_layer_activation_bytes(
                 model=model, training=self.training, attention=self.model.attention or "unfused", tp=tp,
-                cp=cp, micro_batch=micro_batch, sequence_parallel=sp, recompute=recompute)
+                cp=cp, micro_batch=micro_batch, sequence_parallel=sp, recompute=recompute,
+                experts_gathered=experts_gathered)
         return memo[key]
 
     @cached_property

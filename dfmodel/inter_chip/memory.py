@@ -149,7 +149,7 @@ def activation_bytes_per_layer(
 
 def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                                    bytes_per_element: float, recompute: str,
-                                   linear_input_bytes: float | None = None) -> float:
+                                   linear_input_bytes: float | None = None, experts_gathered: bool = False) -> float:
     """What an MoE MLP and multi-head latent attention change in one layer's saved activations
     relative to :func:`activation_bytes_per_layer` (which counts a dense MLP of ``ffn_hidden``
     and ``h / a``-dim heads). 0 for a dense, standard-attention model or with full recompute.
@@ -159,6 +159,10 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
     e s b f / t`` become ``(2|1 + 1) e R f_e / t``; the permuted FC1 input ``e R h`` and the
     expert outputs kept for the router-probability gradient ``e R h`` (both ``/t`` with SP,
     as the dense FC1 input), and the fp32 top-k probabilities and int32 indices ``8 s b k``;
+    with ``experts_gathered`` (expert TP = tp > 1) the permuted FC1 input is kept whole (``e R h``):
+    Megatron-Core's dispatcher all-gathers the routed rows over TP and the expert linears, which do
+    no TP communication of their own, save what they were given (TE ``Linear`` with ``is_expert``,
+    ``explicit_expert_comm``; core_r0.9 token_dispatcher.py ``gather_from_sequence_parallel_region``);
     shared experts add a dense MLP of ``num_shared x f_e``.
     MLA (:mod:`dfmodel.graph.builders.mla`): Q, K, V and the attention output have ``a`` heads of
     ``qk_nope + qk_rope`` (Q, K) and ``v_head_dim`` (V, output) instead of ``h / a``; the latent
@@ -184,7 +188,8 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
         delta -= (gated * e + g) * s * b * model.ffn / t  # the dense FC1 outputs, FC2 input
         delta += (gated * e + g) * rows * fe / t
         if moe.num_experts > 1 or moe.num_shared_experts:  # routing (one expert: the identity)
-            delta += (g + e) * rows * h / sp + 8 * s * b * moe.top_k  # permuted FC1 input, expert outputs
+            fc1_in = g * rows * h / (1 if experts_gathered else sp)  # permuted FC1 input
+            delta += fc1_in + e * rows * h / sp + 8 * s * b * moe.top_k  # expert outputs, probs and indices
         delta += (gated * e + g) * s * b * moe.num_shared_experts * fe / t
     mla = getattr(model, "mla", None)
     if mla is not None:
@@ -704,11 +709,11 @@ def tied_embedding_copy_params(*, vocab: int, hidden: int, tp: int, pp: int, tie
 
 
 def llm_layer_activation_bytes(*, model, training, attention: str, tp: int, cp: int, micro_batch: int,
-                               sequence_parallel: bool, recompute: Recompute) -> float:
+                               sequence_parallel: bool, recompute: Recompute, experts_gathered: bool = False) -> float:
     """Activation bytes one decoder layer of ``model`` saves per chip and micro-batch:
     :func:`activation_bytes_per_layer` with the workload's shape (cp rank: ``s / cp`` queries
     against all ``s`` keys; SwiGLU, FlashAttention, dropout, FP8 saved inputs) plus the MoE / MLA
-    change (:func:`moe_mla_activation_delta_bytes`)."""
+    change (:func:`moe_mla_activation_delta_bytes`, with ``experts_gathered``)."""
     m, e, s_local = model, training.activation_bytes, model.seq_len // cp
     common = dict(seq_len=s_local, key_len=m.seq_len if cp > 1 else None, micro_batch=micro_batch, hidden=m.hidden,
                   num_heads=m.num_heads, tp=tp, sequence_parallel=sequence_parallel, ffn_hidden=m.ffn,
@@ -717,7 +722,7 @@ def llm_layer_activation_bytes(*, model, training, attention: str, tp: int, cp: 
                   linear_input_bytes=fp8_linear_input_bytes(training))
     return activation_bytes_per_layer(recompute=recompute, **common) + moe_mla_activation_delta_bytes(
         m, seq_len=s_local, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, bytes_per_element=e,
-        recompute=recompute, linear_input_bytes=common["linear_input_bytes"])
+        recompute=recompute, linear_input_bytes=common["linear_input_bytes"], experts_gathered=experts_gathered)
 
 
 def llm_memory_per_chip(
@@ -748,6 +753,7 @@ def llm_memory_per_chip(
     dense_layer_params_per_chip: float = 0.0,
     offload=None,
     act_memo: dict | None = None,
+    experts_gathered: bool = False,
 ) -> MemoryBreakdown:
     """The worst stage's memory per chip of LLM training, every term wired as Megatron lays it out.
 
@@ -762,7 +768,7 @@ def llm_memory_per_chip(
       optimizer sharded over ``dp`` with the distributed optimizer); the layer parameters of an
       FP8 run also hold the FP8 weight cache; ``first_params`` / ``last_params`` are the
       embedding / head (and tied-copy) parameters of the first / last stage;
-    - activations per layer (:func:`activation_bytes_per_layer`: SwiGLU's two FC1 outputs,
+    - activations per layer (:func:`llm_layer_activation_bytes`: SwiGLU's two FC1 outputs,
       FlashAttention's absence of ``s^2`` tensors, dropout masks only with dropout), times the
       micro-batches the stage holds (:func:`in_flight_micro_batches`); the first stage adds the
       embedding activations (token ids, dropout mask: :func:`embedding_activation_bytes`), the
@@ -782,12 +788,13 @@ def llm_memory_per_chip(
     e = training.activation_bytes
     s_local = m.seq_len // cp
     def layer_act(dense: bool, rc):
-        key = (dense, attention, t, cp, micro_batch, sequence_parallel, rc)
+        key = (dense, attention, t, cp, micro_batch, sequence_parallel, rc, experts_gathered)
         if act_memo is not None and key in act_memo:
             return act_memo[key]
         value = llm_layer_activation_bytes(model=m.model_copy(update={"moe": None}) if dense else m, training=training,
                                            attention=attention, tp=t, cp=cp, micro_batch=micro_batch,
-                                           sequence_parallel=sequence_parallel, recompute=rc)
+                                           sequence_parallel=sequence_parallel, recompute=rc,
+                                           experts_gathered=experts_gathered)
         if act_memo is not None:
             act_memo[key] = value
         return value

@@ -71,6 +71,22 @@ def is_between_blocks(kernel: Kernel) -> bool:
     return kernel.group == "norm" or "residual" in kernel.name
 
 
+def is_moe_routing(kernel: Kernel) -> bool:
+    """An MoE layer's router GEMM, top-k routing, permute or unpermute (builders/moe.py's
+    ``router`` group, forward and backward).
+
+    Megatron-Core's ``MoELayer`` routes the sequence-parallel hidden states each TP rank holds
+    (``self.router(hidden_states)`` on the ``[s/tp, b, h]`` shard; the router weight is not
+    TP-split and its gradient is all-reduced over TP like the norms'), permutes its own tokens,
+    and the alltoall dispatcher all-gathers the routed rows over TP only after the expert
+    all-to-all (``gather_from_sequence_parallel_region``) and reduce-scatters the experts'
+    output before the combine (``reduce_scatter_to_sequence_parallel_region``; core_r0.9
+    token_dispatcher.py). Megatron-Core requires sequence parallelism for MoE with TP and EP
+    (transformer_config.py: "When using expert parallelism and tensor parallelism, sequence
+    parallelism must be used")."""
+    return kernel.group == "router"
+
+
 def megatron_options(kernel: Kernel, names: list[str], sequence_parallel: bool) -> list[str]:
     """The strategies Megatron-LM's tensor parallelism uses, among ``names``.
 
@@ -80,6 +96,9 @@ def megatron_options(kernel: Kernel, names: list[str], sequence_parallel: bool) 
     - norms and residual adds are sequence-split with sequence parallelism and replicated
       without it, exactly the layouts :mod:`dfmodel.inter_chip.memory` counts, so time and
       memory come from the same layouts.
+    - an MoE layer's router, routing, permute and unpermute run on each member's own sequence
+      shard (:func:`is_moe_routing`), as Megatron-Core's MoE layer does with sequence
+      parallelism, which it requires once tensor and expert parallelism are combined;
     Attention cores, activations and the vocabulary-parallel head keep every valid option.
 
     >>> from dfmodel.graph.kernel import Kernel, KernelKind
@@ -87,7 +106,9 @@ def megatron_options(kernel: Kernel, names: list[str], sequence_parallel: bool) 
     >>> megatron_options(ln, ["tok", "rep"], True), megatron_options(ln, ["rep"], False)
     (['tok'], ['rep'])
     """
-    if kernel.kind == KernelKind.matmul and kernel.weight_bytes > 0:
+    if sequence_parallel and is_moe_routing(kernel):
+        kept = [n for n in names if n == "tok"]
+    elif kernel.kind == KernelKind.matmul and kernel.weight_bytes > 0:
         kept = [n for n in names if n in ("col", "row")]
     elif is_between_blocks(kernel):
         kept = [n for n in names if n == ("tok" if sequence_parallel else "rep")]
@@ -562,15 +583,19 @@ def comm_phase(graph: DataflowGraph, e: Tensor, collective: str) -> Phase:
     :mod:`dfmodel.inter_chip.memory` counts as saved. So a Megatron SP layer runs 4 TP
     collectives forward (AG, RS per block) and 6 backward (AG of the output gradient, AG of the
     saved input, RS of the input gradient per block). A gradient reaching the layer's boundary
-    (no producer) is converted in its reader's phase.
+    (no producer) is converted in its reader's phase. The routed rows an MoE dispatcher gathers
+    (:func:`is_moe_routing`) are gathered once: Megatron-Core's expert linears do no TP
+    communication of their own (TE ``Linear`` with ``is_expert``: ``explicit_expert_comm`` sets
+    ``parallel_mode=None``) and save the gathered rows for their weight gradient, which
+    :func:`dfmodel.inter_chip.memory.moe_mla_activation_delta_bytes` counts (``experts_gathered``).
     """
     if e.producer is None:
         return Phase.forward if graph.kernel(e.consumer).phase == Phase.forward else Phase.backward
-    produced = graph.kernel(e.producer).phase
-    if produced == Phase.forward and e.consumer is not None and collective == "all_gather" \
-            and graph.kernel(e.consumer).phase != Phase.forward:
+    producer = graph.kernel(e.producer)
+    if producer.phase == Phase.forward and e.consumer is not None and collective == "all_gather" \
+            and graph.kernel(e.consumer).phase != Phase.forward and not is_moe_routing(producer):
         return Phase.backward
-    return produced
+    return producer.phase
 
 
 def apply_sharding(problem: ShardingProblem, plan: ShardingPlan) -> ShardedGraph:
