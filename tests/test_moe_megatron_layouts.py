@@ -91,3 +91,17 @@ def test_gathered_rows_cost_memory_only_where_gathered_and_bounds_hold():
         model.__class__._experts_gathered = sharded_count
     assert model.evaluate(m0).memory.total_bytes > plain.memory.total_bytes
     assert_bounds_below_evaluation(model, [m0, m1])
+
+
+def test_tensor_and_expert_parallelism_only_with_sequence_parallelism():
+    """Megatron-Core refuses TP x EP without SP: the space never offers it (TP without EP keeps
+    both), and fixing SP off there is an input error that says so, with the nearest valid knobs."""
+    from dfmodel.errors import DFModelError
+    from dfmodel.optimizer import optimize
+
+    w, s = load_workload(moe_workload(**WIDE)), load_system(small_system(4, 2))
+    cands = list(llm_candidates(LLMModel(w, s), Knobs(micro_batch=1, recompute="none", pp=1)))
+    assert cands and all(c.sequence_parallel for c in cands if c.tp > 1 and c.ep > 1)
+    assert {c.sequence_parallel for c in cands if c.tp > 1 and c.ep == 1} == {False, True}
+    with pytest.raises(DFModelError, match="sequence parallelism is off.*tp 2, ep 2.*nearest valid"):
+        optimize(w, s, num_chips=8, tp=2, ep=2, sequence_parallel=False)

@@ -142,6 +142,9 @@ CHECKS: list[Check] = [
                                                              and (c.dp * c.cp) % (c.ep // c.tp) == 0),
           lambda x, cs: f"ep {_one(cs, 'ep')} must divide dp x cp (the ranks experts are split over), "
                         f"here dp {_one(cs, 'dp')}{_cp(cs)}, or with expert TP 1 be tp x a divisor of it"),
+    Check("sequence_parallel", lambda x, c: x.knobs.sequence_parallel is not False or c.tp == 1 or c.ep == 1,
+          lambda x, cs: f"sequence parallelism is off, but Megatron-Core requires it where tensor and expert "
+                        f"parallelism are combined (tp {_one(cs, 'tp')}, ep {_one(cs, 'ep')})"),
     Check("heads", lambda x, c: x.heads % c.tp == 0,
           lambda x, cs: f"tp {_one(cs, 'tp')} does not divide the {x.heads} attention heads"),
     Check("kv_heads", lambda x, c: x.kv_heads % c.tp == 0 or c.tp % x.kv_heads == 0,
