@@ -105,3 +105,24 @@ def test_tensor_and_expert_parallelism_only_with_sequence_parallelism():
     assert {c.sequence_parallel for c in cands if c.tp > 1 and c.ep == 1} == {False, True}
     with pytest.raises(DFModelError, match="sequence parallelism is off.*tp 2, ep 2.*nearest valid"):
         optimize(w, s, num_chips=8, tp=2, ep=2, sequence_parallel=False)
+
+
+def test_compiled_chips_keep_the_free_routing_layouts_and_sp_choice():
+    """Megatron-Core's dispatcher layouts and its SP rule belong to the chips that run it
+    (``Chip.eager``); a compiled stack (XLA on a TPU, a dataflow compiler) may route replicated
+    and run TP x EP without SP: both stay choices there, and the routing kernels keep every
+    option (the sharding picks the cheapest)."""
+    from dfmodel.inter_chip.sharding import ShardingProblem, TPGroup
+
+    spec = small_system(4, 2)
+    spec["chip"]["compiled"] = True
+    w, s = load_workload(moe_workload(**WIDE)), load_system(spec)
+    assert not s.chip.eager
+    cands = list(llm_candidates(LLMModel(w, s), Knobs(micro_batch=1, recompute="none", pp=1)))
+    assert {c.sequence_parallel for c in cands if c.tp > 1 and c.ep > 1} == {False, True}
+    layer = LLMModel(w, s).graphs(1).layer
+    free = ShardingProblem(layer, s, TPGroup(2, ()), None, tokens_split=True, megatron_layouts=True)
+    gpu = ShardingProblem(layer, load_system(small_system(4, 2)), TPGroup(2, ()), None, tokens_split=True,
+                          megatron_layouts=True)
+    router = free.group_of["fwd.permute"]
+    assert "rep" in free.options[router] and gpu.options[gpu.group_of["fwd.permute"]] == ["tok"]

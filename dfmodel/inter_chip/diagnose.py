@@ -52,6 +52,7 @@ class Context:
     overlap_dims: str = ""
     num_experts: int = 0  # routed experts per MoE layer (0: a dense model)
     seq_len: int = 0  # tokens per sequence (0: unknown, cp unconstrained)
+    megatron_core: bool = True  # the chip runs Megatron-Core (Chip.eager): TP x EP needs SP
 
     def fixed(self) -> dict[str, int]:
         return {k: getattr(self.knobs, k) for k in KNOBS if getattr(self.knobs, k) is not None}
@@ -142,7 +143,8 @@ CHECKS: list[Check] = [
                                                              and (c.dp * c.cp) % (c.ep // c.tp) == 0),
           lambda x, cs: f"ep {_one(cs, 'ep')} must divide dp x cp (the ranks experts are split over), "
                         f"here dp {_one(cs, 'dp')}{_cp(cs)}, or with expert TP 1 be tp x a divisor of it"),
-    Check("sequence_parallel", lambda x, c: x.knobs.sequence_parallel is not False or c.tp == 1 or c.ep == 1,
+    Check("sequence_parallel", lambda x, c: x.knobs.sequence_parallel is not False or c.tp == 1 or c.ep == 1
+          or not x.megatron_core,
           lambda x, cs: f"sequence parallelism is off, but Megatron-Core requires it where tensor and expert "
                         f"parallelism are combined (tp {_one(cs, 'tp')}, ep {_one(cs, 'ep')})"),
     Check("heads", lambda x, c: x.heads % c.tp == 0,
@@ -258,7 +260,7 @@ def context_of(model) -> Context | None:
     return Context(system.num_chips, heads, getattr(w.model, "num_kv_heads", None) or heads, w.model.num_layers,
                    w.training.global_batch, replace(knobs, micro_batch=fixed_mb), placeable,
                    math.prod(d.size for d in overlap), " x ".join(f"{d.name} of {d.size}" for d in overlap),
-                   num_experts=model.num_experts, seq_len=w.model.seq_len)
+                   num_experts=model.num_experts, seq_len=w.model.seq_len, megatron_core=system.chip.eager)
 
 
 GENERIC = "no valid mapping: the fixed knobs, chip count and batch admit none"

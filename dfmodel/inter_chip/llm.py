@@ -2174,9 +2174,10 @@ class LLMModel:
 
     def _experts_gathered(self, m: Mapping) -> bool:
         """Whether ``m``'s MoE dispatcher all-gathers the routed rows over TP (expert TP = tp > 1,
-        not expert TP 1), so the expert FC1 keeps them whole for its weight gradient
-        (:func:`memory.moe_mla_activation_delta_bytes`, :func:`sharding.comm_phase`)."""
-        return self.model.moe is not None and m.tp > 1 and not m.whole_experts
+        not expert TP 1) and the expert FC1 keeps them whole for its weight gradient, as
+        Megatron-Core does on the chips that run it (``Chip.eager``;
+        :func:`memory.moe_mla_activation_delta_bytes`, :func:`sharding.comm_phase`)."""
+        return self.model.moe is not None and m.tp > 1 and not m.whole_experts and self.system.chip.eager
 
     def _layer_act_bytes(self, tp: int, cp: int, micro_batch: int, sp: bool, recompute: str,
                          dense: bool = False, experts_gathered: bool = False) -> float:

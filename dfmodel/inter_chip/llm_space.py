@@ -36,21 +36,22 @@ def _choices(fixed, options):
     return [fixed] if fixed is not None else list(options)
 
 
-def sp_options(knobs: Knobs, deg: dict[str, int]) -> list[bool]:
-    """Sequence-parallel choices of a degree tuple: off without TP, and only on where tensor and
-    expert parallelism are combined -- Megatron-Core refuses the rest (transformer_config.py:
-    "When using expert parallelism and tensor parallelism, sequence parallelism must be used"),
-    and its MoE layer routes each TP rank's own sequence shard (sharding.is_moe_routing). Empty
-    when the user fixed it off there (diagnose.py says why).
+def sp_options(knobs: Knobs, deg: dict[str, int], megatron_core: bool = True) -> list[bool]:
+    """Sequence-parallel choices of a degree tuple: off without TP; with ``megatron_core`` (a chip
+    that runs it: ``Chip.eager``) only on where tensor and expert parallelism are combined --
+    Megatron-Core refuses the rest (transformer_config.py: "When using expert parallelism and
+    tensor parallelism, sequence parallelism must be used"), and its MoE layer routes each TP
+    rank's own sequence shard (sharding.is_moe_routing). Empty when the user fixed it off there
+    (diagnose.py says why).
 
     >>> sp_options(Knobs(), {"tp": 4, "ep": 8}), sp_options(Knobs(), {"tp": 4, "ep": 1}), sp_options(Knobs(), {"tp": 1, "ep": 8})
     ([True], [False, True], [False])
-    >>> sp_options(Knobs(sequence_parallel=False), {"tp": 2, "ep": 2})
-    []
+    >>> sp_options(Knobs(sequence_parallel=False), {"tp": 2, "ep": 2}), sp_options(Knobs(), {"tp": 4, "ep": 8}, False)
+    ([], [False, True])
     """
     if deg["tp"] == 1:
         return _choices(knobs.sequence_parallel, [False])
-    allowed = [True] if deg.get("ep", 1) > 1 else [False, True]
+    allowed = [True] if megatron_core and deg.get("ep", 1) > 1 else [False, True]
     return [sp for sp in _choices(knobs.sequence_parallel, allowed) if sp in allowed]
 
 
@@ -233,7 +234,7 @@ def llm_candidates(model, knobs: Knobs):
             m = per_dp // mb
             for v in interleaves(knobs, pp, m, L):
                 for rc in _choices(knobs.recompute, RECOMPUTE):
-                    for spar in sp_options(knobs, deg):
+                    for spar in sp_options(knobs, deg, system.chip.eager):
                         for opts in option_values(knobs, deg, upfront):
                             etp = opts.get("etp", 0)
                             if etp == 1 and tp > 1 and not spar:
@@ -484,7 +485,7 @@ class LLMSpace:
             places_by = {e: self.placements(deg, e) for e in dict.fromkeys(o.get("etp", 0) for o in opts)}
             if not any(places_by.values()):
                 continue
-            sps = sp_options(knobs, deg)
+            sps = sp_options(knobs, deg, self.model.system.chip.eager)
             if not sps:
                 continue
             node = self._root(deg, mbs, rcs, sps, places_by, opts, self.relief_on)

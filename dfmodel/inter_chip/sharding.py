@@ -87,7 +87,8 @@ def is_moe_routing(kernel: Kernel) -> bool:
     return kernel.group == "router"
 
 
-def megatron_options(kernel: Kernel, names: list[str], sequence_parallel: bool) -> list[str]:
+def megatron_options(kernel: Kernel, names: list[str], sequence_parallel: bool,
+                     moe_dispatcher: bool = False) -> list[str]:
     """The strategies Megatron-LM's tensor parallelism uses, among ``names``.
 
     - linear layers (matmuls with weights) are column- or row-parallel: their weights are always
@@ -96,9 +97,11 @@ def megatron_options(kernel: Kernel, names: list[str], sequence_parallel: bool) 
     - norms and residual adds are sequence-split with sequence parallelism and replicated
       without it, exactly the layouts :mod:`dfmodel.inter_chip.memory` counts, so time and
       memory come from the same layouts.
-    - an MoE layer's router, routing, permute and unpermute run on each member's own sequence
-      shard (:func:`is_moe_routing`), as Megatron-Core's MoE layer does with sequence
-      parallelism, which it requires once tensor and expert parallelism are combined;
+    - with ``moe_dispatcher`` (a chip that runs Megatron-Core itself: ``Chip.eager``), an MoE
+      layer's router, routing, permute and unpermute run on each member's own sequence shard
+      (:func:`is_moe_routing`), as Megatron-Core's MoE layer does with sequence parallelism,
+      which it requires once tensor and expert parallelism are combined; elsewhere (compiled
+      and dataflow stacks) they keep every valid option, like the attention cores;
     Attention cores, activations and the vocabulary-parallel head keep every valid option.
 
     >>> from dfmodel.graph.kernel import Kernel, KernelKind
@@ -106,7 +109,7 @@ def megatron_options(kernel: Kernel, names: list[str], sequence_parallel: bool) 
     >>> megatron_options(ln, ["tok", "rep"], True), megatron_options(ln, ["rep"], False)
     (['tok'], ['rep'])
     """
-    if sequence_parallel and is_moe_routing(kernel):
+    if moe_dispatcher and sequence_parallel and is_moe_routing(kernel):
         kept = [n for n in names if n == "tok"]
     elif kernel.kind == KernelKind.matmul and kernel.weight_bytes > 0:
         kept = [n for n in names if n in ("col", "row")]
@@ -130,6 +133,8 @@ class ShardingProblem:
             raise ValueError("a sharding memo serves one system")
         self.tokens_split = tokens_split and group.size > 1
         self.megatron_layouts = megatron_layouts
+        #: Megatron-Core's MoE dispatcher layouts (:func:`megatron_options`): on eager-framework chips
+        self.moe_dispatcher = megatron_layouts and system.chip.eager
         #: expert TP 1 (MoE): grouped expert GEMMs split their experts over the group, whole
         self.whole_experts = whole_experts and self.tokens_split
         self.precision = graph.meta.get("precision", "bf16")
@@ -164,7 +169,7 @@ class ShardingProblem:
             if "expert" in names:  # Megatron-Core with expert TP 1: the experts are never TP-split
                 names = ["expert"]
             if self.megatron_layouts and self.group.size > 1:
-                names = megatron_options(ks[0], names, self.tokens_split)
+                names = megatron_options(ks[0], names, self.tokens_split, self.moe_dispatcher)
             out[g] = names if self.group.size > 1 else ["rep"]
         return out
 
@@ -375,7 +380,7 @@ def structure_key(problem: ShardingProblem) -> tuple:
                      "b" in k.dims) for k in problem.graph.kernels)
     tensors = tuple((e.name, e.producer, e.consumer, e.operand) for e in problem.graph.tensors)
     return (kernels, tensors, problem.tokens_split, problem.whole_experts, problem.megatron_layouts,
-            problem.group.size > 1)
+            problem.moe_dispatcher, problem.group.size > 1)
 
 
 #: layout tables of recently seen structures (:func:`_layout_terms`), oldest first
@@ -570,7 +575,7 @@ def _scaled_kernel(k: Kernel, s: Strategy, t: int) -> Kernel:
     )
 
 
-def comm_phase(graph: DataflowGraph, e: Tensor, collective: str) -> Phase:
+def comm_phase(graph: DataflowGraph, e: Tensor, collective: str, moe_dispatcher: bool = False) -> Phase:
     """The phase in which the layout conversion of edge ``e`` runs; every reader of the same
     tensor in that phase shares it (one collective, not one per reader).
 
@@ -583,7 +588,8 @@ def comm_phase(graph: DataflowGraph, e: Tensor, collective: str) -> Phase:
     :mod:`dfmodel.inter_chip.memory` counts as saved. So a Megatron SP layer runs 4 TP
     collectives forward (AG, RS per block) and 6 backward (AG of the output gradient, AG of the
     saved input, RS of the input gradient per block). A gradient reaching the layer's boundary
-    (no producer) is converted in its reader's phase. The routed rows an MoE dispatcher gathers
+    (no producer) is converted in its reader's phase. With ``moe_dispatcher`` (Megatron-Core
+    running: :attr:`ShardingProblem.moe_dispatcher`) the routed rows its MoE dispatcher gathers
     (:func:`is_moe_routing`) are gathered once: Megatron-Core's expert linears do no TP
     communication of their own (TE ``Linear`` with ``is_expert``: ``explicit_expert_comm`` sets
     ``parallel_mode=None``) and save the gathered rows for their weight gradient, which
@@ -593,7 +599,7 @@ def comm_phase(graph: DataflowGraph, e: Tensor, collective: str) -> Phase:
         return Phase.forward if graph.kernel(e.consumer).phase == Phase.forward else Phase.backward
     producer = graph.kernel(e.producer)
     if producer.phase == Phase.forward and e.consumer is not None and collective == "all_gather" \
-            and graph.kernel(e.consumer).phase != Phase.forward and not is_moe_routing(producer):
+            and graph.kernel(e.consumer).phase != Phase.forward and not (moe_dispatcher and is_moe_routing(producer)):
         return Phase.backward
     return producer.phase
 
@@ -637,7 +643,7 @@ def _sharded_graph(problem: ShardingProblem, plan: ShardingPlan) -> tuple[Datafl
         if conv is None or conv.collective is None or t == 1:
             tensors.append(replace(e, bytes=e.bytes * local_fraction(dst, t)))
             continue
-        phase = comm_phase(g, e, conv.collective)
+        phase = comm_phase(g, e, conv.collective, problem.moe_dispatcher)
         key = (e.name, e.producer, src, dst, phase)
         if key in done:  # another reader of the same converted tensor in the same phase
             tensors.append(replace(e, producer=done[key], bytes=e.bytes * local_fraction(dst, t)))
