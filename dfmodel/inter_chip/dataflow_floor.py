@@ -336,14 +336,18 @@ def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None
 
 
 def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, layer_nets: tuple | None = None) -> float:
-    """:func:`pass_floor_s` on one TP group (None: without the TP collectives)."""
+    """:func:`pass_floor_s` on one TP group (None: without the TP collectives). Under
+    ``model.nets_only_floors`` (:meth:`LLMModel.nets_only`) the (MoE) layer with ``layer_nets``
+    skips its sharded floor (:func:`sharded_layer_floor`): a weaker bound, without the plan
+    floors of the sharded graph."""
     ub = m.tp_comm_overlap and m.tp > 1
     dense = model.num_experts <= 1  # (MoE layers keep the 1 / tp shares: their expert layouts differ)
     sp = m.sequence_parallel and m.tp > 1
+    nets_only = model.nets_only_floors
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
         () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + (
         (sp, m.num_micro_batches) if dense else ()) + (() if stash_cap is None else ("cap", stash_cap)) + (
-        () if layer_nets is None else ("nets", layer_nets))
+        () if layer_nets is None else ("nets", layer_nets, nets_only))
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -367,7 +371,7 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
         nets = layer_nets if which == "layer" else None
         # (MoE layers only: a dense layer's floor has Megatron's least shares already, layout_floor,
         # and the sharded one cost Llama-3 70B on 512 dragonfly chips 10 % more CPU for nothing)
-        also = None if nets is None or dense else (sharded_layer_floor(model, m, is_core), 1)
+        also = None if nets is None or dense or nets_only else (sharded_layer_floor(model, m, is_core), 1)
         pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub, nets, also)
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
             if dense:  # each stage's own in-flight micro-batches (plain 1F1B's: interleaving adds)
@@ -412,7 +416,7 @@ def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m,
     instead of the forced reductions' Pareto pairs; ``also``: the block's floor as sharded on
     ``group`` (:func:`sharded_layer_floor`, with ``nets_s``), each phase at the larger floor."""
     whole = m.whole_experts and which == "layer"
-    key = bkey + (m.sequence_parallel, whole, m.micro_batch, rc, group, ub, nets_s)
+    key = bkey + (m.sequence_parallel, whole, m.micro_batch, rc, group, ub, nets_s, also is None)
     memo = model.__dict__.setdefault("_dataflow_pair_memo", {})
     if key in memo:
         return memo[key]
