@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from dfmodel import load_system, load_workload
@@ -139,3 +140,27 @@ def test_pairs_equal_the_per_pair_floors(overlap):
                 want = tuple((fl.kernels_s(k, rc, n, hidden), fl.dram_kernels_s(k, rc, n, hidden)) for n in nets)
                 assert fl.pairs_s(k, rc, nets, hidden) == want
     assert len(set(fl.pairs_s(1, "none", nets))) == len(nets)  # (the network pairs do change the floor)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_pair_arrays_of_every_recompute_at_once_equal_one_by_one(overlap):
+    """pair_arrays_by_recompute (each phase's array once for all recomputes, as the search's
+    pair memo asks a layer's) gives exactly pair_arrays' numbers per recompute, with the sharded
+    floor beside (``also``) or not."""
+    s = load_system("dragonfly").model_dump()
+    s["chip"]["overlap"] = overlap
+    sysd = load_system(s)
+    model = LLMModel(load_workload("deepseek_v3"), sysd)
+    graph = model.graphs(1, 1, 64).layer
+    fl = dff.dataflow_block_floor(graph, sysd, 8, _is_attention_core)
+    other = dff.dataflow_block_floor(graph, sysd, 4, _is_attention_core)  # (any floor of the block)
+    nets = [(0.0, 0.0), (0.01, 0.5), (2.0, 0.003), (40.0, 40.0)]
+    rcs = ("none", "selective", "full")
+    fresh = dff.dataflow_block_floor(graph, sysd, 8, _is_attention_core)  # (its own busy memos)
+    for k in (1, 3):
+        for hidden in (False, True):
+            for also in (None, (other, k)):
+                both = fl.pair_arrays_by_recompute(k, rcs, nets, hidden, also)
+                for rc in rcs:
+                    one = fresh.pair_arrays(k, rc, nets, hidden, also)
+                    assert all(np.array_equal(a, b) for a, b in zip(both[rc], one)), (k, rc, hidden)

@@ -95,6 +95,30 @@ def test_shard_bound_below_every_evaluation():
     assert checked > 20, checked
 
 
+def test_nets_only_bound_below_the_shard_bound_and_every_evaluation():
+    """The stash screen's first, cheaper bound (the layer's collectives on the 1/tp floor, no
+    plan floor of the sharded graph) is below the shard bound and every evaluation, and its
+    memo never hands the shard bound its weaker floors (asked first on the same model)."""
+    w, s = _dataflow_moe("24 MiB", 3)
+    bounds, exact, fresh = LLMModel(w, s), LLMModel(w, s), LLMModel(w, s)
+    checked = tighter = 0
+    for m in llm_candidates(bounds, Knobs(micro_batch=1)):
+        if m.tp <= 1 or m.tp_comm_overlap:
+            continue
+        try:
+            t = exact.evaluate(m).iteration_time_s
+        except InfeasibleError:
+            continue
+        cheap = bounds._nets_bound_s(m)
+        assert not bounds.nets_only_floors
+        shard = bounds.shard_bound_s(m)
+        assert shard == fresh.shard_bound_s(m), m  # (no weaker floor leaked through a memo)
+        assert 0.0 < cheap <= shard * TOL and shard <= t * TOL, m
+        tighter += shard > cheap * TOL
+        checked += 1
+    assert checked > 20 and tighter > 0, (checked, tighter)
+
+
 @pytest.mark.parametrize("tiles", [3, 4])
 def test_search_with_the_sharded_floor_equals_exhaustive(tiles):
     w, s = _dataflow_moe("24 MiB", tiles)

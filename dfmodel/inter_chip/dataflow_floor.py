@@ -52,6 +52,7 @@ import numpy as np
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
 from dfmodel.inter_chip.comm_floor import forced_phase_comm_s
+from dfmodel.inter_chip.config import RECOMPUTE
 from dfmodel.inter_chip.fused_floor import MAX_FLOOR_IDEALS, PlanFloor, plan_floor, reduced_plan_floor
 from dfmodel.inter_chip.layout_floor import least_share_graph
 from dfmodel.inter_chip.memory import in_flight_micro_batches
@@ -171,6 +172,13 @@ class DataflowBlockFloor:
         ``also``: another floor of the same block and its micro-batch factor (:func:`sharded_layer_floor`:
         the layer as sharded on the mapping's own TP group, at factor 1); each phase then takes
         the larger of its two floors (each is one)."""
+        return self.pair_arrays_by_recompute(k, (recompute,), nets, hidden, also)[recompute]
+
+    def pair_arrays_by_recompute(self, k: int, recomputes, nets, hidden: bool = False,
+                                 also: "tuple[DataflowBlockFloor, int] | None" = None) -> dict[str, tuple]:
+        """:meth:`pair_arrays` for each recompute of ``recomputes``, each phase's array built
+        once for all of them (the same operations per recompute: the search's group floors ask
+        every recompute of a block at once)."""
         net = np.asarray(nets, dtype=float).reshape(-1, 2)
         nf, nb = net[:, 0], net[:, 1]
         floors = [(self, k)] + ([also] if also is not None else [])
@@ -179,13 +187,14 @@ class DataflowBlockFloor:
             return np.maximum.reduce([fl._phase_arr(getattr(fl, which) or getattr(fl, which.split("_")[0]), kk, n, hid)
                                       for fl, kk in floors])
 
-        core = at("core", np.zeros(nf.shape), False)
-        out = []
+        core = at("core", np.zeros(nf.shape), False) if "selective" in recomputes else None
+        out: dict[str, list] = {rc: [] for rc in recomputes}
         for fwd, bwd in (("fwd", "bwd"), ("fwd_dram", "bwd_dram")):
-            f = at(fwd, nf, hidden)
-            extra = {"none": 0.0, "selective": core, "full": f}[recompute]
-            out.append(f + at(bwd, nb, hidden) + extra)
-        return out[0], out[1]
+            f, b = at(fwd, nf, hidden), at(bwd, nb, hidden)
+            for rc in recomputes:
+                extra = {"none": 0.0, "selective": core, "full": f}[rc]
+                out[rc].append(f + b + extra)
+        return {rc: (kept, dram) for rc, (kept, dram) in out.items()}
 
     def _phase_arr(self, phase: PhaseFloor, k: int, n: np.ndarray, hid: bool) -> np.ndarray:
         """:func:`with_network_s` of ``phase`` at micro-batch ``k`` over the network seconds ``n``
@@ -336,14 +345,18 @@ def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None
 
 
 def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, layer_nets: tuple | None = None) -> float:
-    """:func:`pass_floor_s` on one TP group (None: without the TP collectives)."""
+    """:func:`pass_floor_s` on one TP group (None: without the TP collectives). Under
+    ``model.nets_only_floors`` (:meth:`LLMModel.nets_only`) the (MoE) layer with ``layer_nets``
+    skips its sharded floor (:func:`sharded_layer_floor`): a weaker bound, without the plan
+    floors of the sharded graph."""
     ub = m.tp_comm_overlap and m.tp > 1
     dense = model.num_experts <= 1  # (MoE layers keep the 1 / tp shares: their expert layouts differ)
     sp = m.sequence_parallel and m.tp > 1
+    nets_only = model.nets_only_floors
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
         () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + (
         (sp, m.num_micro_batches) if dense else ()) + (() if stash_cap is None else ("cap", stash_cap)) + (
-        () if layer_nets is None else ("nets", layer_nets))
+        () if layer_nets is None else ("nets", layer_nets, nets_only))
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -367,7 +380,7 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
         nets = layer_nets if which == "layer" else None
         # (MoE layers only: a dense layer's floor has Megatron's least shares already, layout_floor,
         # and the sharded one cost Llama-3 70B on 512 dragonfly chips 10 % more CPU for nothing)
-        also = None if nets is None or dense else (sharded_layer_floor(model, m, is_core), 1)
+        also = None if nets is None or dense or nets_only else (sharded_layer_floor(model, m, is_core), 1)
         pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub, nets, also)
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
             if dense:  # each stage's own in-flight micro-batches (plain 1F1B's: interleaving adds)
@@ -412,17 +425,20 @@ def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m,
     instead of the forced reductions' Pareto pairs; ``also``: the block's floor as sharded on
     ``group`` (:func:`sharded_layer_floor`, with ``nets_s``), each phase at the larger floor."""
     whole = m.whole_experts and which == "layer"
-    key = bkey + (m.sequence_parallel, whole, m.micro_batch, rc, group, ub, nets_s)
+    key = bkey + (m.sequence_parallel, whole, m.micro_batch, group, ub, nets_s, also is None)
     memo = model.__dict__.setdefault("_dataflow_pair_memo", {})
-    if key in memo:
-        return memo[key]
+    by_rc = memo.get(key)
+    if by_rc is not None and rc in by_rc:
+        return by_rc[rc]
     nets, hidden = [(0.0, 0.0)], False
     if group is not None:  # the block's forced TP reductions per phase (Megatron layouts)
         nets = [nets_s] if nets_s is not None else _forced_nets(model, which, m, ep, whole, group)
         hidden = nets is not None and ub and which in ("layer", "dense_layer")  # userbuffers pair them with the GEMMs
         nets = nets or [(0.0, 0.0)]
-    memo[key] = out = fl.pair_arrays(m.micro_batch, rc, nets, hidden, also)
-    return out
+    # (a layer's every recompute at once: the group floors ask them all; the embedding and head "none" only)
+    rcs = RECOMPUTE if which in ("layer", "dense_layer") else (rc,)
+    memo[key] = by_rc = {**(by_rc or {}), **fl.pair_arrays_by_recompute(m.micro_batch, rcs, nets, hidden, also)}
+    return by_rc[rc]
 
 
 def _forced_nets(model, which: str, m, ep: int, whole: bool, group) -> list | None:
