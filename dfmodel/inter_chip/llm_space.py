@@ -1021,19 +1021,19 @@ class LLMSpace:
             return min(leaf.expand(), key=preference)
 
         def block_twins(group, seed):
-            """The other mappings of the seed's micro-batch group, in leaves whose memory screen
-            fits, that run the seed's blocks (same micro-batch, TP group, SP and expert layout:
-            they differ in recompute, ZeRO stage and flags, which no block solve reads): their
-            evaluations reuse its solves, under a millisecond each. DeepSeek-V3 on 8192
-            dragonfly chips: the seed at selective recompute and ZeRO 1 (144.8 s) has the
-            optimum (122.1 s, no recompute, ZeRO 3) among its twins, and the seeds' twins hold
-            the whole final top six (the cutoff is final at 6 CPU s instead of 45)."""
+            """The preferred mapping of each other fitting leaf of the seed's micro-batch group
+            that runs the seed's blocks (same micro-batch, TP group, SP and expert layout: they
+            differ in recompute, ZeRO stage and flags, which no block solve reads): their
+            evaluations reuse its solves, milliseconds each. DeepSeek-V3 on 8192 dragonfly
+            chips: the seed at selective recompute and ZeRO 1 (144.8 s) has the optimum (122.1 s,
+            no recompute, ZeRO 3) among its twins."""
             key = self.model._block_key("layer", seed)
             for _, leaf in plain(group):
                 if leaf.floor_bytes > capacity_bytes or leaf.screen() > capacity_bytes:
                     continue
                 same = [c for c in leaf.expand() if c != seed and self.model._block_key("layer", c) == key]
-                yield from same
+                if same:
+                    yield min(same, key=preference)
 
         def with_twins(group, seed, ev):
             """``ev`` (the seed's evaluation), then its block twins' (also when the seed does not
