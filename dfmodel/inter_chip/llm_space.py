@@ -8,7 +8,6 @@ strategy option (:data:`~dfmodel.inter_chip.config.OPTIONS`) and every network p
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from functools import cache, partial
 
@@ -980,25 +979,14 @@ class LLMSpace:
             pool = self._relief_roots(capacity_bytes, tries=len(self.roots_built))
         roots = sorted((r for r in pool if dict(r.knobs)["ep"] > 1),
                        key=lambda r: moe_terms.recipe_order(dict(r.knobs), fast))[:scan]
-        leaves_of, plain_of, groups_of = {}, {}, {}
-
-        def micro_batch_groups(root):
-            """The root's micro-batch groups, smallest micro-batch first."""
-            if id(root) not in groups_of:
-                groups_of[id(root)] = sorted(root.expand(), key=lambda g: dict(g.knobs)["micro_batch"])
-            return groups_of[id(root)]
-
-        def plain(group):
-            """A micro-batch group's leaves without interleaving, with their knobs."""
-            if id(group) not in plain_of:
-                plain_of[id(group)] = [(k, x) for k, x in ((dict(x.knobs), x) for x in leaf_nodes(group))
-                                       if k["interleave"] == 1]
-            return plain_of[id(group)]
+        leaves_of = {}
 
         def leaves(root):
             if id(root) not in leaves_of:
-                leaves_of[id(root)] = sorted(((k, x) for k, x in plain(micro_batch_groups(root)[0])
-                                              if k["zero_stage"] in (0, 1) or offloaded),
+                group = min(root.expand(), key=lambda g: dict(g.knobs)["micro_batch"])
+                kx = [(dict(x.knobs), x) for x in leaf_nodes(group)]
+                leaves_of[id(root)] = sorted(((k, x) for k, x in kx if k["interleave"] == 1
+                                              and (k["zero_stage"] in (0, 1) or offloaded)),
                                              key=lambda p: (p[0]["zero_stage"] != 1, not p[0]["sequence_parallel"]))
             return leaves_of[id(root)]
 
@@ -1010,72 +998,13 @@ class LLMSpace:
                     fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc
                            and leaf.floor_bytes <= capacity_bytes and leaf.screen() <= capacity_bytes]
                     if fit:
-                        yield root, min(fit, key=lambda x: x.bound_s)
+                        yield min(fit, key=lambda x: x.bound_s)
 
-        def preference(c) -> tuple:  # TP on the fast domain, the cheapest all-to-alls, the recipes' flags
-            return (not c.overlap_moe_expert_parallel_comm, moe_terms.members_off(c.group("tp"), fast_name),
-                    sum(self.model._ep_comm(c)), c.etp != 1,
-                    -sum(bool(getattr(c, f)) for f in moe_terms.RECIPE_OVERLAPS))
-
-        def pick(leaf):
-            return min(leaf.expand(), key=preference)
-
-        def block_twins(group, seed):
-            """The preferred mapping of each other fitting leaf of the seed's micro-batch group
-            that runs the seed's blocks (same micro-batch, TP group, SP and expert layout: they
-            differ in recompute, ZeRO stage and flags, which no block solve reads): their
-            evaluations reuse its solves, milliseconds each. DeepSeek-V3 on 8192 dragonfly
-            chips: the seed at selective recompute and ZeRO 1 (144.8 s) has the optimum (122.1 s,
-            no recompute, ZeRO 3) among its twins."""
-            key = self.model._block_key("layer", seed)
-            for _, leaf in plain(group):
-                if leaf.floor_bytes > capacity_bytes or leaf.screen() > capacity_bytes:
-                    continue
-                same = [c for c in leaf.expand() if c != seed and self.model._block_key("layer", c) == key]
-                if same:
-                    yield min(same, key=preference)
-
-        def with_twins(group, seed, ev):
-            """``ev`` (the seed's evaluation), then its block twins' (also when the seed does not
-            fit: its blocks are solved); None ends the seeds (the deadline passed)."""
-            if isinstance(ev, Exception):
-                return
-            yield ev
-            for twin in block_twins(group, seed):
-                if twin not in tried:
-                    tried.add(twin)
-                    tev = evaluate(twin)
-                    yield tev
-                    if tev is None:
-                        return
-
-        def larger_micro_batch(root, seed):
-            """``seed`` at the root's next larger micro-batch (None when that group has no such mapping)."""
-            groups = micro_batch_groups(root)
-            at = [dict(g.knobs)["micro_batch"] for g in groups].index(seed.micro_batch)
-            for group in groups[at + 1:at + 2]:
-                k = dict(group.knobs)
-                twin = dataclasses.replace(seed, micro_batch=k["micro_batch"], num_micro_batches=k["num_micro_batches"])
-                for kn, leaf in plain(group):
-                    if kn["recompute"] == seed.recompute and twin in leaf.expand():
-                        return group, twin
-            return None
-
-        tried: set = set()
-        best: list = []  # the fastest fitting seed: (time, root, mapping)
-
-        def seeded(root, group, seed, ev):
-            """The fitting evaluations of ``seed`` and its block twins (not counted in ``keep`` or
-            ``tries``: they cost no block solve); None ends the seeds."""
-            for out in with_twins(group, seed, ev):
-                if out is None:
-                    yield None
-                    return
-                if isinstance(out, Exception) or not out.fits:
-                    continue
-                if not best or out.iteration_time_s < best[0][0]:
-                    best[:] = [(out.iteration_time_s, root, out.mapping)]
-                yield out
+        def pick(leaf):  # TP on the fast domain, the cheapest all-to-alls, the recipes' flags
+            return min(leaf.expand(), key=lambda c: (not c.overlap_moe_expert_parallel_comm,
+                                                     moe_terms.members_off(c.group("tp"), fast_name),
+                                                     sum(self.model._ep_comm(c)), c.etp != 1,
+                                                     -sum(bool(getattr(c, f)) for f in moe_terms.RECIPE_OVERLAPS)))
 
         # per expert-parallel degree (the ``eps`` largest with a fitting seed) and pipeline depth
         # (shallowest first): the first candidate of ``fitting`` whose evaluation fits (the
@@ -1088,47 +1017,21 @@ class LLMSpace:
                     groups.setdefault(dict(r.knobs)["pp"], []).append(r)
             found = False
             for pp in sorted(groups):
-                for n, (root, leaf) in enumerate(fitting(groups[pp])):
+                for n, leaf in enumerate(fitting(groups[pp])):
                     if tries <= 0 or keep <= 0 or expired():
                         return
                     if n >= per_pp:
                         break
-                    seed = pick(leaf)
-                    if seed in tried:  # (a twin of an earlier seed: yielded already if it fits)
-                        continue
                     tries -= 1
-                    tried.add(seed)
-                    ev = evaluate(seed)
+                    ev = evaluate(pick(leaf))
                     if ev is None:  # the deadline passed
                         return
-                    if isinstance(ev, Exception) or not ev.fits:
-                        continue
-                    keep, found = keep - 1, True
-                    for out in seeded(root, micro_batch_groups(root)[0], seed, ev):
-                        if out is None:
-                            return
-                        yield out
-                    break
+                    if not isinstance(ev, Exception) and ev.fits:
+                        keep, found = keep - 1, True
+                        yield ev
+                        break
             done += found
             if done >= eps:
-                break
-        # the fastest seed at larger micro-batches while they get faster (DeepSeek-V3 on 512
-        # dragonfly chips: the optimum is the best seed's layout at micro-batch 2, not 1)
-        while best and tries > 0 and not expired():
-            t0, root, seed = best[0]
-            nxt = larger_micro_batch(root, seed)
-            if nxt is None or nxt[1] in tried:
-                return
-            tries -= 1
-            tried.add(nxt[1])
-            ev = evaluate(nxt[1])
-            if ev is None:
-                return
-            for out in seeded(root, nxt[0], nxt[1], ev):
-                if out is None:
-                    return
-                yield out
-            if best[0][0] >= t0:
                 return
 
     def leanest(self, capacity_bytes: float) -> Mapping | None:
