@@ -306,3 +306,41 @@ def test_only_dataflow_chips_wait_for_the_first_evaluation():
     dataflow = LLMModel(load_workload("gpt3_13b"), load_system("sn30"))
     assert gpu.system.chip.execution == "kernel_by_kernel" and ps._first_eval_wait_s(gpu) == 0.0
     assert dataflow.system.chip.execution == "dataflow" and ps._first_eval_wait_s(dataflow) == ps._FIRST_EVAL_WAIT_S > 0
+
+
+def test_a_worker_cut_after_its_bound_passed_the_winner_leaves_the_optimum_proven():
+    """The parent's merge of worker records: worker 1 stopped at the deadline while it searched
+    for runners-up, its open bound (1.1) already above the winner worker 0 found (1.0). The
+    optimum is proven (as the serial search reports it: status optimal, the note that the
+    runners-up may not be the next best); with its bound below the winner (0.9), it is not.
+    (A cut worker once counted as an unproven inner solve: DeepSeek-V3 on SN30 came back
+    ``time_limit`` at 0.0 % gap.)"""
+    import multiprocessing
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from dfmodel.inter_chip.search import SearchStats
+
+    @dataclass(frozen=True, order=True)
+    class Mapping:
+        tp: int
+
+    def ev(t, tp):
+        return SimpleNamespace(iteration_time_s=t, mapping=Mapping(tp))
+
+    def merged(worker1_bound_s):
+        done = SearchStats(evaluated=3)
+        cut = SearchStats(evaluated=2, timed_out=True, status="time_limit", proven_optimal=False,
+                          lower_bound_s=worker1_bound_s)
+        replies = {0: ("ok", None, [ev(1.0, 1), ev(1.3, 2)], done, None, 0),
+                   1: ("ok", None, [ev(1.2, 4)], cut, None, 0)}
+        shared = ps._Shared(multiprocessing.get_context("fork"), 2, 3, 0)
+        return ps._merge(None, None, replies, [], [], 0, shared, 3, None, 0.0)
+
+    best, stats = merged(1.1)
+    assert best.iteration_time_s == 1.0 and [e.iteration_time_s for e in stats.runners_up] == [1.2, 1.3]
+    assert (stats.status, stats.proven_optimal, stats.lower_bound_s, stats.gap) == ("optimal", True, 1.0, 0.0)
+    assert any("runners-up listed may not be the next best" in n for n in stats.notes)
+    best, stats = merged(0.9)
+    assert (stats.status, stats.proven_optimal, stats.lower_bound_s) == ("time_limit", False, 0.9)
+    assert stats.gap == pytest.approx(0.1)

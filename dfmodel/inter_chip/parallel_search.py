@@ -545,7 +545,9 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
             stats.pruned_bound += s.pruned_bound
             stats.pruned_memory += s.pruned_memory
             stats.notes.extend(n for n in s.notes if n not in stats.notes)
-            proven = proven and s.proven_optimal
+            # a worker cut by the deadline is ``cut`` below, not unproven: its bound may still
+            # have passed the winner found by another (then the optimum is proven)
+            proven = proven and s.inner_proven
             if kind == "ok" and s.status == "time_limit":
                 cut = cut or s.timed_out
                 lb = min(lb, s.lower_bound_s)

@@ -48,6 +48,9 @@ class SearchStats:
     pruned_memory: int = 0
     wall_s: float = 0.0
     proven_optimal: bool = True
+    #: every inner solve of every evaluation was proven (``proven_optimal`` also needs the search
+    #: not cut: a parallel worker cut after its share's bound passed the winner proved its share)
+    inner_proven: bool = True
     notes: list[str] = field(default_factory=list)
     status: str = "optimal"
     lower_bound_s: float | None = None
@@ -266,7 +269,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
     def accept(ev, m, bound: float) -> None:  # a fitting evaluation of mapping m (bound: its search bound)
         nonlocal unproven_bound
         if not ev.proven_optimal:
-            stats.proven_optimal = False
+            stats.proven_optimal = stats.inner_proven = False
             # an inner solve stopped at gap g: the mapping's true time is >= (1 - g) x its time
             unproven_bound = min(unproven_bound, max(bound, ev.iteration_time_s * (1.0 - _inner_gap(ev))))
         ledger.evaluated(m, ev.iteration_time_s)
@@ -399,7 +402,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
         stats.evaluated += 1
         if ev.fits:
             if not ev.proven_optimal:
-                stats.proven_optimal = False
+                stats.proven_optimal = stats.inner_proven = False
             ledger.evaluated(ev.mapping, ev.iteration_time_s)
             _insert(top, ev, keep)
     best = top[0] if top else None
