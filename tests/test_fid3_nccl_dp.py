@@ -100,3 +100,38 @@ def test_case_overlap_grad_reduce_is_passed_and_never_faster_off():
     off_row, on_row = evaluate_case(case, workload_overrides={"attention": "unfused"}), evaluate_case(
         on, workload_overrides={"attention": "unfused"})
     assert off_row.predicted_s > on_row.predicted_s
+
+
+def test_an_overlapped_dp_sync_takes_its_channels_sms_from_the_compute():
+    """Hidden under a long backward, the sync still costs the compute the SMs of NCCL's 16 ring
+    channels for as long as it runs: exposed = tail + 16 / sms x (sync - tail), by hand. Never
+    more than the sync exposed whole; nothing on a chip whose collectives are not kernels beside
+    the compute (a dataflow chip)."""
+    from dfmodel.inter_chip import pipeline as pipe
+    from dfmodel.inter_chip.config import Mapping
+    from dfmodel.netmodels import nccl
+
+    model = _model()
+    dp, group = 64, (("ib", 64),)
+    bucket = pipe.megatron_bucket_elements(dp)
+    params = 3.5 * bucket
+    t = model.training
+    sync_s = 4 * (model.costs.time_s("reduce_scatter", params / 4 * t.grad_bytes, group)
+                  + model.costs.time_s("all_gather", params / 4 * t.activation_bytes, group))
+    hidden = Mapping(tp=1, pp=1, dp=dp, micro_batch=1, num_micro_batches=1, zero_stage=1)
+    exposed = Mapping(tp=1, pp=1, dp=dp, micro_batch=1, num_micro_batches=1, zero_stage=1,
+                      overlap_grad_reduce=False, overlap_param_gather=False)
+    tail_s = pipe.dp_sync_exposed_s(sync_s=sync_s, grad_elements=params, chunk_backward_s=1e3, interleave=1,
+                                    pp=1, overlap_fraction=model.system.dp_overlap, bucket_elements=bucket)
+    sms = model.system.chip.compute_tiles
+    assert model.system.chip.eager and sms > nccl.NCCL_RING_CHANNELS
+    got = model._dp_sync_s(hidden, params, 0.0, 1e3, group)
+    assert got == pytest.approx(tail_s + nccl.NCCL_RING_CHANNELS / sms * (sync_s - tail_s), rel=1e-12)
+    assert tail_s < got < model._dp_sync_s(exposed, params, 0.0, 1e3, group) == pytest.approx(sync_s)
+
+    w = copy.deepcopy(SMALL_LLM)
+    s = small_system(4, 64)
+    s["chip"]["execution"] = "dataflow"
+    dataflow = LLMModel(load_workload(w), load_system(s))
+    assert not dataflow.system.chip.eager
+    assert dataflow._hidden_collective_s(1.0) == 0.0 and model._hidden_collective_s(0.0) == 0.0

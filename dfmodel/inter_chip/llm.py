@@ -2384,10 +2384,22 @@ class LLMModel:
                 sync_s=hidden, grad_elements=params, chunk_backward_s=bwd0_s / m.interleave,
                 interleave=m.interleave, pp=m.pp, overlap_fraction=self.system.dp_overlap,
                 bucket_elements=pipe.megatron_bucket_elements(m.dp_cp))
+        total_s = reduce_s + gather_s
         if m.zero_stage == 2 and m.num_micro_batches > 1:
             window = bwd0_s * self.system.dp_overlap if m.overlap_grad_reduce else 0.0
             exposed += (m.num_micro_batches - 1) * max(0.0, reduce_s - window)
-        return exposed
+            total_s += (m.num_micro_batches - 1) * reduce_s
+        return exposed + self._hidden_collective_s(max(0.0, total_s - exposed))
+
+    def _hidden_collective_s(self, overlapped_s: float) -> float:
+        """Compute lost to the SMs of NCCL's channels while ``overlapped_s`` of a collective
+        hides behind it (:func:`~dfmodel.netmodels.nccl.overlapped_collective_s`), on chips
+        whose collectives run as kernels beside the compute (GPUs: ``Chip.eager``)."""
+        chip = self.system.chip
+        if overlapped_s <= 0 or not chip.eager:
+            return 0.0
+        return nccl.overlapped_collective_s(overlapped_s, min(nccl.NCCL_RING_CHANNELS, chip.compute_tiles - 1),
+                                            chip.compute_tiles)
 
     def _stage_layers(self, layers: tuple[int, ...], m: Mapping) -> list[int]:
         """Layers per physical stage (interleaved chunks summed)."""

@@ -102,6 +102,27 @@ def contended_kernel_s(compute_s: float, memory_s: float, *, comm_channels: int,
 
 #: SMs of an H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs).
 H100_SMS = 132
+
+#: SMs (channels: one CTA each) an NCCL ring collective between DGX H100 nodes holds: NCCL lays
+#: 16 ring channels over 3 DGX H100 nodes (NVIDIA/nccl issue #1453, its NCCL_DEBUG=INFO log:
+#: "Channel 00/16 ... Channel 15/16"); a channel runs as one CTA on its own SM (NVIDIA/nccl issue
+#: #689, S. Jeaugey: NCCL "launches" 2 SMs, one per channel, on a one-NIC PCI system).
+NCCL_RING_CHANNELS = 16
+
+
+def overlapped_collective_s(overlapped_s: float, comm_sms: float, sms: int) -> float:
+    """Compute time lost while ``overlapped_s`` of a collective runs hidden behind compute-bound
+    kernels that give it ``comm_sms`` of the chip's ``sms`` SMs: they keep ``sms - comm_sms``
+    (:func:`contended_kernel_s` without HBM contention), so in that time they do
+    ``1 - comm_sms / sms`` of their work and the rest runs later (AutoCCL, NSDI'25: the channels
+    an overlapped collective takes slow the compute it hides behind).
+
+    >>> overlapped_collective_s(0.5, 16, 132) == 0.5 * 16 / 132
+    True
+    """
+    if overlapped_s < 0 or not 0 <= comm_sms < sms:
+        raise ValueError(f"overlapped_s must be >= 0 and comm_sms in [0, {sms}), got {overlapped_s}, {comm_sms}")
+    return overlapped_s * comm_sms / sms
 #: SMs the userbuffers exchanges hold while they overlap a GEMM, averaged over the ten overlapped
 #: GEMMs of a layer in NeMo's H100 configuration (nemo/collections/llm/recipes/tp_overlap_configs/
 #: userbuffers.py, userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192: ring-exchange all-gathers
