@@ -26,7 +26,8 @@ from dfmodel.errors import InfeasibleError, TimeLimitError
 # the LLM mapping space lives in llm_space; re-exported here for existing imports
 from dfmodel.inter_chip.llm_space import degree_triples, llm_candidates, validate_knobs  # noqa: F401
 from dfmodel.inter_chip.space import SpaceNode
-from dfmodel.solvers.deadline import DeadlineExpired, deadline_scope, expired, grace_scope, time_left_s
+from dfmodel.solvers.deadline import (DeadlineExpired, deadline_scope, expired, grace_scope, interruptible_seconds,
+                                      time_left_s)
 
 
 @dataclass
@@ -363,11 +364,12 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
                     heapq.heappush(queue, (pre, i, False, m))
                     continue
         try:
-            t_eval = time.perf_counter()
+            t_eval, cut_s = time.perf_counter(), interruptible_seconds()
             # (a space's groups were screened for memory already)
             ev = dived.pop(m) if m in dived else _evaluate_below(model, m, cutoff, screen=not exhaustive,
                                                                   screen_memory=space is None)
-            recent_eval_s[:] = (recent_eval_s + [time.perf_counter() - t_eval])[-8:]
+            # what of it could not be cut short (its MILP solves and intra-chip DPs stop at the deadline)
+            recent_eval_s[:] = (recent_eval_s + [time.perf_counter() - t_eval - (interruptible_seconds() - cut_s)])[-8:]
             if ev is None:  # proven slower than the cutoff part-way: as good as pruned by its bound
                 stats.evaluated += 1
                 stats.pruned_bound += 1
@@ -489,9 +491,11 @@ def _knob_items(item) -> tuple:
 
 
 def _no_time_for(recent_eval_s: list[float]) -> bool:
-    """True when the deadline has passed, or is nearer than the slowest recent evaluation
-    (parts of an evaluation, e.g. the pipeline simulation, cannot be interrupted: starting one
-    that cannot finish would overrun the limit)."""
+    """True when the deadline has passed, or is nearer than the slowest recent evaluation's part
+    that cannot be interrupted (the pipeline simulation, the memory screen: starting one that
+    cannot finish would overrun the limit). Its MILP solves and intra-chip DPs stop at the
+    deadline themselves, leaving the evaluation open with its bound, so they are not reserved:
+    an evaluation that solves a new block may still finish in the time left."""
     left = time_left_s()
     if left is None:
         return False

@@ -12,6 +12,7 @@ from dfmodel.graph.graph import DataflowGraph
 from dfmodel.intra_chip import ideals as _dp
 from dfmodel.intra_chip.bounded_dp import floor_s, solve_bounded
 from dfmodel.solvers.deadline import check as check_deadline
+from dfmodel.solvers.deadline import interruptible
 from dfmodel.intra_chip.cost import CostModel
 from dfmodel.intra_chip.milp import solve_milp
 from dfmodel.intra_chip.result import PartitionReport, PartitionResult
@@ -102,7 +103,8 @@ def partition(
 
     if method in ("auto", "dp"):
         try:
-            found = _exact_dp(cm, max_partitions, max_ideals, max_pairs)
+            with interruptible():  # (checks the deadline as it goes: check_deadline)
+                found = _exact_dp(cm, max_partitions, max_ideals, max_pairs)
         except _dp.TooLarge as e:
             if method == "dp":
                 raise SolverError(f"graph too large for the exact DP ({e}); use method='milp'") from e

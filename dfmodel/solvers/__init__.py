@@ -19,7 +19,7 @@ import numpy as np
 from dfmodel.errors import SolverError
 from dfmodel.solvers import gurobi as _gurobi
 from dfmodel.solvers import highs as _highs
-from dfmodel.solvers.deadline import clamp
+from dfmodel.solvers.deadline import clamp, interruptible
 from dfmodel.solvers.model import STATUSES, MILPModel, SolveResult, eliminate_fixed, relative_gap
 
 __all__ = ["MILPModel", "SolveResult", "STATUSES", "solve", "choose_backend", "check_available", "gurobi_licence", "relative_gap"]
@@ -115,7 +115,8 @@ def solve(
         reduced.warm_start = complete_warm_start(reduced)
     adapter = _gurobi if backend == "gurobi" else _highs
     try:
-        res = adapter.solve(reduced, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads)
+        with interruptible():  # (stops at the caller's deadline: clamp above)
+            res = adapter.solve(reduced, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads)
     except ImportError as e:  # gurobipy vanished between probe and use
         raise SolverError(f"solver {backend!r} unavailable: {e}") from e
     except Exception as e:

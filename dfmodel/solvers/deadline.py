@@ -63,6 +63,38 @@ def clamp(time_limit_s: float | None) -> float | None:
     return left if time_limit_s is None else min(time_limit_s, left)
 
 
+#: [seconds spent in the outermost :func:`interruptible` sections, their nesting depth] (per process)
+_INTERRUPTIBLE = [0.0, 0]
+
+
+@contextlib.contextmanager
+def interruptible():
+    """Mark a pass that stops at the deadline on its own (a MILP solve: :func:`clamp`; the
+    intra-chip DP: :func:`check`). Its time is counted (:func:`interruptible_seconds`), so the
+    outer search reserves before the deadline only what an evaluation cannot cut short."""
+    _INTERRUPTIBLE[1] += 1
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _INTERRUPTIBLE[1] -= 1
+        if _INTERRUPTIBLE[1] == 0:  # nested sections count once
+            _INTERRUPTIBLE[0] += time.perf_counter() - t0
+
+
+def interruptible_seconds() -> float:
+    """Seconds this process has spent inside :func:`interruptible` sections so far.
+
+    >>> before = interruptible_seconds()
+    >>> with interruptible():
+    ...     with interruptible():
+    ...         time.sleep(0.01)
+    >>> 0.01 <= interruptible_seconds() - before < 0.02
+    True
+    """
+    return _INTERRUPTIBLE[0]
+
+
 @contextlib.contextmanager
 def deadline_scope(time_limit_s: float | None):
     """Run the block under a deadline ``time_limit_s`` seconds from now (None: keep any outer
@@ -96,4 +128,5 @@ def grace_scope(extra_s: float):
         _DEADLINE.reset(token)
 
 
-__all__ = ["deadline", "grace_scope", "time_left_s", "expired", "check", "clamp", "deadline_scope", "DeadlineExpired"]
+__all__ = ["deadline", "grace_scope", "time_left_s", "expired", "check", "clamp", "deadline_scope", "DeadlineExpired",
+           "interruptible", "interruptible_seconds"]
