@@ -134,4 +134,4 @@ def test_an_overlapped_dp_sync_takes_its_channels_sms_from_the_compute():
     s["chip"]["execution"] = "dataflow"
     dataflow = LLMModel(load_workload(w), load_system(s))
     assert not dataflow.system.chip.eager
-    assert dataflow._hidden_collective_s(1.0) == 0.0 and model._hidden_collective_s(0.0) == 0.0
+    assert dataflow._collective_sm_fraction == 0.0 and model._collective_sm_fraction == 16 / sms

@@ -7,7 +7,7 @@ and the tests check them in closed form.
 
 from __future__ import annotations
 
-from dfmodel.netmodels.nccl import H100_SMS
+from dfmodel.netmodels.nccl import H100_SMS, overlapped_exposed_s
 
 #: Bytes per element of an FP8 dispatch: 1 (E4M3) plus one fp32 scale per 1x128 tile
 #: (DeepSeek-V3, arXiv:2412.19437 sec. 3.3.1-3.3.3: fine-grained tile-wise quantisation)
@@ -28,26 +28,9 @@ def a2a_sm_fraction(sms: int = H100_SMS, comm_sms: int = A2A_OVERLAP_SMS) -> flo
     return comm_sms / sms
 
 
-def overlapped_a2a_exposed_s(a2a_s: float, compute_s: float, sm_fraction: float) -> float:
-    """Exposed time of ``a2a_s`` of all-to-alls run beside ``compute_s`` of another
-    micro-batch's computation that loses ``sm_fraction`` of the chip while they run.
-
-    While the communication kernels run (``a2a_s``) the computation proceeds at ``1 - f`` of
-    its rate; so the pair takes ``c + f a`` when the computation outlasts the communication
-    (``a (1 - f) <= c``) and ``a`` otherwise: ``max(a, c + f a)``. The exposed part, beyond the
-    computation alone, is ``max(a - c, f a)``: what the computation cannot hide, or the SMs the
-    communication took, whichever is larger. ``f = 0`` gives the textbook ``max(0, a - c)``.
-
-    >>> overlapped_a2a_exposed_s(2.0, 10.0, 0.0), overlapped_a2a_exposed_s(12.0, 10.0, 0.0)
-    (0.0, 2.0)
-    >>> overlapped_a2a_exposed_s(2.0, 10.0, 0.25), overlapped_a2a_exposed_s(12.0, 10.0, 0.25)
-    (0.5, 3.0)
-    """
-    if a2a_s <= 0.0:
-        return 0.0
-    if not 0.0 <= sm_fraction < 1.0:
-        raise ValueError(f"sm_fraction must be in [0, 1), got {sm_fraction}")
-    return max(a2a_s - compute_s, sm_fraction * a2a_s)
+#: the exposed part of all-to-alls overlapped with another micro-batch's computation that loses
+#: ``sm_fraction`` of the chip while they run (:func:`~dfmodel.netmodels.nccl.overlapped_exposed_s`)
+overlapped_a2a_exposed_s = overlapped_exposed_s
 
 
 def with_unpaired(share: float, *, pp: int, num_micro_batches: int) -> float:

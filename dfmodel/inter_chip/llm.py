@@ -2324,15 +2324,17 @@ class LLMModel:
         FSDP ``FULL_SHARD``; Rajbhandari et al. 2020 sec. 5.3: 3x the traffic of a plain
         all-reduce's half). With prefetch (``overlap_param_gather``) the gather of the next
         block runs under this block's compute: only the excess is exposed, ``max(0, comm -
-        compute)``; without it the collectives are exposed whole.
+        compute)``, or on GPUs the SMs NCCL's channels take from that compute, if larger
+        (:func:`~dfmodel.netmodels.nccl.overlapped_exposed_s`); without them exposed whole.
         """
         if blk is None or m.dp_cp == 1:
             return fwd_s, bwd_s
         # 16-bit parameters gathered, gradients reduce-scattered in the framework's reduce precision;
         # MoE experts over the expert data-parallel ranks (dp x cp / ep), the rest over dp x cp
         ag, rs = self._fsdp_collectives_s(m, blk.params_per_chip, expert_params(blk.sharded.graph), group)
-        if m.overlap_param_gather:
-            return max(fwd_s, ag), max(bwd_s, ag + rs)
+        if m.overlap_param_gather:  # (the compute loses the collectives' SMs while they run)
+            f = self._collective_sm_fraction
+            return fwd_s + nccl.overlapped_exposed_s(ag, fwd_s, f), bwd_s + nccl.overlapped_exposed_s(ag + rs, bwd_s, f)
         return fwd_s + ag, bwd_s + ag + rs
 
     def _fsdp_collectives_s(self, m: Mapping, params: float, experts: float, group) -> tuple[float, float]:
@@ -2389,17 +2391,21 @@ class LLMModel:
             window = bwd0_s * self.system.dp_overlap if m.overlap_grad_reduce else 0.0
             exposed += (m.num_micro_batches - 1) * max(0.0, reduce_s - window)
             total_s += (m.num_micro_batches - 1) * reduce_s
-        return exposed + self._hidden_collective_s(max(0.0, total_s - exposed))
+        # the compute the hidden part ran beside lost the SMs of its channels (when the sync
+        # outlasts its windows part of that loss hides behind the exposed rest: an upper estimate)
+        return exposed + max(0.0, total_s - exposed) * self._collective_sm_fraction
 
-    def _hidden_collective_s(self, overlapped_s: float) -> float:
-        """Compute lost to the SMs of NCCL's channels while ``overlapped_s`` of a collective
-        hides behind it (:func:`~dfmodel.netmodels.nccl.overlapped_collective_s`), on chips
-        whose collectives run as kernels beside the compute (GPUs: ``Chip.eager``)."""
+    @cached_property
+    def _collective_sm_fraction(self) -> float:
+        """Share of the chip's SMs an NCCL collective holds while it hides behind compute: its
+        16 ring channels, one CTA each (:data:`~dfmodel.netmodels.nccl.NCCL_RING_CHANNELS`), on
+        chips whose collectives run as kernels beside the compute (GPUs: ``Chip.eager``); 0
+        elsewhere."""
         chip = self.system.chip
-        if overlapped_s <= 0 or not chip.eager:
+        if not chip.eager:
             return 0.0
-        return nccl.overlapped_collective_s(overlapped_s, min(nccl.NCCL_RING_CHANNELS, chip.compute_tiles - 1),
-                                            chip.compute_tiles)
+        sms = chip.compute_tiles
+        return nccl.overlapped_collective_s(1.0, min(nccl.NCCL_RING_CHANNELS, sms - 1), sms)
 
     def _stage_layers(self, layers: tuple[int, ...], m: Mapping) -> list[int]:
         """Layers per physical stage (interleaved chunks summed)."""

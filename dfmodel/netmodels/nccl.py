@@ -100,6 +100,29 @@ def contended_kernel_s(compute_s: float, memory_s: float, *, comm_channels: int,
     return max(compute_s * sms / (sms - comm_channels), memory_s * hbm_Bps / (hbm_Bps - comm_hbm_Bps))
 
 
+def overlapped_exposed_s(comm_s: float, compute_s: float, sm_fraction: float) -> float:
+    """Exposed time of ``comm_s`` of communication run beside ``compute_s`` of computation that
+    loses ``sm_fraction`` of the chip while it runs (the SMs of its kernels: MoE all-to-alls
+    beside another micro-batch, ZeRO-3 gathers beside the block they prefetch for).
+
+    While the communication kernels run (``comm_s``) the computation proceeds at ``1 - f`` of
+    its rate; so the pair takes ``c + f a`` when the computation outlasts the communication
+    (``a (1 - f) <= c``) and ``a`` otherwise: ``max(a, c + f a)``. The exposed part, beyond the
+    computation alone, is ``max(a - c, f a)``: what the computation cannot hide, or the SMs the
+    communication took, whichever is larger. ``f = 0`` gives the textbook ``max(0, a - c)``.
+
+    >>> overlapped_exposed_s(2.0, 10.0, 0.0), overlapped_exposed_s(12.0, 10.0, 0.0)
+    (0.0, 2.0)
+    >>> overlapped_exposed_s(2.0, 10.0, 0.25), overlapped_exposed_s(12.0, 10.0, 0.25)
+    (0.5, 3.0)
+    """
+    if comm_s <= 0.0:
+        return 0.0
+    if not 0.0 <= sm_fraction < 1.0:
+        raise ValueError(f"sm_fraction must be in [0, 1), got {sm_fraction}")
+    return max(comm_s - compute_s, sm_fraction * comm_s)
+
+
 #: SMs of an H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs).
 H100_SMS = 132
 
