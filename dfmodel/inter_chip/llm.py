@@ -927,13 +927,15 @@ class LLMModel:
         """Least time of one MoE layer and micro-batch before its all-to-alls, from its per-kernel
         floor ``kernels_s`` and, under ZeRO-3, its parameter gathers and gradient reduce-scatter
         ``2 ag + rs`` (:meth:`_fsdp_exposed`): added whole without prefetch
-        (``overlap_param_gather`` off); with it the phases are ``max(fwd, ag)`` and
-        ``max(bwd, ag + rs)``, so at least ``2 ag + rs`` -- unless tp_comm_overlap times the layer
+        (``overlap_param_gather`` off); with it the phases are ``max(ag, fwd + f ag)`` and
+        ``max(ag + rs, bwd + f (ag + rs))`` (``f``: :attr:`_collective_sm_fraction`), so at least
+        ``2 ag + rs`` and the kernels plus ``f`` of it -- unless tp_comm_overlap times the layer
         below the solved phases the max is taken against (then the kernels only). ``z_s``: that
         ``2 ag + rs`` (:meth:`_moe_fsdp_floor_s`; 0: none counted)."""
         if not m.overlap_param_gather:
             return kernels_s + z_s
-        return kernels_s if m.tp_comm_overlap and m.tp > 1 else max(kernels_s, z_s)
+        # prefetched: max(comm, compute + f comm) per phase (the compute loses the channels' SMs)
+        return kernels_s if m.tp_comm_overlap and m.tp > 1 else max(kernels_s + self._collective_sm_fraction * z_s, z_s)
 
     def _moe_fsdp_floor_s(self, m: Mapping) -> float:
         """ZeRO-3's ``2 ag + rs`` of one MoE layer per micro-batch (:meth:`_fsdp_collectives_s`) on
@@ -1085,8 +1087,10 @@ class LLMModel:
         kernels_s = self.pass_floor_s(m, tp_groups, stash_cap=stash_cap, layer_nets=layer_nets)  # per-kernel traffic and forced TP collectives (GPUs)
         if kernels_s is not None:
             avg_stage_s = max(avg_stage_s, kernels_s / m.pp)
-        # ZeRO-3: every layer's pass takes at least its parameter gathers and gradient reduce-scatter
-        return max(avg_stage_s, self.num_layers / m.pp * self.fsdp_layer_floor_s(m))
+        # ZeRO-3: every layer's pass takes at least its parameter gathers and gradient reduce-scatter,
+        # and prefetched its kernels plus the SMs they take from them (_fsdp_exposed)
+        fsdp_s = self.num_layers / m.pp * self.fsdp_layer_floor_s(m)
+        return max(avg_stage_s + (self._collective_sm_fraction * fsdp_s if m.overlap_param_gather else 0.0), fsdp_s)
 
     def offload_ep_overlap_s(self, m: Mapping, ep_stage_s: float, tp_groups=None, stash_cap: int | None = None,
                              layer_nets: tuple | None = None) -> float:
@@ -1115,7 +1119,9 @@ class LLMModel:
         element plus its ``X`` expert ones over the expert data-parallel group at ``r_e``
         (:meth:`_grad_rs_rates`), so ``R >= min(r_g, r_e) P + max(0, r_e - r_g) X`` with P at
         least :meth:`params_per_chip_floor` (and ``worst_params_floor``) and X at least
-        ``worst_experts_floor``. 0 unless ZeRO-2 with several micro-batches and no offload."""
+        ``worst_experts_floor``. With the gradient reduction overlapped, the compute loses ``f`` of
+        the hidden part (:meth:`_dp_sync_s`): at least ``(1 - f) E + f (M - 1) R`` for the exposed
+        floor E above. 0 unless ZeRO-2 with several micro-batches and no offload."""
         o = self.system.dp_overlap
         if (m.zero_stage != 2 or m.num_micro_batches <= 1 or m.dp_cp == 1 or o > 1
                 or m.offload_optimizer != "none" or m.offload_weights or m.offload_activations):
@@ -1126,7 +1132,11 @@ class LLMModel:
         reduce_floor_s = min(min(r_g, r_e) * params + max(0.0, r_e - r_g) * worst_experts_floor
                              for r_g, r_e in self._grad_rs_rates(m))
         M = m.num_micro_batches
-        return (M - 1) * max(0.0, reduce_floor_s - o * pipeline_floor_s / M) * (1 - 1e-9)
+        exposed_s = (M - 1) * max(0.0, reduce_floor_s - o * pipeline_floor_s / M)
+        # (_dp_sync_s: the hidden rest of the (M - 1) reductions costs the compute f of itself, so
+        # at least (1 - f) E + f (M - 1) R)
+        f = self._collective_sm_fraction if m.overlap_grad_reduce else 0.0
+        return ((1 - f) * exposed_s + f * (M - 1) * reduce_floor_s) * (1 - 1e-9)
 
     def _grad_rs_rates(self, m: Mapping) -> tuple:
         """(dp x cp, expert data-parallel) reduce-scatter seconds per gradient element, per
