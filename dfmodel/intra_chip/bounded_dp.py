@@ -338,25 +338,42 @@ def expanded_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray) -> np.nd
         return np.zeros(0)
     adjacent = _adjacency_bytes(cm)
     for _ in range(EXPAND_DEPTH):
-        cases = np.bincount(root, minlength=S.shape[0])
-        rows, outs, roots = [], [], []
-        for r in range(B.shape[0]):
-            shared = B[r].astype(float) @ adjacent
-            shared[B[r] | O[r]] = 0.0
-            k = min(EXPAND_NEIGHBOURS, int((shared > 0).sum()))
-            while k and cases[root[r]] << k > EXPAND_ROWS:
-                k -= 1
-            nb = np.argsort(-shared, kind="stable")[:k]
-            pick = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(bool)
-            b, o = np.repeat(B[r][None], 1 << k, axis=0), np.repeat(O[r][None], 1 << k, axis=0)
-            b[:, nb] |= pick
-            o[:, nb] |= ~pick
-            rows.append(b), outs.append(o), roots.append(np.full(1 << k, root[r]))
-        B, O, root = np.vstack(rows), np.vstack(outs), np.concatenate(roots)
+        B, O, root = _expand_step(B, O, root, adjacent, S.shape[0])
     lb = relaxed_floor_s(cm, B, O)
     out = np.full(S.shape[0], np.inf)
     np.minimum.at(out, root, lb)
     return out
+
+
+def _expand_step(B: np.ndarray, O: np.ndarray, root: np.ndarray, adjacent: np.ndarray, roots: int):
+    """One step of :func:`expanded_floor_s`: each row ``r`` becomes ``2**k`` rows, one per
+    in-or-out choice of its ``k`` undecided neighbours sharing the most bytes (ties: lower
+    index), ``k`` at most :data:`EXPAND_NEIGHBOURS` and less while its root's rows would pass
+    :data:`EXPAND_ROWS`; the rows of ``r`` in the order of the choices' bitmasks."""
+    shared = _shared_bytes(B, adjacent)
+    shared[B | O] = 0.0
+    cases = np.bincount(root, minlength=roots)[root]
+    k = np.minimum(EXPAND_NEIGHBOURS, (shared > 0).sum(axis=1))
+    for _ in range(EXPAND_NEIGHBOURS):
+        k = np.where((k > 0) & ((cases << k) > EXPAND_ROWS), k - 1, k)
+    nb = np.argsort(-shared, axis=1, kind="stable")[:, :EXPAND_NEIGHBOURS]
+    parent = np.repeat(np.arange(B.shape[0]), 1 << k)
+    choice = np.arange(parent.size) - np.repeat(np.cumsum(1 << k) - (1 << k), 1 << k)
+    B, O = B[parent], O[parent]
+    for i in range(nb.shape[1]):
+        rows = np.flatnonzero(i < k[parent])
+        cols, bit = nb[parent[rows], i], ((choice[rows] >> i) & 1).astype(bool)
+        B[rows, cols] |= bit
+        O[rows, cols] |= ~bit
+    return B, O, root[parent]
+
+
+def _shared_bytes(B: np.ndarray, adjacent: np.ndarray) -> np.ndarray:
+    """``B[r] @ adjacent`` per row: by one matrix product where the bytes are whole numbers (any
+    order of addition is exact), else row by row as the first version added them."""
+    if np.all(adjacent == np.round(adjacent)) and adjacent.sum() < 2.0**52:
+        return B.astype(float) @ adjacent
+    return np.array([row.astype(float) @ adjacent for row in B]).reshape(B.shape[0], adjacent.shape[1])
 
 
 def _adjacency_bytes(cm: CostModel) -> np.ndarray:
