@@ -546,6 +546,10 @@ class _State:
             terms = cm._terms(sets)  # once: for the floor and for the cost of the survivors
             keep = dist[src] + floor_s(cm, sets, terms) + self.h(dst) <= limit_s
             return src[keep], dst[keep], sets[keep], {k: v[keep] for k, v in terms.items()}
+        # the floor test below implies this one (floor_s >= the heavy table): the same survivors
+        # out of a third of the sets (DeepSeek-V3 / sn30: 6.5 M of 19.6 M)
+        tight = dist[src] + self._table[heavy_code] + self.h(dst) <= limit_s
+        src, dst, heavy_code = src[tight], dst[tight], heavy_code[tight]
         masks = self.masks[dst] & ~self.masks[src]
         keep = self._within(masks, heavy_code, dist[src], self.h(dst), limit_s)
         sets, terms = self._terms(masks[keep], many=True)  # most sets fail the floor: only the survivors' terms
