@@ -61,7 +61,7 @@ def additive_floor_s(cm: CostModel, S: np.ndarray, terms: dict | None = None) ->
     return np.where(ev["count"] > 0, t, 0.0)
 
 
-def relaxed_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = None) -> np.ndarray:
+def relaxed_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = None, ev: dict | None = None) -> np.ndarray:
     """Per row ``B`` of ``S``, a lower bound of the time of every partition that holds all of
     ``B`` and none of the kernels of the same row of ``outside`` (inf where none fits): the
     fastest option of :meth:`CostModel.option_table` for ``B`` with only what any such superset
@@ -72,18 +72,20 @@ def relaxed_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = N
     and accumulators: a superset touches more, and a set's scaled SRAM is at least what it
     touches, see :meth:`CostModel.min_sram_bytes`). Every term of such a superset at every
     option is at least this one's and its options that fit are among these, so its fastest is
-    no faster."""
-    times, fits, _ = cm.option_table(_relaxed_terms(cm, S, outside))
+    no faster. ``ev``: ``_relaxed_terms(cm, S, outside)`` when already computed."""
+    times, fits, _ = cm.option_table(_relaxed_terms(cm, S, outside) if ev is None else ev)
     return np.where(fits, times, np.inf).min(axis=1)
 
 
-def relaxed_memory_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = None) -> np.ndarray:
+def relaxed_memory_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = None,
+                           ev: dict | None = None) -> np.ndarray:
     """Per row ``B`` of ``S``, a lower bound of the DRAM seconds plus partition overheads of
     every partition holding ``B`` and none of ``outside`` (inf where none fits): the least over
     the options that fit the relaxed terms of :func:`relaxed_floor_s` (the same argument: a
     superset's option that fits fits here, and its bytes are at least these). A partition's
-    time is at least this (its memory time is one of the terms ``combine_times`` takes)."""
-    ev = _relaxed_terms(cm, S, outside)
+    time is at least this (its memory time is one of the terms ``combine_times`` takes).
+    ``ev``: ``_relaxed_terms(cm, S, outside)`` when already computed."""
+    ev = _relaxed_terms(cm, S, outside) if ev is None else ev
     _, fits, _ = cm.option_table(ev)
     out = np.full(S.shape[0], np.inf)
     for i, (f, streamed) in enumerate(cm.options):
@@ -98,8 +100,10 @@ def _relaxed_terms(cm: CostModel, S: np.ndarray, outside: np.ndarray | None) -> 
     has at least (see :func:`relaxed_floor_s`)."""
     ev = dict(cm._terms(S))
     weights_read = np.zeros(S.shape[0])
+    support = S.any(axis=0)
     for w in cm.weights:
-        weights_read += w.bytes * S[:, list(w.kernels)].any(axis=1)
+        if support[list(w.kernels)].any():  # (else it adds zeros: x + 0.0 is x)
+            weights_read += w.bytes * S[:, list(w.kernels)].any(axis=1)
     moved_bytes, moved_scaled_bytes = certain_crossing(cm, S, outside)
     ev["memory_bytes"] = S.astype(float) @ cm.extra_bytes + weights_read + moved_bytes
     ev["memory_s"] = ev["memory_bytes"] * cm.s_per_byte
@@ -118,8 +122,11 @@ def certain_crossing(cm: CostModel, S: np.ndarray, outside: np.ndarray | None) -
     m = S.shape[0]
     moved, scaled = np.zeros(m), np.zeros(m)
     out = np.zeros_like(S, dtype=bool) if outside is None else np.asarray(outside, dtype=bool)
+    support = S.any(axis=0)
     for t in cm.tensors:
         ends = _ends(t)
+        if not support[ends].any():  # untouched by every row: it would add zeros (x + 0.0 is x)
+            continue
         touched = S[:, ends].any(axis=1)
         certain = t.producer < 0 or t.is_output
         cross = touched & (certain | out[:, ends].any(axis=1))
@@ -278,8 +285,9 @@ def _heavy_table(cm: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         alone = relaxed_floor_s(cm, np.eye(cm.n, dtype=bool))
         heavy = np.argsort(-np.where(np.isfinite(alone), alone, np.inf), kind="stable")[: min(HEAVY_KERNELS, cm.n)]
         rows, outside = _heavy_groups(cm, heavy)
-        tables = (_cheapest_split(relaxed_floor_s(cm, rows, outside)),
-                  _cheapest_split(relaxed_memory_floor_s(cm, rows, outside)))
+        ev = _relaxed_terms(cm, rows, outside)  # (both floors read the same terms)
+        tables = (_cheapest_split(relaxed_floor_s(cm, rows, outside, ev)),
+                  _cheapest_split(relaxed_memory_floor_s(cm, rows, outside, ev)))
         hit = cm.__dict__["_heavy_table"] = (heavy, *tables)
     return hit
 
@@ -289,8 +297,7 @@ def _heavy_groups(cm: CostModel, heavy: np.ndarray) -> tuple[np.ndarray, np.ndar
     kernels, which run in other parts) for the grouping tables."""
     m = heavy.size
     rows = np.zeros((1 << m, cm.n), dtype=bool)
-    for code in range(1 << m):
-        rows[code, heavy[[i for i in range(m) if (code >> i) & 1]]] = True
+    rows[:, heavy] = (np.arange(1 << m)[:, None] >> np.arange(m)) & 1
     outside = np.zeros_like(rows)
     outside[:, heavy] = ~rows[:, heavy]
     return rows, outside

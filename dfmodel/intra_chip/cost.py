@@ -348,11 +348,27 @@ class CostModel:
         sram_touched) over 64-bit set masks; None past 64 kernels or when some byte count is
         not an integer (then only the tensor-by-tensor sums are exact as they stand)."""
         if "_packed_terms" not in self.__dict__:
-            values = ([t.bytes for t in self.tensors] + [w.bytes for w in self.weights]
-                      + list(self.extra_bytes) + list(self.accumulator_bytes))
-            ok = self.n <= MAX_KERNELS and exact_integer_sum(values, multiplier=4.0)
+            ok = self.n <= MAX_KERNELS and self.exact_bytes
             self.__dict__["_packed_terms"] = ChunkSum(self.n, *self.byte_items()) if ok else None
         return self.__dict__["_packed_terms"]
+
+    @property
+    def _tensor_ends(self) -> list[list[int]]:
+        """Per tensor, the kernels it joins: its producer (none for a graph input), its consumers."""
+        if "_ends" not in self.__dict__:
+            self.__dict__["_ends"] = [([t.producer] if t.producer >= 0 else []) + list(t.consumers) for t in self.tensors]
+        return self.__dict__["_ends"]
+
+    @property
+    def exact_bytes(self) -> bool:
+        """Whether every byte count is an integer and all of them (each counted up to 4 times: a
+        crossing tensor's double buffer, the streamed accumulators) add up below 2**53: then
+        every sum of byte terms is exact, whatever the order of its additions."""
+        if "_exact_bytes" not in self.__dict__:
+            values = ([t.bytes for t in self.tensors] + [w.bytes for w in self.weights]
+                      + list(self.extra_bytes) + list(self.accumulator_bytes))
+            self.__dict__["_exact_bytes"] = exact_integer_sum(values, multiplier=4.0)
+        return self.__dict__["_exact_bytes"]
 
     def byte_items(self) -> Items:
         """(masks, evaluate) of the items the byte terms of :attr:`packed_terms` sum over."""
@@ -432,7 +448,13 @@ class CostModel:
             else:
                 c += where
 
-        for t in self.tensors:
+        # items no set touches add zeros; with exact bytes, leaving them out (and so perhaps
+        # changing the order of the sums below) changes no bit (the heavy groups' sets touch a
+        # few kernels of the graph)
+        support = S.any(axis=0) if self.exact_bytes else np.ones(self.n, dtype=bool)
+        for t, ends in zip(self.tensors, self._tensor_ends):
+            if not support[ends].any():
+                continue
             enters, leaves, internal, touched_by = tensor_boundary(S, t, none)
             crossing = enters | leaves  # exclusive: enter needs the producer outside, leave inside
             add("memory_bytes", t.bytes, crossing)
@@ -443,6 +465,8 @@ class CostModel:
             else:  # (SRAM that does not shrink: weights, weight-gradient accumulators)
                 add("sram_fixed", t.bytes, touched_by)
         for w in self.weights:
+            if not support[list(w.kernels)].any():
+                continue
             used = none
             for k in w.kernels:
                 used = used | S[:, k]
