@@ -102,9 +102,10 @@ DEFAULT_TILE_FRACTIONS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 STREAM_CHUNKS = 32
 #: SRAM a streamed weight or accumulator keeps on chip, as a fraction of its bytes (two chunks).
 STREAM_BUFFER_FRACTION = 2.0 / STREAM_CHUNKS
-#: sets per :meth:`CostModel.terms_of` call from which the chunk tables pay (building them
-#: costs ~1 ms)
-PACKED_MIN_ROWS = 1024
+#: sets per :meth:`CostModel.terms_of` call from which the chunk tables pay for a single call
+#: (building them costs ~4 ms on a 43-kernel MoE backward, the tensor-by-tensor sums ~0.3 us a
+#: set; the floor-pruned DP, which reuses them over millions of sets, builds them anyway)
+PACKED_MIN_ROWS = 8192
 #: Graph ``meta`` keys that give the rows a layer streams (first found wins; multiplied by
 #: ``micro_batch``/``batch`` when present and the key counts per-sample rows).
 _ROW_KEYS = ("tile_rows", "tokens", "seq_len", "seq", "sequence_length")
