@@ -138,3 +138,16 @@ def test_rough_floor_decides_as_the_exact_floor(system):
         for scale in (1.0, 1 - 1e-13, 1 + 1e-13):
             limit = float(dist[i] + exact[i] + h[i]) * scale
             assert np.array_equal(st._within(masks, heavy_code, dist, h, limit), dist + exact + h <= limit)
+
+
+def test_cost_model_pickles_with_its_chunk_tables_built():
+    """The tables hold closures: a cost model pickles without them and rebuilds them."""
+    import pickle
+
+    cm = CostModel(build_graphs("deepseek_v3").layer, load_system("sn30"))
+    S = _sets(cm.n, seed=5)
+    want = cm.terms_of(S)
+    bounded_dp._floor_chunks(cm), bounded_dp._light_chunks(cm)
+    back = pickle.loads(pickle.dumps(cm))
+    got = back.terms_of(S)
+    assert all(np.array_equal(got[k], want[k]) for k in want)

@@ -292,6 +292,11 @@ class CostModel:
         self._singleton_s = None
         self._terms_memo: dict[tuple, dict[str, np.ndarray]] = {}
 
+    def __getstate__(self) -> dict:
+        """Pickles without the chunk tables (:mod:`.packed`): they hold closures, and are rebuilt
+        on demand."""
+        return {k: v for k, v in self.__dict__.items() if not isinstance(v, ChunkSum)}
+
     # -- per-kernel closed form -----------------------------------------------------------------
     def singleton_time_s(self) -> np.ndarray:
         """Stand-alone time of every kernel (its own partition, kernel-by-kernel semantics)."""
