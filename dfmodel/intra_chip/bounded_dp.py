@@ -23,8 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from dfmodel.algorithms import TooLarge
-from dfmodel.intra_chip.cost import CostModel, combine_times
+from dfmodel.intra_chip.cost import PACKED_MIN_ROWS, CostModel, combine_times
 from dfmodel.intra_chip.ideals import Lattice, _pack, supersets_in
+from dfmodel.intra_chip.packed import ChunkSum, Items, all_bits, any_bits, joined_items, pack_rows, unpack_fortran
 from dfmodel.solvers.deadline import check as check_deadline
 
 #: relative slack of the pruning test (costs are sums of floats: a plan equal to the bound
@@ -60,7 +61,7 @@ def additive_floor_s(cm: CostModel, S: np.ndarray, terms: dict | None = None) ->
     return np.where(ev["count"] > 0, t, 0.0)
 
 
-def relaxed_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = None) -> np.ndarray:
+def relaxed_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = None, ev: dict | None = None) -> np.ndarray:
     """Per row ``B`` of ``S``, a lower bound of the time of every partition that holds all of
     ``B`` and none of the kernels of the same row of ``outside`` (inf where none fits): the
     fastest option of :meth:`CostModel.option_table` for ``B`` with only what any such superset
@@ -71,18 +72,20 @@ def relaxed_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = N
     and accumulators: a superset touches more, and a set's scaled SRAM is at least what it
     touches, see :meth:`CostModel.min_sram_bytes`). Every term of such a superset at every
     option is at least this one's and its options that fit are among these, so its fastest is
-    no faster."""
-    times, fits, _ = cm.option_table(_relaxed_terms(cm, S, outside))
+    no faster. ``ev``: ``_relaxed_terms(cm, S, outside)`` when already computed."""
+    times, fits, _ = cm.option_table(_relaxed_terms(cm, S, outside) if ev is None else ev)
     return np.where(fits, times, np.inf).min(axis=1)
 
 
-def relaxed_memory_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = None) -> np.ndarray:
+def relaxed_memory_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray | None = None,
+                           ev: dict | None = None) -> np.ndarray:
     """Per row ``B`` of ``S``, a lower bound of the DRAM seconds plus partition overheads of
     every partition holding ``B`` and none of ``outside`` (inf where none fits): the least over
     the options that fit the relaxed terms of :func:`relaxed_floor_s` (the same argument: a
     superset's option that fits fits here, and its bytes are at least these). A partition's
-    time is at least this (its memory time is one of the terms ``combine_times`` takes)."""
-    ev = _relaxed_terms(cm, S, outside)
+    time is at least this (its memory time is one of the terms ``combine_times`` takes).
+    ``ev``: ``_relaxed_terms(cm, S, outside)`` when already computed."""
+    ev = _relaxed_terms(cm, S, outside) if ev is None else ev
     _, fits, _ = cm.option_table(ev)
     out = np.full(S.shape[0], np.inf)
     for i, (f, streamed) in enumerate(cm.options):
@@ -97,8 +100,10 @@ def _relaxed_terms(cm: CostModel, S: np.ndarray, outside: np.ndarray | None) -> 
     has at least (see :func:`relaxed_floor_s`)."""
     ev = dict(cm._terms(S))
     weights_read = np.zeros(S.shape[0])
+    support = S.any(axis=0)
     for w in cm.weights:
-        weights_read += w.bytes * S[:, list(w.kernels)].any(axis=1)
+        if support[list(w.kernels)].any():  # (else it adds zeros: x + 0.0 is x)
+            weights_read += w.bytes * S[:, list(w.kernels)].any(axis=1)
     moved_bytes, moved_scaled_bytes = certain_crossing(cm, S, outside)
     ev["memory_bytes"] = S.astype(float) @ cm.extra_bytes + weights_read + moved_bytes
     ev["memory_s"] = ev["memory_bytes"] * cm.s_per_byte
@@ -117,8 +122,11 @@ def certain_crossing(cm: CostModel, S: np.ndarray, outside: np.ndarray | None) -
     m = S.shape[0]
     moved, scaled = np.zeros(m), np.zeros(m)
     out = np.zeros_like(S, dtype=bool) if outside is None else np.asarray(outside, dtype=bool)
+    support = S.any(axis=0)
     for t in cm.tensors:
         ends = _ends(t)
+        if not support[ends].any():  # untouched by every row: it would add zeros (x + 0.0 is x)
+            continue
         touched = S[:, ends].any(axis=1)
         certain = t.producer < 0 or t.is_output
         cross = touched & (certain | out[:, ends].any(axis=1))
@@ -167,6 +175,8 @@ def light_bytes(cm: CostModel, S: np.ndarray) -> np.ndarray:
     :func:`memory_floor_s` charges: the extra bytes of its light kernels, weights no heavy kernel
     reads (read once by some part), and tensors no heavy kernel touches that cross the part
     holding their end in ``S`` (a graph input or output, or one end outside ``S``)."""
+    if S.shape[0] >= PACKED_MIN_ROWS and _light_chunks(cm) is not None:
+        return _light_chunks(cm)(pack_rows(S))[0]
     extra, weights, tensors = _light_items(cm)
     S = np.asfortranarray(S, dtype=bool)  # column reads below are then contiguous
     out = np.zeros(S.shape[0])
@@ -193,6 +203,51 @@ def _light_items(cm: CostModel):
         tensors = [(_ends(t), t.bytes, t.producer < 0 or t.is_output) for t in cm.tensors if light[_ends(t)].all()]
         hit = cm.__dict__["_light_items"] = (np.where(light, cm.extra_bytes, 0.0), weights, tensors)
     return hit
+
+
+def _light_chunks(cm: CostModel) -> ChunkSum | None:
+    """:func:`light_bytes` over 64-bit set masks by chunk tables (:mod:`.packed`; exact: its
+    items are integer bytes), or None where :attr:`CostModel.packed_terms` is None."""
+    if "_light_chunks" not in cm.__dict__:
+        cm.__dict__["_light_chunks"] = ChunkSum(cm.n, *_light_mask_items(cm)) if cm.packed_terms is not None else None
+    return cm.__dict__["_light_chunks"]
+
+
+def _light_mask_items(cm: CostModel) -> Items:
+    """(masks, evaluate) of the items :func:`light_bytes` sums, for a :class:`ChunkSum`."""
+    extra, weights, tensors = _light_items(cm)
+    items = [((1 << int(k)), float(extra[k]), "kernel") for k in np.flatnonzero(extra)]
+    items += [(_mask(kernels), nbytes, "any") for kernels, nbytes in weights]
+    items += [(_mask(ends), nbytes, "any" if certain else "cross") for ends, nbytes, certain in tensors]
+
+    def evaluate(codes: np.ndarray, which: list[int]) -> np.ndarray:
+        out = np.zeros((codes.size, 1))
+        for i in which:
+            mask, nbytes, kind = items[i]
+            inside = any_bits(codes, mask)
+            out[:, 0] += nbytes * (inside if kind != "cross" else inside & ~all_bits(codes, mask))
+        return out
+
+    return [it[0] for it in items], evaluate
+
+
+def _floor_chunks(cm: CostModel) -> ChunkSum:
+    """Chunk tables of (compute seconds, network seconds, memory bytes, :func:`light_bytes`)
+    per set mask, for :meth:`_State._rough_floor` (the seconds rounded in another order)."""
+    if "_floor_chunks" not in cm.__dict__:
+        parts = [(cm.seconds_items(), [0, 1]), (cm.byte_items(), [2, 3, 4, 5, 6]), (_light_mask_items(cm), [7])]
+        masks, evaluate = joined_items(parts, 8)
+        cm.__dict__["_floor_chunks"] = ChunkSum(cm.n, masks, lambda codes, which: evaluate(codes, which)[:, [0, 1, 2, 7]])
+    return cm.__dict__["_floor_chunks"]
+
+
+#: relative margin within which :meth:`_State._within` decides on the exact floor: the rough one
+#: is off by at most ``2 n u`` (< 1.5e-14 for 64 kernels) of the seconds' totals
+_ROUGH_MARGIN = 1e-12
+
+
+def _mask(kernels) -> int:
+    return sum(1 << int(k) for k in set(kernels))
 
 
 def _any(S: np.ndarray, cols: list[int]) -> np.ndarray:
@@ -230,8 +285,9 @@ def _heavy_table(cm: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         alone = relaxed_floor_s(cm, np.eye(cm.n, dtype=bool))
         heavy = np.argsort(-np.where(np.isfinite(alone), alone, np.inf), kind="stable")[: min(HEAVY_KERNELS, cm.n)]
         rows, outside = _heavy_groups(cm, heavy)
-        tables = (_cheapest_split(relaxed_floor_s(cm, rows, outside)),
-                  _cheapest_split(relaxed_memory_floor_s(cm, rows, outside)))
+        ev = _relaxed_terms(cm, rows, outside)  # (both floors read the same terms)
+        tables = (_cheapest_split(relaxed_floor_s(cm, rows, outside, ev)),
+                  _cheapest_split(relaxed_memory_floor_s(cm, rows, outside, ev)))
         hit = cm.__dict__["_heavy_table"] = (heavy, *tables)
     return hit
 
@@ -241,8 +297,7 @@ def _heavy_groups(cm: CostModel, heavy: np.ndarray) -> tuple[np.ndarray, np.ndar
     kernels, which run in other parts) for the grouping tables."""
     m = heavy.size
     rows = np.zeros((1 << m, cm.n), dtype=bool)
-    for code in range(1 << m):
-        rows[code, heavy[[i for i in range(m) if (code >> i) & 1]]] = True
+    rows[:, heavy] = (np.arange(1 << m)[:, None] >> np.arange(m)) & 1
     outside = np.zeros_like(rows)
     outside[:, heavy] = ~rows[:, heavy]
     return rows, outside
@@ -290,25 +345,42 @@ def expanded_floor_s(cm: CostModel, S: np.ndarray, outside: np.ndarray) -> np.nd
         return np.zeros(0)
     adjacent = _adjacency_bytes(cm)
     for _ in range(EXPAND_DEPTH):
-        cases = np.bincount(root, minlength=S.shape[0])
-        rows, outs, roots = [], [], []
-        for r in range(B.shape[0]):
-            shared = B[r].astype(float) @ adjacent
-            shared[B[r] | O[r]] = 0.0
-            k = min(EXPAND_NEIGHBOURS, int((shared > 0).sum()))
-            while k and cases[root[r]] << k > EXPAND_ROWS:
-                k -= 1
-            nb = np.argsort(-shared, kind="stable")[:k]
-            pick = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(bool)
-            b, o = np.repeat(B[r][None], 1 << k, axis=0), np.repeat(O[r][None], 1 << k, axis=0)
-            b[:, nb] |= pick
-            o[:, nb] |= ~pick
-            rows.append(b), outs.append(o), roots.append(np.full(1 << k, root[r]))
-        B, O, root = np.vstack(rows), np.vstack(outs), np.concatenate(roots)
+        B, O, root = _expand_step(B, O, root, adjacent, S.shape[0])
     lb = relaxed_floor_s(cm, B, O)
     out = np.full(S.shape[0], np.inf)
     np.minimum.at(out, root, lb)
     return out
+
+
+def _expand_step(B: np.ndarray, O: np.ndarray, root: np.ndarray, adjacent: np.ndarray, roots: int):
+    """One step of :func:`expanded_floor_s`: each row ``r`` becomes ``2**k`` rows, one per
+    in-or-out choice of its ``k`` undecided neighbours sharing the most bytes (ties: lower
+    index), ``k`` at most :data:`EXPAND_NEIGHBOURS` and less while its root's rows would pass
+    :data:`EXPAND_ROWS`; the rows of ``r`` in the order of the choices' bitmasks."""
+    shared = _shared_bytes(B, adjacent)
+    shared[B | O] = 0.0
+    cases = np.bincount(root, minlength=roots)[root]
+    k = np.minimum(EXPAND_NEIGHBOURS, (shared > 0).sum(axis=1))
+    for _ in range(EXPAND_NEIGHBOURS):
+        k = np.where((k > 0) & ((cases << k) > EXPAND_ROWS), k - 1, k)
+    nb = np.argsort(-shared, axis=1, kind="stable")[:, :EXPAND_NEIGHBOURS]
+    parent = np.repeat(np.arange(B.shape[0]), 1 << k)
+    choice = np.arange(parent.size) - np.repeat(np.cumsum(1 << k) - (1 << k), 1 << k)
+    B, O = B[parent], O[parent]
+    for i in range(nb.shape[1]):
+        rows = np.flatnonzero(i < k[parent])
+        cols, bit = nb[parent[rows], i], ((choice[rows] >> i) & 1).astype(bool)
+        B[rows, cols] |= bit
+        O[rows, cols] |= ~bit
+    return B, O, root[parent]
+
+
+def _shared_bytes(B: np.ndarray, adjacent: np.ndarray) -> np.ndarray:
+    """``B[r] @ adjacent`` per row: by one matrix product where the bytes are whole numbers (any
+    order of addition is exact), else row by row as the first version added them."""
+    if np.all(adjacent == np.round(adjacent)) and adjacent.sum() < 2.0**52:
+        return B.astype(float) @ adjacent
+    return np.array([row.astype(float) @ adjacent for row in B]).reshape(B.shape[0], adjacent.shape[1])
 
 
 def _adjacency_bytes(cm: CostModel) -> np.ndarray:
@@ -423,21 +495,100 @@ class _State:
         self.sizes = lat.bits.sum(axis=1)
         self.starts = np.searchsorted(self.sizes, np.arange(cm.n + 2))
         self._h = np.full(lat.size, np.nan)  # floor of the rest after each ideal, on demand
-        heavy, self._table, _ = _heavy_table(cm)
+        heavy, self._table, self._memory_table = _heavy_table(cm)
         self._code = _heavy_codes(lat.bits, heavy)
         self._all = (1 << heavy.size) - 1
+        #: the ideals as 64-bit masks, when the chunk tables apply (else sets go as boolean rows)
+        self.masks = self.packed[:, 0] if cm.n <= 64 and cm.packed_terms is not None else None
+        self._seconds_total = float(np.abs(cm.compute_s).sum() + np.abs(cm.network_s).sum())
+        if not np.isfinite(self._seconds_total):
+            self.masks = None
         self.seen = 0
 
     def h(self, idx: np.ndarray) -> np.ndarray:
         """:func:`floor_s` of the kernels after each ideal of ``idx`` (computed once per ideal)."""
         missing = np.unique(idx[np.isnan(self._h[idx])])
         if missing.size:
-            self._h[missing] = floor_s(self.cm, ~self.bits[missing])
+            if self.masks is None:
+                self._h[missing] = floor_s(self.cm, ~self.bits[missing])
+            else:
+                rest = self.masks[missing] ^ np.uint64((1 << self.cm.n) - 1)
+                self._h[missing] = self._floor(rest, self._all ^ self._code[missing])[0]
         return self._h[idx]
+
+    def _floor(self, masks: np.ndarray, heavy_code: np.ndarray, many: bool = False) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(:func:`floor_s`, the sets as boolean rows, their terms) of the sets ``masks`` whose
+        heavy kernels are ``heavy_code``: the same sums as :func:`floor_s` of them (the byte
+        terms by the chunk tables, exact), or with ``many`` of a larger matrix holding them
+        (:meth:`_terms`), without building the rows more than once."""
+        cm = self.cm
+        sets, terms = self._terms(masks, many)
+        memory = self._memory_table[heavy_code] + _light_chunks(cm)(masks)[0] * cm.s_per_byte
+        floor = np.maximum(np.maximum(additive_floor_s(cm, sets, terms), self._table[heavy_code]), memory)
+        return floor, sets, terms
 
     def h_cheap(self, idx: np.ndarray) -> np.ndarray:
         """:func:`heavy_floor_s` of the kernels after each ideal (a table look-up, <= :meth:`h`)."""
         return self._table[self._all ^ self._code[idx]]
+
+    def _terms(self, masks: np.ndarray, many: bool) -> tuple[np.ndarray, dict]:
+        """(the sets ``masks`` as column-major boolean rows, their :meth:`CostModel._terms`).
+        einsum adds the seconds of a column-major matrix of two or more rows kernel by kernel,
+        and those of a single row as a dot product, in another order: ``many`` (the sets were
+        picked from a larger matrix, whose sums the caller reproduces) pads a single row."""
+        pad = many and masks.size == 1
+        codes = np.append(masks, np.uint64(0)) if pad else masks
+        sets = unpack_fortran(codes, self.cm.n)
+        terms = self.cm.terms_of_codes(codes, sets)
+        if pad:
+            return sets[:1], {k: v[:1] for k, v in terms.items()}
+        return sets, terms
+
+    def _survivors(self, src, dst, heavy_code, dist, limit_s: float):
+        """(src, dst, sets, terms) of the pairs whose ``dist + floor_s + h`` is within
+        ``limit_s``, with the sets' rows and :meth:`CostModel._terms` (the floor's own terms)."""
+        cm = self.cm
+        if self.masks is None or not np.isfinite(limit_s) or src.size == 1:  # (one set: see _floor)
+            sets = np.asfortranarray(self.bits[dst] & ~self.bits[src])  # column-major: _terms reads by kernel
+            terms = cm._terms(sets)  # once: for the floor and for the cost of the survivors
+            keep = dist[src] + floor_s(cm, sets, terms) + self.h(dst) <= limit_s
+            return src[keep], dst[keep], sets[keep], {k: v[keep] for k, v in terms.items()}
+        # the floor test below implies this one (floor_s >= the heavy table): the same survivors
+        # out of a third of the sets (DeepSeek-V3 / sn30: 6.5 M of 19.6 M). h is asked for the
+        # same ideals at the same time as the boolean path does: einsum sums a batch of one
+        # rest in another order than a larger batch, so an ideal's h depends on its batch
+        tight = dist[src] + self._table[heavy_code] + self.h(dst) <= limit_s
+        src, dst, heavy_code = src[tight], dst[tight], heavy_code[tight]
+        masks = self.masks[dst] & ~self.masks[src]
+        keep = self._within(masks, heavy_code, dist[src], self.h(dst), limit_s)
+        sets, terms = self._terms(masks[keep], many=True)  # most sets fail the floor: only the survivors' terms
+        return src[keep], dst[keep], sets, terms
+
+    def _within(self, masks, heavy_code, dist_s, h_s, limit_s: float) -> np.ndarray:
+        """``dist_s + floor_s(masks) + h_s <= limit_s`` per set, exactly as :meth:`_floor` says,
+        deciding most sets on :meth:`_rough_floor`: it differs from :func:`floor_s` only by the
+        order in which compute and network seconds are added, below 2 n u of their totals
+        (``u`` = 2**-53; Higham, Accuracy and Stability of Numerical Algorithms, sec. 4.2) plus a
+        few roundings of a sum near ``limit_s``, far within :data:`_ROUGH_MARGIN`. Sets that
+        close to the limit go through the exact floor."""
+        lhs = dist_s + self._rough_floor(masks, heavy_code) + h_s
+        margin = _ROUGH_MARGIN * (limit_s + self._seconds_total)
+        keep = lhs <= limit_s - margin
+        unsure = np.flatnonzero(~keep & (lhs <= limit_s + margin))
+        if unsure.size:
+            exact = self._floor(masks[unsure], heavy_code[unsure], many=True)[0]
+            keep[unsure] = dist_s[unsure] + exact + h_s[unsure] <= limit_s
+        return keep
+
+    def _rough_floor(self, masks, heavy_code) -> np.ndarray:
+        """:meth:`_floor` of the sets ``masks`` with compute and network seconds summed by chunk
+        tables (another order of the same additions; the byte terms are exact)."""
+        cm = self.cm
+        compute_s, network_s, memory_bytes, light = _floor_chunks(cm)(masks)
+        t = combine_times(compute_s, memory_bytes * cm.s_per_byte, network_s, cm.overlap)
+        additive = np.where(masks != 0, t + cm.kernel_overhead_s + cm.tile_overhead_s, 0.0)
+        memory = self._memory_table[heavy_code] + light * cm.s_per_byte
+        return np.maximum(np.maximum(additive, self._table[heavy_code]), memory)
 
     def search(self, cutoff: float) -> tuple[list[list[str]], float] | None:
         """Cheapest plan among those whose every prefix's ``dist + h`` is within ``cutoff``
@@ -456,14 +607,9 @@ class _State:
                 continue
             src, dst = _supersets(self.packed, self.starts, layer, s, min(n, s + cm.tiles))
             # cheap first: heavy_floor_s of dst - src, whose heavy kernels are dst's less src's
-            keep = dist[src] + self._table[self._code[dst] ^ self._code[src]] + self.h_cheap(dst) <= ub * (1 + _SLACK)
-            src, dst = src[keep], dst[keep]
-            sets = np.asfortranarray(bits[dst] & ~bits[src])  # column-major: _terms reads by kernel
-            terms = cm._terms(sets)  # once: for the floor and for the cost of the survivors
-            floor = floor_s(cm, sets, terms)
-            keep = dist[src] + floor + self.h(dst) <= ub * (1 + _SLACK)
-            src, dst, sets = src[keep], dst[keep], sets[keep]
-            terms = {k: v[keep] for k, v in terms.items()}
+            heavy_code = self._code[dst] ^ self._code[src]
+            keep = dist[src] + self._table[heavy_code] + self.h_cheap(dst) <= ub * (1 + _SLACK)
+            src, dst, sets, terms = self._survivors(src[keep], dst[keep], heavy_code[keep], dist, ub * (1 + _SLACK))
             self.seen += src.size
             if self.seen > self.max_pairs:
                 raise TooLarge(f"more than {self.max_pairs} (ideal, superset) pairs above the floor")

@@ -84,6 +84,7 @@ import numpy as np
 
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import Phase
+from dfmodel.intra_chip.packed import MAX_KERNELS, ChunkSum, Items, all_bits, any_bits, exact_integer_sum, pack_rows
 from dfmodel.system.processor import compute_time_s, fused_compute_time_s, memory_time_s, tile_allocation
 from dfmodel.system.schema import Chip, System
 
@@ -101,6 +102,10 @@ DEFAULT_TILE_FRACTIONS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 STREAM_CHUNKS = 32
 #: SRAM a streamed weight or accumulator keeps on chip, as a fraction of its bytes (two chunks).
 STREAM_BUFFER_FRACTION = 2.0 / STREAM_CHUNKS
+#: sets per :meth:`CostModel.terms_of` call from which the chunk tables pay for a single call
+#: (building them costs ~4 ms on a 43-kernel MoE backward, the tensor-by-tensor sums ~0.3 us a
+#: set; the floor-pruned DP, which reuses them over millions of sets, builds them anyway)
+PACKED_MIN_ROWS = 8192
 #: Graph ``meta`` keys that give the rows a layer streams (first found wins; multiplied by
 #: ``micro_batch``/``batch`` when present and the key counts per-sample rows).
 _ROW_KEYS = ("tile_rows", "tokens", "seq_len", "seq", "sequence_length")
@@ -287,6 +292,11 @@ class CostModel:
         self._singleton_s = None
         self._terms_memo: dict[tuple, dict[str, np.ndarray]] = {}
 
+    def __getstate__(self) -> dict:
+        """Pickles without the chunk tables (:mod:`.packed`): they hold closures, and are rebuilt
+        on demand."""
+        return {k: v for k, v in self.__dict__.items() if not isinstance(v, ChunkSum)}
+
     # -- per-kernel closed form -----------------------------------------------------------------
     def singleton_time_s(self) -> np.ndarray:
         """Stand-alone time of every kernel (its own partition, kernel-by-kernel semantics)."""
@@ -314,7 +324,119 @@ class CostModel:
 
     def terms_of(self, S: np.ndarray) -> dict[str, np.ndarray]:
         """:meth:`_terms` of the set rows ``S`` computed afresh (no memo): what the floors of
-        :mod:`dfmodel.inter_chip.fused_floor` read for a lattice's ~10^5 sets."""
+        :mod:`dfmodel.inter_chip.fused_floor` read for a lattice's ~10^5 sets. Many rows go
+        through the chunk tables of :meth:`terms_of_codes` (the same values, to the bit)."""
+        if S.shape[0] >= PACKED_MIN_ROWS and self.packed_terms is not None:
+            return self.terms_of_codes(pack_rows(S), S)
+        return self.terms_by_tensor(S)
+
+    def terms_of_codes(self, codes: np.ndarray, S: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`terms_of` of the sets ``codes`` (uint64 masks, :mod:`.packed`), ``S`` the same
+        sets as boolean rows. Byte terms by :attr:`packed_terms`' chunk tables (exact: integer
+        bytes, see :mod:`.packed`); compute and network seconds, floats whose sum depends on its
+        order, by the same einsum over ``S`` as :meth:`terms_by_tensor`."""
+        mem, stream, scaled, fixed, touched = self.packed_terms(codes)
+        return {
+            "count": np.bitwise_count(codes).astype(np.intp),  # (S.sum(axis=1))
+            "compute_s": np.einsum("ij,j->i", S, self.compute_s),
+            "network_s": np.einsum("ij,j->i", S, self.network_s),
+            "memory_bytes": mem,
+            "memory_s": mem * self.s_per_byte,
+            "sram_scaled": scaled,
+            "sram_fixed": fixed,
+            "sram_touched": touched,
+            "stream_bytes": stream,
+        }
+
+    @property
+    def packed_terms(self) -> ChunkSum | None:
+        """Chunk tables of the byte terms (columns memory, stream, sram_scaled, sram_fixed,
+        sram_touched) over 64-bit set masks; None past 64 kernels or when some byte count is
+        not an integer (then only the tensor-by-tensor sums are exact as they stand)."""
+        if "_packed_terms" not in self.__dict__:
+            ok = self.n <= MAX_KERNELS and self.exact_bytes
+            self.__dict__["_packed_terms"] = ChunkSum(self.n, *self.byte_items()) if ok else None
+        return self.__dict__["_packed_terms"]
+
+    @property
+    def _tensor_ends(self) -> list[list[int]]:
+        """Per tensor, the kernels it joins: its producer (none for a graph input), its consumers."""
+        if "_ends" not in self.__dict__:
+            self.__dict__["_ends"] = [([t.producer] if t.producer >= 0 else []) + list(t.consumers) for t in self.tensors]
+        return self.__dict__["_ends"]
+
+    @property
+    def exact_bytes(self) -> bool:
+        """Whether every byte count is an integer and all of them (each counted up to 4 times: a
+        crossing tensor's double buffer, the streamed accumulators) add up below 2**53: then
+        every sum of byte terms is exact, whatever the order of its additions."""
+        if "_exact_bytes" not in self.__dict__:
+            values = ([t.bytes for t in self.tensors] + [w.bytes for w in self.weights]
+                      + list(self.extra_bytes) + list(self.accumulator_bytes))
+            self.__dict__["_exact_bytes"] = exact_integer_sum(values, multiplier=4.0)
+        return self.__dict__["_exact_bytes"]
+
+    def byte_items(self) -> Items:
+        """(masks, evaluate) of the items the byte terms of :attr:`packed_terms` sum over."""
+        return self._byte_item_masks(), self._byte_item_terms
+
+    def seconds_items(self) -> Items:
+        """(masks, evaluate) of the per-kernel compute and network seconds (2 columns): their
+        chunk-table sums add in another order than :meth:`terms_of`'s, so they are not exact."""
+        def evaluate(codes: np.ndarray, which: list[int]) -> np.ndarray:
+            out = np.zeros((codes.size, 2))
+            for k in which:
+                out[any_bits(codes, 1 << k)] += (self.compute_s[k], self.network_s[k])
+            return out
+        return [1 << k for k in range(self.n)], evaluate
+
+    def _byte_items(self) -> list:
+        """The items the byte terms sum over: kernels (extra and accumulator bytes), weights, tensors."""
+        return [("kernel", k) for k in range(self.n)] + [("weight", w) for w in self.weights] + \
+            [("tensor", t) for t in self.tensors]
+
+    def _byte_item_masks(self) -> list[int]:
+        masks = []
+        for kind, item in self._byte_items():
+            if kind == "kernel":
+                masks.append(1 << item)
+            elif kind == "weight":
+                masks.append(sum(1 << k for k in item.kernels))
+            else:
+                masks.append(sum(1 << k for k in set(item.consumers) | ({item.producer} - {-1})))
+        return masks
+
+    def _byte_item_terms(self, codes: np.ndarray, which: list[int]) -> np.ndarray:
+        """Byte terms ``(len(codes), 5)`` of the items ``which`` of :meth:`_byte_items`: the rules
+        of :meth:`terms_by_tensor`, on set masks."""
+        items = self._byte_items()
+        out = np.zeros((codes.size, 5))
+        none = np.zeros(codes.size, dtype=bool)
+        for i in which:
+            kind, item = items[i]
+            if kind == "kernel":
+                inside = any_bits(codes, 1 << item)
+                out[:, 0] += self.extra_bytes[item] * inside
+                out[:, 1] += 2.0 * self.accumulator_bytes[item] * inside
+            elif kind == "weight":
+                used = any_bits(codes, sum(1 << k for k in item.kernels))
+                out[:, [0, 1, 3]] += (item.bytes * used)[:, None]
+            else:
+                t, c_mask = item, sum(1 << c for c in item.consumers)
+                prod_in = any_bits(codes, 1 << t.producer) if t.producer >= 0 else none
+                any_c = any_bits(codes, c_mask) if c_mask else none
+                all_c = all_bits(codes, c_mask)
+                crossing = (any_c & ~prod_in) | (prod_in & (t.is_output | ~all_c))
+                out[:, 0] += t.bytes * crossing
+                if t.row_scaled:
+                    out[:, 2] += t.bytes * (prod_in & any_c) + 2.0 * t.bytes * crossing
+                    out[:, 4] += t.bytes * (prod_in | any_c)
+                else:
+                    out[:, 3] += t.bytes * (prod_in | any_c)
+        return out
+
+    def terms_by_tensor(self, S: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`terms_of` tensor by tensor: the reference the chunk tables must equal."""
         m = S.shape[0]
         def per_kernel(values):  # S @ values; einsum avoids BLAS threads, ~10x faster on these shapes, and
             return np.einsum("ij,j->i", S, values)  # reads the booleans as they are (no float copy of S)
@@ -332,7 +454,13 @@ class CostModel:
             else:
                 c += where
 
-        for t in self.tensors:
+        # items no set touches add zeros; with exact bytes, leaving them out (and so perhaps
+        # changing the order of the sums below) changes no bit (the heavy groups' sets touch a
+        # few kernels of the graph)
+        support = S.any(axis=0) if self.exact_bytes else np.ones(self.n, dtype=bool)
+        for t, ends in zip(self.tensors, self._tensor_ends):
+            if not support[ends].any():
+                continue
             enters, leaves, internal, touched_by = tensor_boundary(S, t, none)
             crossing = enters | leaves  # exclusive: enter needs the producer outside, leave inside
             add("memory_bytes", t.bytes, crossing)
@@ -343,6 +471,8 @@ class CostModel:
             else:  # (SRAM that does not shrink: weights, weight-gradient accumulators)
                 add("sram_fixed", t.bytes, touched_by)
         for w in self.weights:
+            if not support[list(w.kernels)].any():
+                continue
             used = none
             for k in w.kernels:
                 used = used | S[:, k]

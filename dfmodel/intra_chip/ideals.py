@@ -92,6 +92,9 @@ def chain_lattice(cm: CostModel, order: list[int] | None = None) -> Lattice:
 
 def _lattice(cm: CostModel, masks) -> Lattice:
     masks = sorted(masks, key=lambda m: (m.bit_count(), m))
+    if cm.n <= 64:  # one 64-bit word per ideal: unpacked at once (a Python loop per bit took 0.25 s for 21,592 ideals)
+        words = np.array(masks, dtype=np.uint64).reshape(len(masks), 1)
+        return Lattice(np.ascontiguousarray(_unpack(words, cm.n)))
     bits = np.zeros((len(masks), cm.n), dtype=bool)
     for i, m in enumerate(masks):
         for k in range(cm.n):
