@@ -313,7 +313,7 @@ def _plan_floor(graph: DataflowGraph, system: System, names: set[str], stash_fre
 #: the same kernels and tensors and differs only in its collectives' seconds (``N``), so its
 #: lattice, sets and their terms are built once
 _BY_CONTENT: "OrderedDict[tuple, tuple]" = OrderedDict()
-_BY_CONTENT_KEPT = 64
+_BY_CONTENT_KEPT = 4096
 
 
 def _network_free_plan_floor(sub: DataflowGraph, system: System, max_pairs: int,
