@@ -385,3 +385,45 @@ def test_plan_floor_shared_by_content_equals_a_fresh_build(seed):
             assert g.best_s(1, 1e-12, True) == f.best_s(1, 1e-12, True)
             assert (g.N is None and f.N is None) or np.array_equal(g.N, f.N)
 
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_staged_micro_batch_refine_below_the_full_one_and_every_leaf(moe):
+    """On dataflow chips a micro-batch group refines first without the TP collectives
+    (``_pass_floor_min(comm=False)``) and leaves the full refine for when it is still below the
+    cutoff: stage 1 <= stage 2, stage 2 is what one refine gave before (the TP groups' floor),
+    both are below every leaf group's bound under it, and the collectives raise some group
+    (else stage 2 would never be worth asking)."""
+    from dfmodel.inter_chip.llm_space import LLMSpace, leaf_nodes
+    from test_moe_physics import moe_workload
+
+    w = load_workload(moe_workload(first_dense_layers=1) if moe else SMALL_LLM)
+    model = LLMModel(w, load_system(_few_tile_system(3, ib_bw="2 GB/s")))
+    space = LLMSpace(model, Knobs(micro_batch=1 if moe else None))
+    checked = raised = 0
+    for root in space.roots():
+        for group in root.expand():
+            first = group.refine()
+            assert group.refine is not None  # (the full stage, left for the search)
+            second = group.refine()
+            assert first <= second * (1 + 1e-12), group.knobs
+            raised += second > first * (1 + 1e-9)
+            for leaf in leaf_nodes(group):
+                if leaf.bound_s > 0:  # (a leaf's own bound: the model's lower_bound_s)
+                    assert second <= leaf.bound_s * (1 + 1e-12), (group.knobs, leaf.knobs)
+                    checked += 1
+    assert checked > 20 and raised > 0, (checked, raised)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_search_equals_exhaustive_on_a_few_tile_chip_with_slow_links(moe):
+    """The staged refine keeps the optimum where the TP collectives weigh (a slow inter-node
+    link): search == exhaustive enumeration, dense and MoE."""
+    from test_moe_physics import moe_workload
+
+    w = load_workload(moe_workload(first_dense_layers=1) if moe else SMALL_LLM)
+    s = load_system(_few_tile_system(3, ib_bw="2 GB/s"))
+    knobs = Knobs(micro_batch=1) if moe else Knobs()
+    fast = solve_llm(w, s, knobs)
+    full = solve_llm(w, s, knobs, exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+    assert fast.solver.status == "optimal"
