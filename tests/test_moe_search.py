@@ -42,6 +42,28 @@ def test_seeds_are_fitting_evaluations_of_space_mappings_largest_ep_first():
         assert ev.iteration_time_s == model.evaluate(ev.mapping).iteration_time_s
 
 
+def test_seeds_never_evaluate_a_leaf_no_plan_fits():
+    """A seed leaf whose bound is infinite (no partition plan of a phase fits the SRAM on any
+    TP group) cannot run: seeds skip it and try the next. DeepSeek-V3 on 512 dragonfly chips,
+    whose TP 1 and 2 softmaxes exceed the SRAM alone: every mapping the seeds hand to
+    ``evaluate`` (here a stand-in that never fits, so every try is made) has a finite bound,
+    while roots that would have been tried first hold infinite leaves."""
+    import math
+    from types import SimpleNamespace
+
+    from dfmodel.inter_chip.llm_space import leaf_nodes
+
+    model, space = _space(load_workload("deepseek_v3"), load_system("dragonfly", num_chips=512), Knobs())
+    capacity = model.system.chip.memory.capacity_bytes
+    tried = []
+    list(space.seeds(capacity, lambda m: tried.append(m) or SimpleNamespace(fits=False)))
+    assert len(tried) > 5 and all(model.lower_bound_s(m) < math.inf for m in tried)
+    narrow = [r for r in space.roots_built if dict(r.knobs)["tp"] <= 2 and dict(r.knobs)["ep"] > 1
+              and r.floor_bytes <= capacity]
+    group = min(narrow[0].expand(), key=lambda g: dict(g.knobs)["micro_batch"])
+    assert any(math.isinf(leaf.bound_s) for leaf in leaf_nodes(group))
+
+
 def test_dense_model_has_no_seeds():
     w, s = load_workload(SMALL_LLM), load_system(small_system(4, 2))
     model, space = _space(w, s, Knobs(micro_batch=1))

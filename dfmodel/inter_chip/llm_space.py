@@ -9,6 +9,7 @@ strategy option (:data:`~dfmodel.inter_chip.config.OPTIONS`) and every network p
 from __future__ import annotations
 
 import itertools
+import math
 from functools import cache, partial
 
 from dfmodel.errors import InputError
@@ -999,10 +1000,13 @@ class LLMSpace:
 
         def fitting(group):
             """Leaves that pass the memory screen: the lightest recompute first, then the
-            narrowest TP (``group`` is in recipe order); of one root's, the least bound."""
+            narrowest TP (``group`` is in recipe order); of one root's, the least bound. A leaf
+            whose bound is infinite (no partition plan of some phase fits the SRAM on any TP
+            group: dataflow_floor) cannot run: evaluating it to learn so took 2.7 of DeepSeek-V3 /
+            8192 dragonfly's 6 CPU s of seeds (TP 2: a softmax needs 384 MiB alone)."""
             for rc in RECOMPUTE:
                 for root in group:
-                    fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc
+                    fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc and leaf.bound_s < math.inf
                            and leaf.floor_bytes <= capacity_bytes and leaf.screen() <= capacity_bytes]
                     if fit:
                         yield min(fit, key=lambda x: x.bound_s)
