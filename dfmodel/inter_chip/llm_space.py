@@ -994,7 +994,7 @@ class LLMSpace:
                 group = min(root.expand(), key=lambda g: dict(g.knobs)["micro_batch"])
                 kx = [(dict(x.knobs), x) for x in leaf_nodes(group)]
                 leaves_of[id(root)] = sorted(((k, x) for k, x in kx if k["interleave"] == 1
-                                              and (k["zero_stage"] in (0, 1) or offloaded)),
+                                              and (k["zero_stage"] in (0, 1, 3) or offloaded)),
                                              key=lambda p: (p[0]["zero_stage"] != 1, not p[0]["sequence_parallel"]))
             return leaves_of[id(root)]
 
@@ -1007,7 +1007,14 @@ class LLMSpace:
             for rc in RECOMPUTE:
                 for root in group:
                     fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc and leaf.bound_s < math.inf
+                           and (k["zero_stage"] != 3 or offloaded)
                            and leaf.floor_bytes <= capacity_bytes and leaf.screen() <= capacity_bytes]
+                    # (ZeRO-3 where no ZeRO 0 / 1 leaf of this recompute fits: DeepSeek-V3 on 8192
+                    # dragonfly chips runs best without recompute under ZeRO-3, 122 s, where the
+                    # ZeRO-1 seed needs selective recompute, 145 s, and the cutoff stays there)
+                    fit = fit or [leaf for k, leaf in leaves(root) if k["recompute"] == rc and k["zero_stage"] == 3
+                                  and leaf.bound_s < math.inf and leaf.floor_bytes <= capacity_bytes
+                                  and leaf.screen() <= capacity_bytes]
                     if fit:
                         yield min(fit, key=lambda x: x.bound_s)
 
