@@ -261,6 +261,41 @@ def test_level_order_equals_the_masked_relaxation(seed):
                 == ff._shortest_s(pf.level, pf.src, pf.dst, set_cost[pf.inverse]))
 
 
+def _every_option_floor(pf, C, mem, k, s_per_byte, overlap, tp, sram_bytes):
+    """PlanFloor._option_floor as first written: every (fraction, resident / streamed) option."""
+    best = np.full(C.shape, np.inf)
+    for f in ff.RELAXED_FRACTIONS:
+        for c, rereads in ((1.0, 0.0), (ff.STREAM_BUFFER_FRACTION, 1.0 / f - 1.0)):
+            fits = (f * k * pf.X + c * pf.Fs) / tp <= sram_bytes
+            m = mem + rereads * pf.Q * s_per_byte
+            t = np.maximum(C, m) if overlap else C + m
+            best = np.where(fits, np.minimum(best, t), best)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("overlap", [True, False])
+def test_option_floor_equals_every_option(seed, overlap):
+    """PlanFloor._option_floor's two options (resident at the smallest fraction, streamed at the
+    largest that fits) give the very values of trying all 24, on random sets where some fit no
+    option, some only streamed, some only resident at a small fraction."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    pf = ff.PlanFloor(rng.uniform(0, 1e-3, n), rng.uniform(0, 1e6, n), rng.uniform(0, 1e6, n),
+                      np.zeros(1, int), np.zeros(1, int), np.zeros(1, int), np.zeros(1, int), 1,
+                      X=rng.choice([0.0, 1e3, 1e6, 1e8, 1e9], n) * rng.uniform(0.5, 1.5, n),
+                      Fs=rng.choice([0.0, 1e5, 1e7, 3e8, 2e9], n) * rng.uniform(0.5, 1.5, n),
+                      Q=rng.choice([0.0, 1e4, 1e7], n) * rng.uniform(0.5, 1.5, n))
+    seen = []
+    for k, tp, sram in ((1, 1, 2.2e8), (4, 8, 2.2e8), (16, 2, 1e8), (1, 64, 1e6), (64, 1, 2.2e8)):
+        C, mem = k * pf.C, (k * pf.A + pf.F) * 2.5e-11
+        want = _every_option_floor(pf, C, mem, k, 2.5e-11, overlap, tp, sram)
+        assert np.array_equal(pf._option_floor(C, mem, k, 2.5e-11, overlap, tp, sram), want)
+        seen.append(want)
+    assert np.isinf(seen).any() and np.isfinite(seen).any()
+    assert len({float(x) for w in seen for x in w}) > 2 * n  # (streamed sets at several fractions)
+
+
 def _network_s(graph: DataflowGraph, seed: int) -> dict[str, float]:
     rng = random.Random(seed)
     return {k.name: rng.choice([0.0, 0.0, 1e-4, 2e-3]) for k in graph.kernels}
@@ -349,3 +384,49 @@ def test_plan_floor_shared_by_content_equals_a_fresh_build(seed):
         if g is not None:
             assert g.best_s(1, 1e-12, True) == f.best_s(1, 1e-12, True)
             assert (g.N is None and f.N is None) or np.array_equal(g.N, f.N)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_staged_micro_batch_refine_below_the_full_one_and_every_leaf(moe):
+    """On dataflow chips a micro-batch group refines first without the TP collectives
+    (``_pass_floor_min(comm=False)``) and leaves the full refine for when it is still below the
+    cutoff: stage 1 <= stage 2, stage 2 is what one refine gave before (the TP groups' floor),
+    both are below every leaf group's bound under it, and the collectives raise some group
+    (else stage 2 would never be worth asking)."""
+    from dfmodel.inter_chip.llm_space import LLMSpace, leaf_nodes
+    from test_moe_physics import moe_workload
+
+    w = load_workload(moe_workload(first_dense_layers=1) if moe else SMALL_LLM)
+    model = LLMModel(w, load_system(_few_tile_system(3, ib_bw="2 GB/s")))
+    space = LLMSpace(model, Knobs(micro_batch=1 if moe else None))
+    checked = raised = 0
+    for root in space.roots():
+        for group in root.expand():
+            first = group.refine()
+            assert group.refine is not None  # (the full stage, left for the search)
+            second = group.refine()
+            assert first <= second * (1 + 1e-12), group.knobs
+            raised += second > first * (1 + 1e-9)
+            for leaf in leaf_nodes(group):
+                if leaf.bound_s > 0:  # (a leaf's own bound: the model's lower_bound_s)
+                    assert second <= leaf.bound_s * (1 + 1e-12), (group.knobs, leaf.knobs)
+                    checked += 1
+    assert checked > 20 and raised > 0, (checked, raised)
+
+
+@pytest.mark.parametrize("moe", [False])
+def test_search_equals_exhaustive_on_a_few_tile_chip_with_slow_links(moe):
+    """The staged refine keeps the optimum where the TP collectives weigh (a slow inter-node
+    link): search == exhaustive enumeration. (Dense only: the MoE search there refuses a large
+    sharded lattice, and intra_chip.ideals keeps that TooLarge with its traceback, whose frames
+    keep the model alive for test_search's test_a_finished_search_keeps_no_model_alive; the MoE
+    staged bounds are checked against every leaf above.)"""
+    from test_moe_physics import moe_workload
+
+    w = load_workload(moe_workload(first_dense_layers=1) if moe else SMALL_LLM)
+    s = load_system(_few_tile_system(3, ib_bw="2 GB/s"))
+    knobs = Knobs(micro_batch=1) if moe else Knobs()
+    fast = solve_llm(w, s, knobs)
+    full = solve_llm(w, s, knobs, exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+    assert fast.solver.status == "optimal"

@@ -4,6 +4,8 @@ is screened out during the search."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dfmodel import load_system, load_workload
@@ -40,6 +42,45 @@ def test_seeds_are_fitting_evaluations_of_space_mappings_largest_ep_first():
     for ev in seeds:
         assert ev.fits and ev.mapping in in_space and ev.mapping.ep > 1
         assert ev.iteration_time_s == model.evaluate(ev.mapping).iteration_time_s
+
+
+def test_seeds_never_evaluate_a_leaf_no_plan_fits():
+    """A seed leaf whose bound is infinite (no partition plan of a phase fits the SRAM on any
+    TP group) cannot run: seeds skip it and try the next. DeepSeek-V3 on 512 dragonfly chips,
+    whose TP 1 and 2 softmaxes exceed the SRAM alone: every mapping the seeds hand to
+    ``evaluate`` (here a stand-in that never fits, so every try is made) has a finite bound,
+    while roots that would have been tried first hold infinite leaves."""
+    import math
+    from types import SimpleNamespace
+
+    from dfmodel.inter_chip.llm_space import leaf_nodes
+
+    model, space = _space(load_workload("deepseek_v3"), load_system("dragonfly", num_chips=512), Knobs())
+    capacity = model.system.chip.memory.capacity_bytes
+    tried = []
+    list(space.seeds(capacity, lambda m: tried.append(m) or SimpleNamespace(fits=False)))
+    assert len(tried) > 5 and all(model.lower_bound_s(m) < math.inf for m in tried)
+    narrow = [r for r in space.roots_built if dict(r.knobs)["tp"] <= 2 and dict(r.knobs)["ep"] > 1
+              and r.floor_bytes <= capacity]
+    group = min(narrow[0].expand(), key=lambda g: dict(g.knobs)["micro_batch"])
+    assert any(math.isinf(leaf.bound_s) for leaf in leaf_nodes(group))
+
+
+def test_seeds_fall_back_to_zero3_before_a_heavier_recompute():
+    """Where no ZeRO 0 / 1 leaf of the lightest recompute passes the memory screen, the seed is
+    the ZeRO-3 leaf of that recompute (DeepSeek-V3 on 8192 dragonfly chips: TP 8, PP 1, no
+    recompute under ZeRO-3 is the optimum, 122 s; the ZeRO-1 seed needed selective recompute,
+    145 s); where a ZeRO-1 leaf fits it stays the seed."""
+    from types import SimpleNamespace
+
+    model, space = _space(load_workload("deepseek_v3"), load_system("dragonfly", num_chips=8192), Knobs())
+    capacity = model.system.chip.memory.capacity_bytes
+    tried = []
+    list(space.seeds(capacity, lambda m: tried.append(m) or SimpleNamespace(fits=True)))
+    assert (tried[0].pp, tried[0].recompute, tried[0].zero_stage) == (1, "none", 3)
+    for m in tried:  # (ZeRO-3 only where its ZeRO-1 twin does not pass the screen)
+        assert m.zero_stage == 1 or model.screen_bytes(dataclasses.replace(m, zero_stage=1), capacity) > capacity, m
+    assert any(m.zero_stage == 1 for m in tried)
 
 
 def test_dense_model_has_no_seeds():

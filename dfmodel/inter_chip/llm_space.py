@@ -9,6 +9,7 @@ strategy option (:data:`~dfmodel.inter_chip.config.OPTIONS`) and every network p
 from __future__ import annotations
 
 import itertools
+import math
 from functools import cache, partial
 
 from dfmodel.errors import InputError
@@ -627,20 +628,27 @@ class LLMSpace:
                  ("cp", cp), ("ep", deg["ep"]))
         capacity = self.system.chip.memory.capacity_bytes
 
-        def refine() -> float:  # (the floor first: a group that cannot fit is pruned, not refined)
+        def refine(comm: bool = True) -> float:  # (the floor first: a group that cannot fit is pruned, not refined)
             if floor() > capacity:
                 return 0.0
-            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys)),
+            if not comm:  # (the group's TP collectives, per TP group of every placement: when still below the cutoff)
+                node.refine = refine
+            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys, comm)),
                               self._last_stage_min_s(deg, mb, m, vs, rcs, sps, keys, ep_s))
 
-        # compute only until the group reaches the top: the per-kernel / TP floors then (refine)
-        return SpaceNode(bound_with(compute_s), floor() if self._bounds_off else parent_floor_bytes,
+        # compute only until the group reaches the top: the per-kernel / TP floors then (refine);
+        # on dataflow chips first without the TP collectives (_pass_floor_min, comm=False): one
+        # floor per recompute and SP instead of one per TP group, within 0.1% of it on DeepSeek-V3 /
+        # 512 dragonfly, where 3/4 of the groups refined lie above the optimum on it
+        staged = self.model.system.chip.execution == "dataflow"
+        node = SpaceNode(bound_with(compute_s), floor() if self._bounds_off else parent_floor_bytes,
                          len(vs) * per_leaf, fixed,
                          partial(self._expand_micro_batch, deg, mb, m, vs, rcs, sps, places_by, opts, relief, floor),
                          screen=None if self._bounds_off else floor,
                          relief=partial(self._relief, self._micro_batch_node, deg, opts, deg, mb, m, vs, rcs, sps,
                                         places_by) if relief else None,
-                         refine=None if self._bounds_off else refine)
+                         refine=None if self._bounds_off else partial(refine, False) if staged else refine)
+        return node
 
     def _micro_batch_floor_bytes(self, probes, rcs) -> float:
         """A micro-batch group's memory floor: the least over its options (``probes``, a list or
@@ -986,17 +994,27 @@ class LLMSpace:
                 group = min(root.expand(), key=lambda g: dict(g.knobs)["micro_batch"])
                 kx = [(dict(x.knobs), x) for x in leaf_nodes(group)]
                 leaves_of[id(root)] = sorted(((k, x) for k, x in kx if k["interleave"] == 1
-                                              and (k["zero_stage"] in (0, 1) or offloaded)),
+                                              and (k["zero_stage"] in (0, 1, 3) or offloaded)),
                                              key=lambda p: (p[0]["zero_stage"] != 1, not p[0]["sequence_parallel"]))
             return leaves_of[id(root)]
 
         def fitting(group):
             """Leaves that pass the memory screen: the lightest recompute first, then the
-            narrowest TP (``group`` is in recipe order); of one root's, the least bound."""
+            narrowest TP (``group`` is in recipe order); of one root's, the least bound. A leaf
+            whose bound is infinite (no partition plan of some phase fits the SRAM on any TP
+            group: dataflow_floor) cannot run: evaluating it to learn so took 2.7 of DeepSeek-V3 /
+            8192 dragonfly's 6 CPU s of seeds (TP 2: a softmax needs 384 MiB alone)."""
             for rc in RECOMPUTE:
                 for root in group:
-                    fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc
+                    fit = [leaf for k, leaf in leaves(root) if k["recompute"] == rc and leaf.bound_s < math.inf
+                           and (k["zero_stage"] != 3 or offloaded)
                            and leaf.floor_bytes <= capacity_bytes and leaf.screen() <= capacity_bytes]
+                    # (ZeRO-3 where no ZeRO 0 / 1 leaf of this recompute fits: DeepSeek-V3 on 8192
+                    # dragonfly chips runs best without recompute under ZeRO-3, 122 s, where the
+                    # ZeRO-1 seed needs selective recompute, 145 s, and the cutoff stays there)
+                    fit = fit or [leaf for k, leaf in leaves(root) if k["recompute"] == rc and k["zero_stage"] == 3
+                                  and leaf.bound_s < math.inf and leaf.floor_bytes <= capacity_bytes
+                                  and leaf.screen() <= capacity_bytes]
                     if fit:
                         yield min(fit, key=lambda x: x.bound_s)
 

@@ -323,7 +323,10 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             break
         heapq.heappop(queue)
         if isinstance(m, SpaceNode) and m.refine is not None and not exhaustive:
-            finer, m.refine = m.refine(), None  # its costlier bound, once: re-queued when tighter
+            finer = bound
+            while m.refine is not None and finer <= bound:  # its costlier bound, once: re-queued when tighter
+                refine, m.refine = m.refine, None  # (a refine may leave a costlier stage in m.refine)
+                finer = refine()
             if finer > bound:
                 m.bound_s = finer
                 heapq.heappush(queue, (finer, next(seq), False, m))
