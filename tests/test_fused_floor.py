@@ -414,13 +414,12 @@ def test_staged_micro_batch_refine_below_the_full_one_and_every_leaf(moe):
     assert checked > 20 and raised > 0, (checked, raised)
 
 
-@pytest.mark.parametrize("moe", [False])
+@pytest.mark.parametrize("moe", [False, True])
 def test_search_equals_exhaustive_on_a_few_tile_chip_with_slow_links(moe):
     """The staged refine keeps the optimum where the TP collectives weigh (a slow inter-node
-    link): search == exhaustive enumeration. (Dense only: the MoE search there refuses a large
-    sharded lattice, and intra_chip.ideals keeps that TooLarge with its traceback, whose frames
-    keep the model alive for test_search's test_a_finished_search_keeps_no_model_alive; the MoE
-    staged bounds are checked against every leaf above.)"""
+    link): search == exhaustive enumeration, dense and MoE. (The MoE search there refuses a
+    large sharded lattice; intra_chip.ideals caches that refusal without its traceback, whose
+    frames once kept the model alive: test_search's test_a_finished_search_keeps_no_model_alive.)"""
     from test_moe_physics import moe_workload
 
     w = load_workload(moe_workload(first_dense_layers=1) if moe else SMALL_LLM)

@@ -60,8 +60,8 @@ def enumerate_ideals(cm: CostModel, max_ideals: int = DEFAULT_MAX_IDEALS) -> Lat
         check_deadline()
         try:
             hit = _lattice(cm, ideal_masks(cm.n, cm.pred_mask, max_ideals))
-        except TooLarge as e:
-            hit = e
+        except TooLarge as e:  # kept as its message: the exception's traceback would keep the
+            hit = TooLarge(str(e))  # frames (and the model that called) alive as long as the cache
         _LATTICES[key] = hit
         while len(_LATTICES) > 1 and (len(_LATTICES) > _LATTICES_KEPT or sum(
                 v.bits.nbytes for v in _LATTICES.values() if isinstance(v, Lattice)) > _LATTICES_MAX_BYTES):
