@@ -103,7 +103,7 @@ def contended_kernel_s(compute_s: float, memory_s: float, *, comm_channels: int,
 def overlapped_exposed_s(comm_s: float, compute_s: float, sm_fraction: float) -> float:
     """Exposed time of ``comm_s`` of communication run beside ``compute_s`` of computation that
     loses ``sm_fraction`` of the chip while it runs (the SMs of its kernels: MoE all-to-alls
-    beside another micro-batch, ZeRO-3 gathers beside the block they prefetch for).
+    beside another micro-batch).
 
     While the communication kernels run (``comm_s``) the computation proceeds at ``1 - f`` of
     its rate; so the pair takes ``c + f a`` when the computation outlasts the communication
@@ -146,6 +146,8 @@ def overlapped_collective_s(overlapped_s: float, comm_sms: float, sms: int) -> f
     if overlapped_s < 0 or not 0 <= comm_sms < sms:
         raise ValueError(f"overlapped_s must be >= 0 and comm_sms in [0, {sms}), got {overlapped_s}, {comm_sms}")
     return overlapped_s * comm_sms / sms
+
+
 #: SMs the userbuffers exchanges hold while they overlap a GEMM, averaged over the ten overlapped
 #: GEMMs of a layer in NeMo's H100 configuration (nemo/collections/llm/recipes/tp_overlap_configs/
 #: userbuffers.py, userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192: ring-exchange all-gathers
