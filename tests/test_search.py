@@ -447,3 +447,81 @@ def test_full_gc_paused_during_a_search_and_restored_after_even_on_error():
     with pytest.raises(RuntimeError):
         search(model, failing())
     assert gc.get_threshold() == before
+
+
+class _ScreenedModel:
+    """A model of eight mappings (times 1..8, bounds 0.5 below or as given), whose evaluate returns None
+    when its time is above the cutoff it is given, as LLMModel's screens do; each evaluation of
+    ``slow`` (one at time 2, a runner-up) sleeps ``sleep_s`` when it is not screened."""
+
+    evaluate_accepts_cutoff = True
+    time_limit_s = None
+
+    def __init__(self, slow: int | None = None, sleep_s: float = 0.0, bounds: dict | None = None):
+        from types import SimpleNamespace
+
+        self.system = SimpleNamespace(chip=SimpleNamespace(memory=SimpleNamespace(capacity_bytes=1.0)))
+        self.times = {m: float(m) for m in range(1, 9)}
+        self.bounds = {m: t - 0.5 for m, t in self.times.items()} | (bounds or {})
+        self.slow, self.sleep_s, self.calls = slow, sleep_s, []
+
+    def memory_floor_bytes(self, m) -> float:
+        return 0.0
+
+    def lower_bound_s(self, m) -> float:
+        return self.bounds[m]
+
+    def refined_bound_s(self, m):
+        return None
+
+    def evaluate(self, m, cutoff_s=None, screen_memory=False):
+        from types import SimpleNamespace
+
+        self.calls.append((m, cutoff_s))
+        t = self.times[m]
+        if cutoff_s is not None and t > cutoff_s:
+            return None
+        if m == self.slow:
+            time.sleep(self.sleep_s)
+        return SimpleNamespace(iteration_time_s=t, fits=True, proven_optimal=True, mapping=_Picked(m),
+                               breakdown_s={"compute": t})
+
+
+class _Picked(int):
+    """An int mapping the ledger can fold (its knobs: its value)."""
+
+    def __init__(self, v):
+        self.value = int(v)
+
+
+def test_runners_up_wait_until_the_winner_is_proven_and_stay_exact():
+    """With runners-up asked for, a candidate is screened against the best time first. Bounds
+    2: 0.6, 3: 0.7, 1: 0.9 (weak ones). Mapping 3, reached when the best is 2, is proven slower
+    than it and waits behind mapping 1 (bound 0.9); once every bound below the best (now 1) is
+    closed it is evaluated against the 3rd-best cutoff and listed. The answer is exhaustive
+    enumeration's (winner 1, then 2 and 3); bounds past the 3rd best are never evaluated."""
+    from dfmodel.inter_chip.search import _search
+
+    model = _ScreenedModel(bounds={2: 0.6, 3: 0.7, 1: 0.9})
+    best, stats = _search(model, [_Picked(m) for m in (3, 1, 2, 5, 4, 8, 7, 6)], exhaustive=False, keep=3,
+                          progress=None)
+    assert best.iteration_time_s == 1.0 and [e.iteration_time_s for e in stats.runners_up] == [2.0, 3.0]
+    assert stats.status == "optimal" and stats.gap == 0.0
+    margin = 1 + 1e-9  # (_evaluate_below's: ties are kept)
+    assert [(int(m), c) for m, c in model.calls] == [(2, None), (3, 2.0 * margin), (1, 2.0 * margin), (3, None)]
+
+
+def test_a_limit_that_cuts_the_runners_up_after_the_proof_leaves_the_winner_proven():
+    """The deadline passes while a runner-up (mapping 3, a 1.5 s evaluation) is confirmed, after
+    the winner's proof: the status is optimal, with a note that the runners-up listed may not be
+    the next best. Screened against the 3rd-best time throughout (as before), mapping 3 was
+    evaluated whole before mapping 1, and the cut search returned 2 at a 55 % gap."""
+    from dfmodel.inter_chip.search import _search
+
+    model = _ScreenedModel(slow=3, sleep_s=1.5, bounds={2: 0.6, 3: 0.7, 1: 0.9})
+    with deadline_scope(1.0):
+        best, stats = _search(model, [_Picked(m) for m in range(1, 9)], exhaustive=False, keep=3, progress=None,
+                              limit_s=1.0)
+    assert best.iteration_time_s == 1.0
+    assert stats.status == "optimal" and stats.gap == 0.0 and stats.lower_bound_s == 1.0
+    assert any("runners-up listed may not be the next best" in n for n in stats.notes)

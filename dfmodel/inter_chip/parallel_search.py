@@ -130,6 +130,12 @@ class _Share:
         kth = times[self.shared.keep - 1]
         return kth if math.isfinite(kth) else local
 
+    def best(self, local: float | None) -> float | None:
+        """The best time over every worker (<= this worker's own), or ``local``."""
+        with self.shared.tops.get_lock():
+            best = min(self.shared.tops[::self.shared.keep])  # (each worker's slice starts with its best)
+        return best if math.isfinite(best) else local
+
     def claim(self, i: int, home: int) -> bool:
         """True when root ``i`` (whose home worker is ``home``) is (now) this worker's to expand."""
         owner = self.shared.owner
