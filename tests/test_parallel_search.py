@@ -299,13 +299,37 @@ def test_a_root_settled_unsplit_stays_its_homes(monkeypatch):
     assert w0.decide(1, home=0) == ps._SPLIT and w1.decide(1, home=0) == ps._SPLIT
 
 
-def test_only_dataflow_chips_wait_for_the_first_evaluation():
-    """Worker 1 waits for worker 0's first seed evaluation before deciding a root only where
-    evaluations solve blocks for seconds (dataflow); on GPUs it would idle a core for nothing."""
+def test_only_dataflow_chips_count_the_seeds_towards_splitting():
+    """The seeds' evaluations (before the fork) decide the first roots' splitting only where
+    evaluations solve blocks for seconds (dataflow); on GPUs they would split roots for nothing."""
     gpu = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
     dataflow = LLMModel(load_workload("gpt3_13b"), load_system("sn30"))
-    assert gpu.system.chip.execution == "kernel_by_kernel" and ps._first_eval_wait_s(gpu) == 0.0
-    assert dataflow.system.chip.execution == "dataflow" and ps._first_eval_wait_s(dataflow) == ps._FIRST_EVAL_WAIT_S > 0
+    assert gpu.system.chip.execution == "kernel_by_kernel" and not ps._seeds_decide_splits(gpu)
+    assert dataflow.system.chip.execution == "dataflow" and ps._seeds_decide_splits(dataflow)
+
+
+def test_seeds_are_evaluated_once_before_the_fork(monkeypatch):
+    """A MoE space's recipe incumbents are evaluated in the parent, before the workers start
+    (worker 1 would otherwise evaluate those it reaches again, and search without their cutoff
+    meanwhile); the answer is the serial search's."""
+    import os
+
+    parent = os.getpid()
+    seen = []
+    seeds = LLMSpace.seeds
+
+    def record(self, capacity, evaluate, *args, **kw):
+        for ev in seeds(self, capacity, evaluate, *args, **kw):
+            seen.append(os.getpid())
+            yield ev
+
+    monkeypatch.setattr(LLMSpace, "seeds", record)
+    w, s = with_moe(MOE), small_system(4, 2)
+    serial = optimize(w, s, workers=1)
+    seen.clear()
+    par = optimize(w, s, workers=2)
+    assert seen and set(seen) == {parent}
+    assert _answer(par) == _answer(serial)
 
 
 def test_a_worker_cut_after_its_bound_passed_the_winner_leaves_the_optimum_proven():

@@ -16,6 +16,12 @@ every block's cache key holds -- was dealt to it (a shared table, first come, in
 the worker with the fewest keys), so block caches still never overlap (:class:`_RootProxy`).
 The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
 best over all of them, so no worker explores what another has already beaten.
+The recipe incumbents (``space.seeds``: MoE models) are evaluated here, before the fork, as the
+serial search evaluates them before its first expansion: every worker then starts with their
+cutoff, the blocks and lattices they solved, and their cost (which decides the splitting). When
+worker 0 evaluated them instead (3.5 of DeepSeek-V3 / 8192 dragonfly's 21 CPU s per worker),
+worker 1 ran ahead of it in bound order, past the incumbents worker 0 found late, and evaluated
+5300 mappings (25 %) the serial search prunes; both workers also solved the seeds' lattices.
 
 The parent merges: the winner and runners-up are the best of every worker's evaluations under
 the serial search's total order (:func:`~dfmodel.inter_chip.search._better`: time, then step time,
@@ -41,10 +47,10 @@ from multiprocessing.connection import wait
 
 from dfmodel.errors import InfeasibleError, TimeLimitError
 from dfmodel.inter_chip.search import (KnobTables, Progress, SearchStats, _better, _insert, _Reporter, _search,
-                                       no_incumbent_error)
+                                       _try_evaluate, no_incumbent_error)
 from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.parallel import fork_available
-from dfmodel.solvers.deadline import deadline_scope, expired, time_left_s
+from dfmodel.solvers.deadline import deadline_scope, time_left_s
 
 _UNCLAIMED = -1
 _PROGRESS_FIELDS = 7  # candidates, evaluated, pruned, open, best, bound, elapsed
@@ -68,8 +74,6 @@ _SPLIT = -2  # a root every worker expands, keeping the children whose block key
 #: search's cost is in bounding roots, which splitting would duplicate: measured +5-20% CPU
 #: when every root was split (DeepSeek-V3 on B200 and H100, Llama 3 70B on H100 and dragonfly)
 _SPLIT_EVAL_S = 0.05
-#: the longest a worker waits for worker 0's first seed evaluation before deciding a root
-_FIRST_EVAL_WAIT_S = 5.0
 #: slots of the shared table of block keys -> owning worker (open addressing; a full table falls
 #: back to the key's hash modulo the workers: still one owner per key, only less balanced)
 _KEY_SLOTS = 1 << 14
@@ -91,7 +95,6 @@ class _Shared:
         self.dealt = ctx.Array("q", [0] * workers, lock=False)  # keys dealt to each worker
         # each worker's evaluations so far: (CPU seconds, count), read by every worker (_Share.splits)
         self.evals = ctx.Array("d", [0.0] * (2 * workers), lock=False)
-        self.searching = ctx.Value("i", 0, lock=False)  # worker 0 is past its seeds
 
 
 class _Share:
@@ -103,7 +106,6 @@ class _Share:
         self.published = False  # a fitting evaluation of this worker's
         self.started = False  # the roots have been admitted: claims may begin
         self.sent: set = set()  # mappings already streamed to the parent
-        self.first_eval_wait_s = _FIRST_EVAL_WAIT_S  # (_worker: 0 where evaluations are cheap)
 
     def publish(self, top: list) -> None:
         """This worker's ``keep`` best times into its slice (under the lock: a reader never sees
@@ -123,8 +125,6 @@ class _Share:
     def cutoff(self, local: float | None) -> float | None:
         """The ``keep``-th best time over every worker (<= this worker's own), or ``local``."""
         self.started = True
-        if self.me == 0:
-            self.shared.searching.value = 1  # (its seeds are evaluated: _Share.splits)
         with self.shared.tops.get_lock():
             times = sorted(self.shared.tops[:])
         kth = times[self.shared.keep - 1]
@@ -154,19 +154,11 @@ class _Share:
         return run
 
     def splits(self) -> bool:
-        """True when the workers' evaluations so far average :data:`_SPLIT_EVAL_S` or more. A
-        worker other than 0 that finds none yet waits (at most :data:`_FIRST_EVAL_WAIT_S`) while
-        worker 0 evaluates its seeds (MoE recipe incumbents, before its search): DeepSeek-V3 on
-        SN30 would otherwise settle the roots it reaches first as unsplit, the costly class among
-        them. Without seeds (worker 0 already searching), none yet means unsplit: a dense model on
-        GPUs bounds ~200 roots before its first evaluation, and splitting them all cost 7% CPU.
-        Only dataflow chips wait (:func:`_first_eval_wait_s`)."""
-        shared = self.shared
-        t_end = time.perf_counter() + self.first_eval_wait_s
-        while (self.me > 0 and sum(shared.evals[1::2]) == 0 and not shared.searching.value
-               and time.perf_counter() < t_end and not expired()):
-            time.sleep(0.005)
-        evals = shared.evals[:]
+        """True when the evaluations so far (the seeds' before the fork on dataflow chips:
+        :func:`_seeds_decide_splits`, then the workers') average :data:`_SPLIT_EVAL_S` or more.
+        None yet means unsplit: a dense model on GPUs bounds ~200 roots before its first
+        evaluation, and splitting them all cost 7% CPU."""
+        evals = self.shared.evals[:]
         n = sum(evals[1::2])
         return n > 0 and sum(evals[0::2]) >= _SPLIT_EVAL_S * n
 
@@ -274,10 +266,11 @@ class _RootProxy(SpaceNode):
 class _ShardSpace:
     """The space as worker ``me`` searches it: the roots that fit as claimable proxies (in the
     serial order); the roots that cannot fit (pruned at once, then relieved by their offloaded
-    twins), the recipe seeds and the early leanest incumbent go to worker 0 alone."""
+    twins), the recipe seeds (``seeds``: evaluated before the fork; counted and accepted by
+    worker 0, skipped by every worker) and the early leanest incumbent go to worker 0 alone."""
 
     def __init__(self, space, roots: list, fits: list[bool], homes: list[int], share: _Share,
-                 twin_of: dict[int, int] | None = None, split: bool = False):
+                 twin_of: dict[int, int] | None = None, split: bool = False, seeds: list = ()):
         self.space, self.share = space, share
         me = share.me
         twin_of = twin_of or {}
@@ -291,8 +284,9 @@ class _ShardSpace:
                            for i, r in enumerate(roots) if i not in twins]
         else:
             self._roots = [proxies[i] for i in sorted(proxies)]
-        if hasattr(space, "seeds"):
-            self.seeds = space.seeds if me == 0 else (lambda *args, **kw: ())
+        seeds = list(seeds)
+        self.seeds = lambda *args, **kw: iter(seeds if me == 0 else ())
+        self.seeded = frozenset(ev.mapping for ev in seeds)  # (_search skips them)
         if me > 0:
             # the early incumbent under a deadline (the leanest mapping) is worker 0's to take:
             # two workers evaluating the same mapping would each get half the cores for it
@@ -330,21 +324,43 @@ def _relief_twins(roots: list, fits: list[bool], capacity: float) -> tuple[list,
     return twins, twin_of
 
 
-def _first_eval_wait_s(model) -> float:
-    """How long a worker waits for the first evaluation before deciding a root (:meth:`_Share.splits`):
-    :data:`_FIRST_EVAL_WAIT_S` on dataflow chips, where an evaluation solves blocks for seconds and
-    splitting pays; 0 on kernel-by-kernel chips (GPUs), whose evaluations average milliseconds, so
-    no root is split there and the wait only idled a core: DeepSeek-V3 on 64 B200s, 9.6-9.8 s
-    wall with it, 9.1-9.4 s without (2 workers, 10 s limit)."""
+def _seeds_decide_splits(model) -> bool:
+    """Whether the seeds' evaluations count towards :meth:`_Share.splits`: on dataflow chips,
+    where an evaluation solves blocks for seconds and splitting pays (DeepSeek-V3 on SN30 would
+    otherwise settle its costly class unsplit), not on kernel-by-kernel chips (GPUs), whose
+    evaluations average milliseconds once the seeds' blocks are solved."""
     chip = getattr(getattr(model, "system", None), "chip", None)
-    return _FIRST_EVAL_WAIT_S if getattr(chip, "execution", "dataflow") == "dataflow" else 0.0
+    return getattr(chip, "execution", "dataflow") == "dataflow"
+
+
+def _evaluate_seeds(model, space, capacity: float, shared: _Shared, keep: int) -> list:
+    """The space's recipe incumbents (``space.seeds``; none without), evaluated in this process
+    before the fork; their times are worker 0's first ``keep`` best (every worker prunes with
+    them from its first root) and, on dataflow chips, their cost the first evaluations'."""
+    if not hasattr(space, "seeds"):
+        return []
+    tried = [0]
+
+    def evaluate(m):
+        tried[0] += 1
+        return _try_evaluate(model, m)
+
+    t0 = time.process_time()
+    seeds = list(space.seeds(capacity, evaluate))
+    if _seeds_decide_splits(model):
+        shared.evals[0] += time.process_time() - t0
+        shared.evals[1] += tried[0]
+    top: list = []
+    for ev in seeds:
+        _insert(top, ev, keep)
+    shared.tops[:keep] = [ev.iteration_time_s for ev in top] + [math.inf] * (keep - len(top))
+    return seeds
 
 
 def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s,
-            twin_of: dict[int, int] | None = None, split: bool = False) -> None:
+            twin_of: dict[int, int] | None = None, split: bool = False, seeds: list = ()) -> None:
     """Run the search on this worker's share; send back what the parent merges."""
     share = _Share(shared, me, conn)
-    share.first_eval_wait_s = _first_eval_wait_s(model)
     try:
         with contextlib.suppress(AttributeError):  # (this process's copy: timed for _Share.splits)
             model.evaluate = share.timed(model.evaluate)
@@ -353,7 +369,8 @@ def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, ke
         own_limit_s = None if left is None else max(0.0, left - min(_WRAP_UP_S, 0.05 * (limit_s or left)))
         try:
             with deadline_scope(own_limit_s):
-                best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share, twin_of, split), exhaustive=False,
+                best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share, twin_of, split, seeds),
+                                      exhaustive=False,
                                       keep=keep, progress=share.report, limit_s=limit_s, share=share)
             top = [best] + list(stats.runners_up)
         except TimeLimitError as exc:  # detail: (chip bytes, summary) of its leanest non-fitting evaluation
@@ -414,11 +431,12 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     ctx = multiprocessing.get_context("fork")
     homes = [h % workers for h in homes]
     shared = _Shared(ctx, workers, keep, len(roots))
+    seeds = _evaluate_seeds(model, space, capacity, shared, keep)
     procs, conns = [], {}
     for me in range(workers):
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_worker,
-                        args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s, twin_of, True),
+                        args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s, twin_of, True, seeds),
                         daemon=True)
         p.start()
         send.close()
@@ -432,7 +450,7 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     failed = [r for r in replies.values() if r[0] == "error"]
     if failed:
         raise failed[0][1]
-    return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0, all(chip_fits))
+    return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0, all(chip_fits), seeds)
 
 
 #: the knobs that decide a root's inner block solves (the sharding and intra-chip results are
@@ -512,8 +530,10 @@ def _report(reporter: _Reporter, shared: _Shared, workers: int, fit_count: int) 
 
 
 def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _Shared, keep: int, progress, t0,
-           all_fit: bool = True):
-    ok = [replies[w] for w in sorted(replies) if replies[w][0] in ("ok", "time") and replies[w][2]]
+           all_fit: bool = True, seeds: list = ()):
+    # (the seeds evaluated before the fork join whatever worker 0 returned: kept if it was stopped)
+    ok = [("seeds", None, list(seeds))] if seeds else []
+    ok += [replies[w] for w in sorted(replies) if replies[w][0] in ("ok", "time") and replies[w][2]]
     if not ok:
         if all(r[0] in ("infeasible", "empty") for r in replies.values()):
             # nothing fits anywhere: the serial search states why (its smallest floor, its

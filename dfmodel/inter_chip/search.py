@@ -278,7 +278,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
         if share is not None:
             share.publish(top)
 
-    seeded: set = set()
+    seeded: set = set(getattr(space, "seeded", ()))  # (a parallel worker's: those evaluated before the fork)
     presolve = None if exhaustive else getattr(model, "presolve_bound_s", None)
     presolved: set = set()
     for ev in (space.seeds(capacity, partial(_try_evaluate, model)) if hasattr(space, "seeds") else ()):
