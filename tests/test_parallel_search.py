@@ -5,6 +5,7 @@ answer (same time, mapping, status, runners-up), the time limit holds for the wh
 from __future__ import annotations
 
 import copy
+import math
 from functools import partial
 
 import pytest
@@ -368,3 +369,63 @@ def test_a_worker_cut_after_its_bound_passed_the_winner_leaves_the_optimum_prove
     best, stats = merged(0.9)
     assert (stats.status, stats.proven_optimal, stats.lower_bound_s) == ("time_limit", False, 0.9)
     assert stats.gap == pytest.approx(0.1)
+
+
+def test_a_key_is_handed_once_to_a_worker_ahead_and_reaches_its_shelf():
+    """Worker 0 first reaches a group of its key at bound 2 while worker 1's queue head is at 3:
+    the key goes to worker 1 and is settled (asked again, it stays there); worker 1 takes the
+    groups it shelved for that key (once), and a worker that has finished takes no more keys."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 1, 1)
+    w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
+    a, b, c = (("tp", 8), ("micro_batch", 1)), (("tp", 8), ("micro_batch", 2)), (("tp", 4), ("micro_batch", 1))
+    assert [w0.key_owner(k, deal=True) for k in (a, b, c)] == [0, 1, 0]
+    group = SimpleNamespace(key=a)
+    w1.shelve([group])
+    assert w1.arrived(3.0) == []
+    assert w0.settle(a, 2.0) == 1 and w0.settle(a, 2.0) == 1
+    assert w0.key_owner(a, deal=False) == w1.key_owner(a, deal=False) == 1
+    assert w1.arrived(3.0) == [group] and w1.arrived(3.0) == []
+    assert w0.settle(c, 4.0) == 0  # worker 1 is behind: the key stays (settled) with worker 0
+    assert w1.finish() == [] and shared.done[1]
+    d, e = (("tp", 2), ("micro_batch", 1)), (("tp", 1), ("micro_batch", 1))
+    assert [w0.key_owner(k, deal=True) for k in (d, e)] == [1, 0]  # (dealt by count, as before)
+    assert w0.settle(e, -1.0) == 0  # worker 1's head (3) is past the bound, but it has finished
+
+
+def _hand_every_key(monkeypatch) -> None:
+    """Every worker looks infinitely far ahead: each key a worker settles goes to another
+    worker still searching (the most handing over there can be)."""
+    _split_all(monkeypatch)
+    arrived = ps._Share.arrived
+    monkeypatch.setattr(ps._Share, "arrived", lambda self, head_s: arrived(self, math.inf))
+
+
+@pytest.mark.parametrize("workload, system, kw", CASES)
+def test_keys_handed_over_give_the_serial_answer(workload, system, kw, monkeypatch):
+    _hand_every_key(monkeypatch)
+    serial = optimize(workload, system, workers=1, **kw)
+    par = optimize(workload, system, workers=2, **kw)
+    assert _answer(par) == _answer(serial)
+
+
+def test_keys_handed_over_count_every_mapping_once(monkeypatch):
+    """Handed keys are counted by their final owner only: the candidates and the ruled-out
+    counts are the serial search's, and every candidate is settled."""
+    _hand_every_key(monkeypatch)
+    w, s = load_workload(SMALL_LLM), load_system(small_system(4, 4, ib_bw="5 GB/s"))
+    runs = {}
+    for j in (1, 2, 3):
+        model = LLMModel(w, s)
+        with search_options(alternatives=5, parallel=None if j == 1 else partial(ps.parallel_search, workers=j)):
+            runs[j] = search(PlacementFreeBounds(model), LLMSpace(model, Knobs()))
+    b1, s1 = runs[1]
+    for j in (2, 3):
+        b, st = runs[j]
+        assert (b.mapping, b.iteration_time_s) == (b1.mapping, b1.iteration_time_s)
+        assert [e.mapping for e in st.runners_up] == [e.mapping for e in s1.runners_up]
+        assert st.candidates == s1.candidates
+        assert st.pruned_bound + st.pruned_memory + st.evaluated >= st.candidates
+        assert st.ruled_out == s1.ruled_out
