@@ -11,7 +11,7 @@ recorded in shared memory so that counts and bounds are merged once.
 When evaluations are costly (block solves of seconds: dataflow chips), one class may hold the
 whole proof (DeepSeek-V3 on SN30: six block solves in class (8, 1, 64)), and dealing by class
 leaves one worker alone with it. A root reached then is *split*: every worker that reaches it
-expands it and keeps the children whose block key -- (tp, cp, ep) and the micro-batch size, which
+expands it and keeps the children whose block key -- (tp, cp) and the micro-batch size, which
 every block's cache key holds -- was dealt to it (a shared table, first come, in bound order, to
 the worker with the fewest keys), so block caches still never overlap (:class:`_RootProxy`).
 The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
@@ -565,10 +565,12 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
 #: the knobs that decide a root's inner block solves (the sharding and intra-chip results are
 #: cached on them: two workers expanding roots of one class would each solve the same blocks)
 _BLOCK_KNOBS = ("tp", "cp", "ep")
-#: with the micro-batch size, the knobs every block key of a root's child holds
-#: (``LLMModel._block_key``: blocks of two micro-batch sizes share no solve), so a split root's
-#: children are dealt by them
-_SPLIT_KNOBS = _BLOCK_KNOBS + ("micro_batch",)
+#: the knobs every block key of a root's child holds (``LLMModel.block``: blocks of two
+#: micro-batch sizes share no solve), so a split root's children are dealt by them. Not ep: the
+#: embedding, head and dense-layer blocks are keyed without it, and the layer's phases are
+#: shared by content across ep (``LLMModel._phase_time``); dealt by (tp, cp, ep, micro-batch),
+#: DeepSeek-V3 / 8192 dragonfly solved 9 blocks (41 -> 50) and 30 phases (104 -> 134) twice
+_SPLIT_KNOBS = ("tp", "cp", "micro_batch")
 
 
 def _slot(sh: _Shared, h: int) -> int | None:
