@@ -14,14 +14,20 @@ leaves one worker alone with it. A root reached then is *split*: every worker th
 expands it and keeps the children whose block key -- (tp, cp) and the micro-batch size, which
 every block's cache key holds -- was dealt to it (a shared table, first come, in bound order, to
 the worker with the fewest keys), so block caches still never overlap (:class:`_RootProxy`).
+Dealt before anything shows which keys are costly, the keys may leave one worker with more
+work per bound than another, which then runs ahead in bound order past incumbents the first has
+yet to find (DeepSeek-V3 / 8192 dragonfly: 5300 evaluations, 25 %, that the serial search
+prunes). So a worker keeps the groups of the keys it does not own (shelved) and publishes its
+queue's head, and the first screen or expansion of a key's group *settles* the key: a key still
+unsolved goes to a worker whose head is past that bound (:meth:`_Share.settle`, :class:`_KeyProxy`).
 The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
 best over all of them, so no worker explores what another has already beaten.
 The recipe incumbents (``space.seeds``: MoE models) are evaluated here, before the fork, as the
 serial search evaluates them before its first expansion: every worker then starts with their
-cutoff, the blocks and lattices they solved, and their cost (which decides the splitting). When
-worker 0 evaluated them instead (3.5 of DeepSeek-V3 / 8192 dragonfly's 21 CPU s per worker),
-worker 1 ran ahead of it in bound order, past the incumbents worker 0 found late, and evaluated
-5300 mappings (25 %) the serial search prunes; both workers also solved the seeds' lattices.
+cutoff, the blocks and lattices they solved, and their cost (which decides the splitting).
+(Worker 0 evaluated them after the fork, 3.5 of DeepSeek-V3 / 8192 dragonfly's 21 CPU s per
+worker, while worker 1 idled for the first, then searched without the others' cutoff; both
+solved the seeds' lattices, ~2 CPU s.)
 
 The parent merges: the winner and runners-up are the best of every worker's evaluations under
 the serial search's total order (:func:`~dfmodel.inter_chip.search._better`: time, then step time,
