@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from functools import partial
 
 import pytest
@@ -241,10 +242,12 @@ def test_split_roots_count_every_mapping_once(monkeypatch):
         assert st.ruled_out == s1.ruled_out
 
 
-def test_split_roots_spread_micro_batch_sizes_over_workers(monkeypatch):
+@pytest.mark.parametrize("workload", [SMALL_LLM, with_moe(MOE)], ids=["dense", "moe"])
+def test_split_roots_spread_micro_batch_sizes_over_workers(workload, monkeypatch):
     """A split root's micro-batch groups go to both workers (the point of splitting), and no
-    block key is expanded by two workers: the keys each worker evaluated are disjoint, while
-    one (tp, cp, ep) class spans both."""
+    block is solved by two workers: the (tp, cp, micro-batch) each worker evaluated are
+    disjoint -- not only with ep, which the embedding, head and dense-layer blocks are not keyed
+    on -- while one (tp, cp, ep) class spans both."""
     import multiprocessing
 
     _split_all(monkeypatch)
@@ -252,20 +255,20 @@ def test_split_roots_spread_micro_batch_sizes_over_workers(monkeypatch):
     real = LLMModel.evaluate
 
     def record(self, m, **kw):
-        import os
-        path.append((os.getpid(), m.tp, m.cp, m.ep, m.micro_batch))
+        path.append((os.getpid(), m.tp, m.cp, m.micro_batch, m.ep))
         return real(self, m, **kw)
 
     monkeypatch.setattr(LLMModel, "evaluate", record)
-    optimize(SMALL_LLM, small_system(4, 4, ib_bw="5 GB/s"), workers=2)
+    optimize(workload, small_system(4, 4, ib_bw="5 GB/s"), workers=2)
     by_pid: dict = {}
     for pid, *key in list(path):
         by_pid.setdefault(pid, set()).add(tuple(key))
+    by_pid.pop(os.getpid(), None)  # (the seeds, evaluated before the fork)
     assert len(by_pid) == 2, by_pid
     a, b = by_pid.values()
-    assert not a & b
+    assert not {k[:3] for k in a} & {k[:3] for k in b}
     # one (tp, cp, ep) class searched by both workers (dealt by class, it could not be)
-    assert {k[:3] for k in a} & {k[:3] for k in b}
+    assert {(k[0], k[1], k[3]) for k in a} & {(k[0], k[1], k[3]) for k in b}
 
 
 def test_block_keys_are_dealt_once_and_in_turn(monkeypatch):
@@ -313,8 +316,6 @@ def test_seeds_are_evaluated_once_before_the_fork(monkeypatch):
     """A MoE space's recipe incumbents are evaluated in the parent, before the workers start
     (worker 1 would otherwise evaluate those it reaches again, and search without their cutoff
     meanwhile); the answer is the serial search's."""
-    import os
-
     parent = os.getpid()
     seen = []
     seeds = LLMSpace.seeds
