@@ -303,13 +303,14 @@ def test_a_root_settled_unsplit_stays_its_homes(monkeypatch):
     assert w0.decide(1, home=0) == ps._SPLIT and w1.decide(1, home=0) == ps._SPLIT
 
 
-def test_only_dataflow_chips_count_the_seeds_towards_splitting():
-    """The seeds' evaluations (before the fork) decide the first roots' splitting only where
-    evaluations solve blocks for seconds (dataflow); on GPUs they would split roots for nothing."""
+def test_only_dataflow_chips_evaluate_the_seeds_before_the_fork():
+    """The seeds are evaluated before the fork (and their cost decides the first roots'
+    splitting) only where their blocks and lattices cost seconds (dataflow); on GPUs worker 0
+    evaluates them while worker 1 searches."""
     gpu = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
     dataflow = LLMModel(load_workload("gpt3_13b"), load_system("sn30"))
-    assert gpu.system.chip.execution == "kernel_by_kernel" and not ps._seeds_decide_splits(gpu)
-    assert dataflow.system.chip.execution == "dataflow" and ps._seeds_decide_splits(dataflow)
+    assert gpu.system.chip.execution == "kernel_by_kernel" and not ps._seeds_before_fork(gpu)
+    assert dataflow.system.chip.execution == "dataflow" and ps._seeds_before_fork(dataflow)
 
 
 def test_seeds_are_evaluated_once_before_the_fork(monkeypatch):
@@ -326,6 +327,7 @@ def test_seeds_are_evaluated_once_before_the_fork(monkeypatch):
             yield ev
 
     monkeypatch.setattr(LLMSpace, "seeds", record)
+    monkeypatch.setattr(ps, "_seeds_before_fork", lambda model: True)  # (the small system is a GPU's)
     w, s = with_moe(MOE), small_system(4, 2)
     serial = optimize(w, s, workers=1)
     seen.clear()

@@ -22,9 +22,10 @@ queue's head, and the first screen or expansion of a key's group *settles* the k
 unsolved goes to a worker whose head is past that bound (:meth:`_Share.settle`, :class:`_KeyProxy`).
 The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
 best over all of them, so no worker explores what another has already beaten.
-The recipe incumbents (``space.seeds``: MoE models) are evaluated here, before the fork, as the
-serial search evaluates them before its first expansion: every worker then starts with their
-cutoff, the blocks and lattices they solved, and their cost (which decides the splitting).
+On dataflow chips the recipe incumbents (``space.seeds``: MoE models) are evaluated here, before
+the fork, as the serial search evaluates them before its first expansion: every worker then
+starts with their cutoff, the blocks and lattices they solved, and their cost (which decides the
+splitting; :func:`_seeds_before_fork`: on GPUs worker 0 evaluates them while the others search).
 (Worker 0 evaluated them after the fork, 3.5 of DeepSeek-V3 / 8192 dragonfly's 21 CPU s per
 worker, while worker 1 idled for the first, then searched without the others' cutoff; both
 solved the seeds' lattices, ~2 CPU s.)
@@ -168,8 +169,8 @@ class _Share:
         return run
 
     def splits(self) -> bool:
-        """True when the evaluations so far (the seeds' before the fork on dataflow chips:
-        :func:`_seeds_decide_splits`, then the workers') average :data:`_SPLIT_EVAL_S` or more.
+        """True when the evaluations so far (the seeds', before the fork on dataflow chips:
+        :func:`_seeds_before_fork`, then the workers') average :data:`_SPLIT_EVAL_S` or more.
         None yet means unsplit: a dense model on GPUs bounds ~200 roots before its first
         evaluation, and splitting them all cost 7% CPU."""
         evals = self.shared.evals[:]
@@ -379,11 +380,12 @@ class _KeyProxy(SpaceNode):
 class _ShardSpace:
     """The space as worker ``me`` searches it: the roots that fit as claimable proxies (in the
     serial order); the roots that cannot fit (pruned at once, then relieved by their offloaded
-    twins), the recipe seeds (``seeds``: evaluated before the fork; counted and accepted by
-    worker 0, skipped by every worker) and the early leanest incumbent go to worker 0 alone."""
+    twins), the recipe seeds (``seeds``: evaluated before the fork, counted and accepted by
+    worker 0, skipped by every worker; None: evaluated by worker 0) and the early leanest
+    incumbent go to worker 0 alone."""
 
     def __init__(self, space, roots: list, fits: list[bool], homes: list[int], share: _Share,
-                 twin_of: dict[int, int] | None = None, split: bool = False, seeds: list = ()):
+                 twin_of: dict[int, int] | None = None, split: bool = False, seeds: list | None = None):
         self.space, self.share = space, share
         me = share.me
         twin_of = twin_of or {}
@@ -397,9 +399,11 @@ class _ShardSpace:
                            for i, r in enumerate(roots) if i not in twins]
         else:
             self._roots = [proxies[i] for i in sorted(proxies)]
-        seeds = list(seeds)
-        self.seeds = lambda *args, **kw: iter(seeds if me == 0 else ())
-        self.seeded = frozenset(ev.mapping for ev in seeds)  # (_search skips them)
+        if seeds is not None:
+            self.seeds = lambda *args, **kw: iter(seeds if me == 0 else ())
+            self.seeded = frozenset(ev.mapping for ev in seeds)  # (_search skips them)
+        elif hasattr(space, "seeds"):
+            self.seeds = space.seeds if me == 0 else (lambda *args, **kw: ())
         if me > 0:
             # the early incumbent under a deadline (the leanest mapping) is worker 0's to take:
             # two workers evaluating the same mapping would each get half the cores for it
@@ -437,19 +441,24 @@ def _relief_twins(roots: list, fits: list[bool], capacity: float) -> tuple[list,
     return twins, twin_of
 
 
-def _seeds_decide_splits(model) -> bool:
-    """Whether the seeds' evaluations count towards :meth:`_Share.splits`: on dataflow chips,
-    where an evaluation solves blocks for seconds and splitting pays (DeepSeek-V3 on SN30 would
-    otherwise settle its costly class unsplit), not on kernel-by-kernel chips (GPUs), whose
-    evaluations average milliseconds once the seeds' blocks are solved."""
+def _seeds_before_fork(model) -> bool:
+    """Whether the seeds are evaluated before the fork (:func:`_evaluate_seeds`): on dataflow
+    chips, where their blocks and lattices cost seconds (3 of DeepSeek-V3 / 8192 dragonfly's
+    CPU s) that every worker then shares, and their cost decides the splitting (DeepSeek-V3 on
+    SN30 would otherwise settle its costly class unsplit). Not on kernel-by-kernel chips (GPUs):
+    worker 0 evaluates them while the others search, as idling them cost DeepSeek-V3 on 64 B200s
+    ~0.4 s on its slowest worker, and they decide no split (evaluations average milliseconds)."""
     chip = getattr(getattr(model, "system", None), "chip", None)
     return getattr(chip, "execution", "dataflow") == "dataflow"
 
 
-def _evaluate_seeds(model, space, capacity: float, shared: _Shared, keep: int) -> list:
+def _evaluate_seeds(model, space, capacity: float, shared: _Shared, keep: int) -> list | None:
     """The space's recipe incumbents (``space.seeds``; none without), evaluated in this process
-    before the fork; their times are worker 0's first ``keep`` best (every worker prunes with
-    them from its first root) and, on dataflow chips, their cost the first evaluations'."""
+    before the fork where :func:`_seeds_before_fork` (else None); their times are worker 0's
+    first ``keep`` best (every worker prunes with them from its first root) and their cost the
+    first evaluations' (:meth:`_Share.splits`)."""
+    if not _seeds_before_fork(model):
+        return None
     if not hasattr(space, "seeds"):
         return []
     tried = [0]
@@ -460,9 +469,8 @@ def _evaluate_seeds(model, space, capacity: float, shared: _Shared, keep: int) -
 
     t0 = time.process_time()
     seeds = list(space.seeds(capacity, evaluate))
-    if _seeds_decide_splits(model):
-        shared.evals[0] += time.process_time() - t0
-        shared.evals[1] += tried[0]
+    shared.evals[0] += time.process_time() - t0
+    shared.evals[1] += tried[0]
     top: list = []
     for ev in seeds:
         _insert(top, ev, keep)
@@ -471,7 +479,7 @@ def _evaluate_seeds(model, space, capacity: float, shared: _Shared, keep: int) -
 
 
 def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s,
-            twin_of: dict[int, int] | None = None, split: bool = False, seeds: list = ()) -> None:
+            twin_of: dict[int, int] | None = None, split: bool = False, seeds: list | None = None) -> None:
     """Run the search on this worker's share; send back what the parent merges."""
     share = _Share(shared, me, conn)
     try:
@@ -565,7 +573,8 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     failed = [r for r in replies.values() if r[0] == "error"]
     if failed:
         raise failed[0][1]
-    return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0, all(chip_fits), seeds)
+    return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0, all(chip_fits),
+                  seeds or ())
 
 
 #: the knobs that decide a root's inner block solves (the sharding and intra-chip results are
