@@ -251,6 +251,7 @@ def test_split_roots_spread_micro_batch_sizes_over_workers(workload, monkeypatch
     import multiprocessing
 
     _split_all(monkeypatch)
+    monkeypatch.setattr(ps, "_seeds_before_fork", lambda model: True)  # (worker 0 evaluates any seed else)
     path = multiprocessing.get_context("fork").Manager().list()
     real = LLMModel.evaluate
 
