@@ -5,6 +5,8 @@ answer (same time, mapping, status, runners-up), the time limit holds for the wh
 from __future__ import annotations
 
 import copy
+import math
+import os
 from functools import partial
 
 import pytest
@@ -240,31 +242,34 @@ def test_split_roots_count_every_mapping_once(monkeypatch):
         assert st.ruled_out == s1.ruled_out
 
 
-def test_split_roots_spread_micro_batch_sizes_over_workers(monkeypatch):
+@pytest.mark.parametrize("workload", [SMALL_LLM, with_moe(MOE)], ids=["dense", "moe"])
+def test_split_roots_spread_micro_batch_sizes_over_workers(workload, monkeypatch):
     """A split root's micro-batch groups go to both workers (the point of splitting), and no
-    block key is expanded by two workers: the keys each worker evaluated are disjoint, while
-    one (tp, cp, ep) class spans both."""
+    block is solved by two workers: the (tp, cp, micro-batch) each worker evaluated are
+    disjoint -- not only with ep, which the embedding, head and dense-layer blocks are not keyed
+    on -- while one (tp, cp, ep) class spans both."""
     import multiprocessing
 
     _split_all(monkeypatch)
+    monkeypatch.setattr(ps, "_seeds_before_fork", lambda model: True)  # (worker 0 evaluates any seed else)
     path = multiprocessing.get_context("fork").Manager().list()
     real = LLMModel.evaluate
 
     def record(self, m, **kw):
-        import os
-        path.append((os.getpid(), m.tp, m.cp, m.ep, m.micro_batch))
+        path.append((os.getpid(), m.tp, m.cp, m.micro_batch, m.ep))
         return real(self, m, **kw)
 
     monkeypatch.setattr(LLMModel, "evaluate", record)
-    optimize(SMALL_LLM, small_system(4, 4, ib_bw="5 GB/s"), workers=2)
+    optimize(workload, small_system(4, 4, ib_bw="5 GB/s"), workers=2)
     by_pid: dict = {}
     for pid, *key in list(path):
         by_pid.setdefault(pid, set()).add(tuple(key))
+    by_pid.pop(os.getpid(), None)  # (the seeds, evaluated before the fork)
     assert len(by_pid) == 2, by_pid
     a, b = by_pid.values()
-    assert not a & b
+    assert not {k[:3] for k in a} & {k[:3] for k in b}
     # one (tp, cp, ep) class searched by both workers (dealt by class, it could not be)
-    assert {k[:3] for k in a} & {k[:3] for k in b}
+    assert {(k[0], k[1], k[3]) for k in a} & {(k[0], k[1], k[3]) for k in b}
 
 
 def test_block_keys_are_dealt_once_and_in_turn(monkeypatch):
@@ -299,13 +304,37 @@ def test_a_root_settled_unsplit_stays_its_homes(monkeypatch):
     assert w0.decide(1, home=0) == ps._SPLIT and w1.decide(1, home=0) == ps._SPLIT
 
 
-def test_only_dataflow_chips_wait_for_the_first_evaluation():
-    """Worker 1 waits for worker 0's first seed evaluation before deciding a root only where
-    evaluations solve blocks for seconds (dataflow); on GPUs it would idle a core for nothing."""
+def test_only_dataflow_chips_evaluate_the_seeds_before_the_fork():
+    """The seeds are evaluated before the fork (and their cost decides the first roots'
+    splitting) only where their blocks and lattices cost seconds (dataflow); on GPUs worker 0
+    evaluates them while worker 1 searches."""
     gpu = LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2)))
     dataflow = LLMModel(load_workload("gpt3_13b"), load_system("sn30"))
-    assert gpu.system.chip.execution == "kernel_by_kernel" and ps._first_eval_wait_s(gpu) == 0.0
-    assert dataflow.system.chip.execution == "dataflow" and ps._first_eval_wait_s(dataflow) == ps._FIRST_EVAL_WAIT_S > 0
+    assert gpu.system.chip.execution == "kernel_by_kernel" and not ps._seeds_before_fork(gpu)
+    assert dataflow.system.chip.execution == "dataflow" and ps._seeds_before_fork(dataflow)
+
+
+def test_seeds_are_evaluated_once_before_the_fork(monkeypatch):
+    """A MoE space's recipe incumbents are evaluated in the parent, before the workers start
+    (worker 1 would otherwise evaluate those it reaches again, and search without their cutoff
+    meanwhile); the answer is the serial search's."""
+    parent = os.getpid()
+    seen = []
+    seeds = LLMSpace.seeds
+
+    def record(self, capacity, evaluate, *args, **kw):
+        for ev in seeds(self, capacity, evaluate, *args, **kw):
+            seen.append(os.getpid())
+            yield ev
+
+    monkeypatch.setattr(LLMSpace, "seeds", record)
+    monkeypatch.setattr(ps, "_seeds_before_fork", lambda model: True)  # (the small system is a GPU's)
+    w, s = with_moe(MOE), small_system(4, 2)
+    serial = optimize(w, s, workers=1)
+    seen.clear()
+    par = optimize(w, s, workers=2)
+    assert seen and set(seen) == {parent}
+    assert _answer(par) == _answer(serial)
 
 
 def test_a_worker_cut_after_its_bound_passed_the_winner_leaves_the_optimum_proven():
@@ -344,3 +373,63 @@ def test_a_worker_cut_after_its_bound_passed_the_winner_leaves_the_optimum_prove
     best, stats = merged(0.9)
     assert (stats.status, stats.proven_optimal, stats.lower_bound_s) == ("time_limit", False, 0.9)
     assert stats.gap == pytest.approx(0.1)
+
+
+def test_a_key_is_handed_once_to_a_worker_ahead_and_reaches_its_shelf():
+    """Worker 0 first reaches a group of its key at bound 2 while worker 1's queue head is at 3:
+    the key goes to worker 1 and is settled (asked again, it stays there); worker 1 takes the
+    groups it shelved for that key (once), and a worker that has finished takes no more keys."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 1, 1)
+    w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
+    a, b, c = (("tp", 8), ("micro_batch", 1)), (("tp", 8), ("micro_batch", 2)), (("tp", 4), ("micro_batch", 1))
+    assert [w0.key_owner(k, deal=True) for k in (a, b, c)] == [0, 1, 0]
+    group = SimpleNamespace(key=a)
+    w1.shelve([group])
+    assert w1.arrived(3.0) == []
+    assert w0.settle(a, 2.0) == 1 and w0.settle(a, 2.0) == 1
+    assert w0.key_owner(a, deal=False) == w1.key_owner(a, deal=False) == 1
+    assert w1.arrived(3.0) == [group] and w1.arrived(3.0) == []
+    assert w0.settle(c, 4.0) == 0  # worker 1 is behind: the key stays (settled) with worker 0
+    assert w1.finish() == [] and shared.done[1]
+    d, e = (("tp", 2), ("micro_batch", 1)), (("tp", 1), ("micro_batch", 1))
+    assert [w0.key_owner(k, deal=True) for k in (d, e)] == [1, 0]  # (dealt by count, as before)
+    assert w0.settle(e, -1.0) == 0  # worker 1's head (3) is past the bound, but it has finished
+
+
+def _hand_every_key(monkeypatch) -> None:
+    """Every worker looks infinitely far ahead: each key a worker settles goes to another
+    worker still searching (the most handing over there can be)."""
+    _split_all(monkeypatch)
+    arrived = ps._Share.arrived
+    monkeypatch.setattr(ps._Share, "arrived", lambda self, head_s: arrived(self, math.inf))
+
+
+@pytest.mark.parametrize("workload, system, kw", CASES)
+def test_keys_handed_over_give_the_serial_answer(workload, system, kw, monkeypatch):
+    _hand_every_key(monkeypatch)
+    serial = optimize(workload, system, workers=1, **kw)
+    par = optimize(workload, system, workers=2, **kw)
+    assert _answer(par) == _answer(serial)
+
+
+def test_keys_handed_over_count_every_mapping_once(monkeypatch):
+    """Handed keys are counted by their final owner only: the candidates and the ruled-out
+    counts are the serial search's, and every candidate is settled."""
+    _hand_every_key(monkeypatch)
+    w, s = load_workload(SMALL_LLM), load_system(small_system(4, 4, ib_bw="5 GB/s"))
+    runs = {}
+    for j in (1, 2, 3):
+        model = LLMModel(w, s)
+        with search_options(alternatives=5, parallel=None if j == 1 else partial(ps.parallel_search, workers=j)):
+            runs[j] = search(PlacementFreeBounds(model), LLMSpace(model, Knobs()))
+    b1, s1 = runs[1]
+    for j in (2, 3):
+        b, st = runs[j]
+        assert (b.mapping, b.iteration_time_s) == (b1.mapping, b1.iteration_time_s)
+        assert [e.mapping for e in st.runners_up] == [e.mapping for e in s1.runners_up]
+        assert st.candidates == s1.candidates
+        assert st.pruned_bound + st.pruned_memory + st.evaluated >= st.candidates
+        assert st.ruled_out == s1.ruled_out

@@ -11,11 +11,24 @@ recorded in shared memory so that counts and bounds are merged once.
 When evaluations are costly (block solves of seconds: dataflow chips), one class may hold the
 whole proof (DeepSeek-V3 on SN30: six block solves in class (8, 1, 64)), and dealing by class
 leaves one worker alone with it. A root reached then is *split*: every worker that reaches it
-expands it and keeps the children whose block key -- (tp, cp, ep) and the micro-batch size, which
+expands it and keeps the children whose block key -- (tp, cp) and the micro-batch size, which
 every block's cache key holds -- was dealt to it (a shared table, first come, in bound order, to
 the worker with the fewest keys), so block caches still never overlap (:class:`_RootProxy`).
+Dealt before anything shows which keys are costly, the keys may leave one worker with more
+work per bound than another, which then runs ahead in bound order past incumbents the first has
+yet to find (DeepSeek-V3 / 8192 dragonfly: 5300 evaluations, 25 %, that the serial search
+prunes). So a worker keeps the groups of the keys it does not own (shelved) and publishes its
+queue's head, and the first screen or expansion of a key's group *settles* the key: a key still
+unsolved goes to a worker whose head is past that bound (:meth:`_Share.settle`, :class:`_KeyProxy`).
 The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
 best over all of them, so no worker explores what another has already beaten.
+On dataflow chips the recipe incumbents (``space.seeds``: MoE models) are evaluated here, before
+the fork, as the serial search evaluates them before its first expansion: every worker then
+starts with their cutoff, the blocks and lattices they solved, and their cost (which decides the
+splitting; :func:`_seeds_before_fork`: on GPUs worker 0 evaluates them while the others search).
+(Worker 0 evaluated them after the fork, 3.5 of DeepSeek-V3 / 8192 dragonfly's 21 CPU s per
+worker, while worker 1 idled for the first, then searched without the others' cutoff; both
+solved the seeds' lattices, ~2 CPU s.)
 
 The parent merges: the winner and runners-up are the best of every worker's evaluations under
 the serial search's total order (:func:`~dfmodel.inter_chip.search._better`: time, then step time,
@@ -41,10 +54,10 @@ from multiprocessing.connection import wait
 
 from dfmodel.errors import InfeasibleError, TimeLimitError
 from dfmodel.inter_chip.search import (KnobTables, Progress, SearchStats, _better, _insert, _Reporter, _search,
-                                       no_incumbent_error)
+                                       _try_evaluate, no_incumbent_error)
 from dfmodel.inter_chip.space import SpaceNode
 from dfmodel.parallel import fork_available
-from dfmodel.solvers.deadline import deadline_scope, expired, time_left_s
+from dfmodel.solvers.deadline import deadline_scope, time_left_s
 
 _UNCLAIMED = -1
 _PROGRESS_FIELDS = 7  # candidates, evaluated, pruned, open, best, bound, elapsed
@@ -68,8 +81,6 @@ _SPLIT = -2  # a root every worker expands, keeping the children whose block key
 #: search's cost is in bounding roots, which splitting would duplicate: measured +5-20% CPU
 #: when every root was split (DeepSeek-V3 on B200 and H100, Llama 3 70B on H100 and dragonfly)
 _SPLIT_EVAL_S = 0.05
-#: the longest a worker waits for worker 0's first seed evaluation before deciding a root
-_FIRST_EVAL_WAIT_S = 5.0
 #: slots of the shared table of block keys -> owning worker (open addressing; a full table falls
 #: back to the key's hash modulo the workers: still one owner per key, only less balanced)
 _KEY_SLOTS = 1 << 14
@@ -89,9 +100,14 @@ class _Shared:
         self.key_hash = ctx.Array("q", [_EMPTY_SLOT] * _KEY_SLOTS)  # (its lock guards key_owner and dealt)
         self.key_owner = ctx.Array("i", [_UNCLAIMED] * _KEY_SLOTS, lock=False)
         self.dealt = ctx.Array("q", [0] * workers, lock=False)  # keys dealt to each worker
+        # (under key_hash's lock) a key's owner is final (_Share.settle); keys handed to each
+        # worker so far; which workers have finished (they take no more keys)
+        self.key_settled = ctx.Array("b", [0] * _KEY_SLOTS, lock=False)
+        self.handed = ctx.Array("q", [0] * workers, lock=False)
+        self.done = ctx.Array("b", [0] * workers, lock=False)
+        self.head = ctx.Array("d", [-math.inf] * workers, lock=False)  # each worker's queue head (bound)
         # each worker's evaluations so far: (CPU seconds, count), read by every worker (_Share.splits)
         self.evals = ctx.Array("d", [0.0] * (2 * workers), lock=False)
-        self.searching = ctx.Value("i", 0, lock=False)  # worker 0 is past its seeds
 
 
 class _Share:
@@ -103,7 +119,8 @@ class _Share:
         self.published = False  # a fitting evaluation of this worker's
         self.started = False  # the roots have been admitted: claims may begin
         self.sent: set = set()  # mappings already streamed to the parent
-        self.first_eval_wait_s = _FIRST_EVAL_WAIT_S  # (_worker: 0 where evaluations are cheap)
+        self.shelf: dict[tuple, list] = {}  # block key -> groups of split roots another worker owns
+        self.handed_seen = 0  # keys handed to this worker, as of its last look at the shelf
 
     def publish(self, top: list) -> None:
         """This worker's ``keep`` best times into its slice (under the lock: a reader never sees
@@ -123,8 +140,6 @@ class _Share:
     def cutoff(self, local: float | None) -> float | None:
         """The ``keep``-th best time over every worker (<= this worker's own), or ``local``."""
         self.started = True
-        if self.me == 0:
-            self.shared.searching.value = 1  # (its seeds are evaluated: _Share.splits)
         with self.shared.tops.get_lock():
             times = sorted(self.shared.tops[:])
         kth = times[self.shared.keep - 1]
@@ -160,19 +175,11 @@ class _Share:
         return run
 
     def splits(self) -> bool:
-        """True when the workers' evaluations so far average :data:`_SPLIT_EVAL_S` or more. A
-        worker other than 0 that finds none yet waits (at most :data:`_FIRST_EVAL_WAIT_S`) while
-        worker 0 evaluates its seeds (MoE recipe incumbents, before its search): DeepSeek-V3 on
-        SN30 would otherwise settle the roots it reaches first as unsplit, the costly class among
-        them. Without seeds (worker 0 already searching), none yet means unsplit: a dense model on
-        GPUs bounds ~200 roots before its first evaluation, and splitting them all cost 7% CPU.
-        Only dataflow chips wait (:func:`_first_eval_wait_s`)."""
-        shared = self.shared
-        t_end = time.perf_counter() + self.first_eval_wait_s
-        while (self.me > 0 and sum(shared.evals[1::2]) == 0 and not shared.searching.value
-               and time.perf_counter() < t_end and not expired()):
-            time.sleep(0.005)
-        evals = shared.evals[:]
+        """True when the evaluations so far (the seeds', before the fork on dataflow chips:
+        :func:`_seeds_before_fork`, then the workers') average :data:`_SPLIT_EVAL_S` or more.
+        None yet means unsplit: a dense model on GPUs bounds ~200 roots before its first
+        evaluation, and splitting them all cost 7% CPU."""
+        evals = self.shared.evals[:]
         n = sum(evals[1::2])
         return n > 0 and sum(evals[0::2]) >= _SPLIT_EVAL_S * n
 
@@ -196,21 +203,75 @@ class _Share:
         sh = self.shared
         h = hash(key) or 1
         with sh.key_hash.get_lock():
-            slot = h % _KEY_SLOTS
-            for _ in range(_KEY_SLOTS):
-                if sh.key_hash[slot] == h:
-                    return sh.key_owner[slot]
-                if sh.key_hash[slot] == _EMPTY_SLOT:
-                    break
-                slot = (slot + 1) % _KEY_SLOTS
-            else:  # full table: the hash decides (one owner per key all the same)
+            slot = _slot(sh, h)
+            if slot is None:  # full table: the hash decides (one owner per key all the same)
                 return h % sh.workers
+            if sh.key_hash[slot] == h:
+                return sh.key_owner[slot]
             if not deal:
                 return _UNCLAIMED
             w = min(range(sh.workers), key=lambda k: (sh.dealt[k], k))
             sh.key_hash[slot], sh.key_owner[slot] = h, w
             sh.dealt[w] += 1
             return w
+
+    def settle(self, key: tuple, bound_s: float) -> int:
+        """The key's owner for good, asked when a worker first screens or expands one of its
+        groups (none of its blocks solved yet): a key still this worker's goes, unsettled, to
+        the worker furthest ahead in bound order when one is (its queue's head past ``bound_s``,
+        the bound this worker has reached). Keys are dealt when the roots are expanded, before
+        anything shows which are costly: DeepSeek-V3 / 8192 dragonfly's worker 0 got 40 % more
+        work per bound, and worker 1, ahead, evaluated 5300 mappings (25 %) below the cutoff
+        it had but above the one worker 0 found later, that the serial search prunes."""
+        sh = self.shared
+        h = hash(key) or 1
+        with sh.key_hash.get_lock():
+            slot = _slot(sh, h)
+            if slot is None or sh.key_hash[slot] != h:  # (a full table: the hash's owner, never handed)
+                return h % sh.workers
+            owner = sh.key_owner[slot]
+            if owner == self.me and not sh.key_settled[slot]:
+                ahead = [w for w in range(sh.workers) if w != self.me and not sh.done[w] and sh.head[w] > bound_s]
+                if ahead:
+                    owner = sh.key_owner[slot] = max(ahead, key=lambda w: sh.head[w])
+                    sh.handed[owner] += 1
+                sh.key_settled[slot] = 1
+            return owner
+
+    def shelve(self, groups: list) -> None:
+        """Groups of a split root whose key another worker owns: kept, unsearched, in case the key
+        is handed to this worker (:meth:`settle`)."""
+        for g in groups:
+            self.shelf.setdefault(g.key, []).append(g)
+
+    def arrived(self, head_s: float) -> list:
+        """Publishes this worker's queue head; the shelved groups of the keys handed to it since
+        it last looked (to search)."""
+        sh = self.shared
+        sh.head[self.me] = head_s
+        if sh.handed[self.me] == self.handed_seen:
+            return []
+        with sh.key_hash.get_lock():
+            return self._unshelve()
+
+    def finish(self) -> list:
+        """Like :meth:`arrived` when this worker's search is about to end; when nothing arrived
+        it is done (atomically: no key is handed to it afterwards)."""
+        sh = self.shared
+        with sh.key_hash.get_lock():
+            groups = self._unshelve()
+            if not groups:
+                sh.done[self.me] = 1
+            return groups
+
+    def _unshelve(self) -> list:
+        """(under the key table's lock) the shelved groups whose key is now this worker's."""
+        sh = self.shared
+        if sh.handed[self.me] == self.handed_seen:
+            return []
+        self.handed_seen = sh.handed[self.me]
+        mine = [k for k in self.shelf if _owner_locked(sh, k) == self.me]
+        return [g for k in mine for g in self.shelf.pop(k)]
 
     def report(self, p: Progress) -> None:
         f = _PROGRESS_FIELDS
@@ -234,7 +295,7 @@ class _RootProxy(SpaceNode):
 
     def __init__(self, real: SpaceNode, index: int, share: _Share, home: int, split: bool = False):
         self.real, self.index, self.share, self.home, self.split = real, index, share, home, split
-        self._own: list | None = None  # (split) the children this worker owns, built once
+        self._all: list | None = None  # (split) the children as _KeyProxy, built once
         super().__init__(real.bound_s, real.floor_bytes, real.count, real.knobs, self._expand, real.leaf,
                          None if real.screen is None else self._screen, real.relief)
 
@@ -244,7 +305,7 @@ class _RootProxy(SpaceNode):
             return self._count
         owner = self.share.owner_of(self.index)
         if owner == _SPLIT:  # expanded somewhere: this worker answers for its own children only
-            return sum(c.count for c in self._children())
+            return sum(c.count for c in self._children())  # (0 for another's key: _KeyProxy.count)
         return self._count if owner in (_UNCLAIMED, self.share.me) else 0
 
     @count.setter
@@ -255,35 +316,82 @@ class _RootProxy(SpaceNode):
         if not self.split:
             return self.real.expand() if self.share.claim(self.index, self.home) else []
         owner = self.share.decide(self.index, self.home)
-        if owner == _SPLIT:
-            return self._children()
+        if owner == _SPLIT:  # this worker's children; the others' shelved (their key may be handed here)
+            mine = {c: c.mine() for c in self._children()}
+            self.share.shelve([c for c, ok in mine.items() if not ok])
+            return [c for c, ok in mine.items() if ok]
         return self.real.expand() if owner == self.share.me else []
 
     def _children(self) -> list:
-        """The real root's children whose block key is this worker's (keys dealt in bound order),
-        built once: counting a root another worker split and expanding it ask the same list."""
-        if self._own is not None:
-            return self._own
-        children = self.real.expand()
-        owners = {}
-        for c in sorted(children, key=lambda c: c.bound_s):
-            key = _block_key(c.knobs)
-            if key not in owners:
-                owners[key] = self.share.key_owner(key, deal=True)
-        self._own = [c for c in children if owners[_block_key(c.knobs)] == self.share.me]
-        return self._own
+        """The real root's children, each as a :class:`_KeyProxy` of its block key (keys dealt
+        in bound order), built once: counting a root another worker split and expanding it
+        ask the same list."""
+        if self._all is None:
+            children = self.real.expand()
+            for c in sorted(children, key=lambda c: c.bound_s):
+                self.share.key_owner(_block_key(c.knobs), deal=True)
+            self._all = [_KeyProxy(c, _block_key(c.knobs), self.share) for c in children]
+        return self._all
 
     def _screen(self) -> float:
         return self.real.screen() if self.share.claim(self.index, self.home) else 0.0
 
 
+class _KeyProxy(SpaceNode):
+    """A child of a split root (a micro-batch group) as one worker sees it: searched, and
+    counted, by the worker that owns its block key (:meth:`_Share.key_owner`); the first
+    screen or expansion of one of the key's groups settles the key (:meth:`_Share.settle`),
+    which may hand it to a worker further ahead: a group whose key another worker owns refines,
+    screens and expands to nothing here."""
+
+    def __init__(self, real: SpaceNode, key: tuple, share: _Share):
+        self.real, self.key, self.share = real, key, share
+        host = getattr(real, "host_screen", None)
+        super().__init__(real.bound_s, real.floor_bytes, real.count, real.knobs, self._expand, real.leaf,
+                         None if real.screen is None else self._screen, real.relief, real.refine,
+                         None if host is None else self._host_screen)
+
+    def mine(self) -> bool:
+        return self.share.key_owner(self.key, deal=False) == self.share.me
+
+    @property
+    def count(self) -> int:
+        return self._count if self.mine() else 0
+
+    @count.setter
+    def count(self, value: int) -> None:
+        self._count = value
+
+    @property
+    def refine(self):  # (the real group's, which a staged refine sets again)
+        return self.real.refine if self.mine() else None
+
+    @refine.setter
+    def refine(self, value) -> None:
+        self.real.refine = value
+
+    def _settled_mine(self) -> bool:
+        return self.share.settle(self.key, self.bound_s) == self.share.me
+
+    def _screen(self) -> float:
+        return self.real.screen() if self._settled_mine() else 0.0
+
+    def _host_screen(self) -> bool:
+        return self.real.host_screen() if self._settled_mine() else True
+
+    def _expand(self) -> list:
+        return self.real.expand() if self._settled_mine() else []
+
+
 class _ShardSpace:
     """The space as worker ``me`` searches it: the roots that fit as claimable proxies (in the
     serial order); the roots that cannot fit (pruned at once, then relieved by their offloaded
-    twins), the recipe seeds and the early leanest incumbent go to worker 0 alone."""
+    twins), the recipe seeds (``seeds``: evaluated before the fork, counted and accepted by
+    worker 0, skipped by every worker; None: evaluated by worker 0) and the early leanest
+    incumbent go to worker 0 alone."""
 
     def __init__(self, space, roots: list, fits: list[bool], homes: list[int], share: _Share,
-                 twin_of: dict[int, int] | None = None, split: bool = False):
+                 twin_of: dict[int, int] | None = None, split: bool = False, seeds: list | None = None):
         self.space, self.share = space, share
         me = share.me
         twin_of = twin_of or {}
@@ -297,7 +405,10 @@ class _ShardSpace:
                            for i, r in enumerate(roots) if i not in twins]
         else:
             self._roots = [proxies[i] for i in sorted(proxies)]
-        if hasattr(space, "seeds"):
+        if seeds is not None:
+            self.seeds = lambda *args, **kw: iter(seeds if me == 0 else ())
+            self.seeded = frozenset(ev.mapping for ev in seeds)  # (_search skips them)
+        elif hasattr(space, "seeds"):
             self.seeds = space.seeds if me == 0 else (lambda *args, **kw: ())
         if me > 0:
             # the early incumbent under a deadline (the leanest mapping) is worker 0's to take:
@@ -336,21 +447,47 @@ def _relief_twins(roots: list, fits: list[bool], capacity: float) -> tuple[list,
     return twins, twin_of
 
 
-def _first_eval_wait_s(model) -> float:
-    """How long a worker waits for the first evaluation before deciding a root (:meth:`_Share.splits`):
-    :data:`_FIRST_EVAL_WAIT_S` on dataflow chips, where an evaluation solves blocks for seconds and
-    splitting pays; 0 on kernel-by-kernel chips (GPUs), whose evaluations average milliseconds, so
-    no root is split there and the wait only idled a core: DeepSeek-V3 on 64 B200s, 9.6-9.8 s
-    wall with it, 9.1-9.4 s without (2 workers, 10 s limit)."""
+def _seeds_before_fork(model) -> bool:
+    """Whether the seeds are evaluated before the fork (:func:`_evaluate_seeds`): on dataflow
+    chips, where their blocks and lattices cost seconds (3 of DeepSeek-V3 / 8192 dragonfly's
+    CPU s) that every worker then shares, and their cost decides the splitting (DeepSeek-V3 on
+    SN30 would otherwise settle its costly class unsplit). Not on kernel-by-kernel chips (GPUs):
+    worker 0 evaluates them while the others search, as idling them cost DeepSeek-V3 on 64 B200s
+    ~0.4 s on its slowest worker, and they decide no split (evaluations average milliseconds)."""
     chip = getattr(getattr(model, "system", None), "chip", None)
-    return _FIRST_EVAL_WAIT_S if getattr(chip, "execution", "dataflow") == "dataflow" else 0.0
+    return getattr(chip, "execution", "dataflow") == "dataflow"
+
+
+def _evaluate_seeds(model, space, capacity: float, shared: _Shared, keep: int) -> list | None:
+    """The space's recipe incumbents (``space.seeds``; none without), evaluated in this process
+    before the fork where :func:`_seeds_before_fork` (else None); their times are worker 0's
+    first ``keep`` best (every worker prunes with them from its first root) and their cost the
+    first evaluations' (:meth:`_Share.splits`)."""
+    if not _seeds_before_fork(model):
+        return None
+    if not hasattr(space, "seeds"):
+        return []
+    tried = [0]
+
+    def evaluate(m):
+        tried[0] += 1
+        return _try_evaluate(model, m)
+
+    t0 = time.process_time()
+    seeds = list(space.seeds(capacity, evaluate))
+    shared.evals[0] += time.process_time() - t0
+    shared.evals[1] += tried[0]
+    top: list = []
+    for ev in seeds:
+        _insert(top, ev, keep)
+    shared.tops[:keep] = [ev.iteration_time_s for ev in top] + [math.inf] * (keep - len(top))
+    return seeds
 
 
 def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s,
-            twin_of: dict[int, int] | None = None, split: bool = False) -> None:
+            twin_of: dict[int, int] | None = None, split: bool = False, seeds: list | None = None) -> None:
     """Run the search on this worker's share; send back what the parent merges."""
     share = _Share(shared, me, conn)
-    share.first_eval_wait_s = _first_eval_wait_s(model)
     try:
         with contextlib.suppress(AttributeError):  # (this process's copy: timed for _Share.splits)
             model.evaluate = share.timed(model.evaluate)
@@ -359,7 +496,8 @@ def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, ke
         own_limit_s = None if left is None else max(0.0, left - min(_WRAP_UP_S, 0.05 * (limit_s or left)))
         try:
             with deadline_scope(own_limit_s):
-                best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share, twin_of, split), exhaustive=False,
+                best, stats = _search(model, _ShardSpace(space, roots, fits, homes, share, twin_of, split, seeds),
+                                      exhaustive=False,
                                       keep=keep, progress=share.report, limit_s=limit_s, share=share)
             top = [best] + list(stats.runners_up)
         except TimeLimitError as exc:  # detail: (chip bytes, summary) of its leanest non-fitting evaluation
@@ -376,7 +514,9 @@ def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, ke
         ledger = share.ledger
         tables, counted_unclaimed = None, 0
         if ledger is not None:
-            def mine(node) -> bool:  # a root another worker searched: its records speak for it
+            def mine(node) -> bool:  # a root (or a key) another worker searched: its records speak for it
+                if isinstance(node, _KeyProxy):
+                    return node.mine()
                 return not isinstance(node, _RootProxy) or share.owner_of(node.index) in (_UNCLAIMED, _SPLIT, me)
 
             if stats is not None and not stats.timed_out:
@@ -420,11 +560,12 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     ctx = multiprocessing.get_context("fork")
     homes = [h % workers for h in homes]
     shared = _Shared(ctx, workers, keep, len(roots))
+    seeds = _evaluate_seeds(model, space, capacity, shared, keep)
     procs, conns = [], {}
     for me in range(workers):
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_worker,
-                        args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s, twin_of, True),
+                        args=(me, send, model, space, roots, fits, homes, shared, keep, limit_s, twin_of, True, seeds),
                         daemon=True)
         p.start()
         send.close()
@@ -438,16 +579,38 @@ def parallel_search(model, space, *, keep: int, progress, limit_s: float | None,
     failed = [r for r in replies.values() if r[0] == "error"]
     if failed:
         raise failed[0][1]
-    return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0, all(chip_fits))
+    return _merge(model, serial, replies, roots, fits, fit_count, shared, keep, progress, t0, all(chip_fits),
+                  seeds or ())
 
 
 #: the knobs that decide a root's inner block solves (the sharding and intra-chip results are
 #: cached on them: two workers expanding roots of one class would each solve the same blocks)
 _BLOCK_KNOBS = ("tp", "cp", "ep")
-#: with the micro-batch size, the knobs every block key of a root's child holds
-#: (``LLMModel._block_key``: blocks of two micro-batch sizes share no solve), so a split root's
-#: children are dealt by them
-_SPLIT_KNOBS = _BLOCK_KNOBS + ("micro_batch",)
+#: the knobs every block key of a root's child holds (``LLMModel.block``: blocks of two
+#: micro-batch sizes share no solve), so a split root's children are dealt by them. Not ep: the
+#: embedding, head and dense-layer blocks are keyed without it, and the layer's phases are
+#: shared by content across ep (``LLMModel._phase_time``); dealt by (tp, cp, ep, micro-batch),
+#: DeepSeek-V3 / 8192 dragonfly solved 9 blocks (41 -> 50) and 30 phases (104 -> 134) twice
+_SPLIT_KNOBS = ("tp", "cp", "micro_batch")
+
+
+def _slot(sh: _Shared, h: int) -> int | None:
+    """(under the key table's lock) the slot of hash ``h`` in the key table (open addressing), or
+    the empty slot where it would go; None when the table is full without it."""
+    slot = h % _KEY_SLOTS
+    for _ in range(_KEY_SLOTS):
+        if sh.key_hash[slot] in (h, _EMPTY_SLOT):
+            return slot
+        slot = (slot + 1) % _KEY_SLOTS
+    return None
+
+
+def _owner_locked(sh: _Shared, key: tuple) -> int:
+    h = hash(key) or 1
+    slot = _slot(sh, h)
+    if slot is None:
+        return h % sh.workers
+    return sh.key_owner[slot] if sh.key_hash[slot] == h else _UNCLAIMED
 
 
 def _block_key(knobs: tuple) -> tuple:
@@ -518,8 +681,10 @@ def _report(reporter: _Reporter, shared: _Shared, workers: int, fit_count: int) 
 
 
 def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _Shared, keep: int, progress, t0,
-           all_fit: bool = True):
-    ok = [replies[w] for w in sorted(replies) if replies[w][0] in ("ok", "time") and replies[w][2]]
+           all_fit: bool = True, seeds: list = ()):
+    # (the seeds evaluated before the fork join whatever worker 0 returned: kept if it was stopped)
+    ok = [("seeds", None, list(seeds))] if seeds else []
+    ok += [replies[w] for w in sorted(replies) if replies[w][0] in ("ok", "time") and replies[w][2]]
     if not ok:
         if all(r[0] in ("infeasible", "empty") for r in replies.values()):
             # nothing fits anywhere: the serial search states why (its smallest floor, its

@@ -278,7 +278,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
         if share is not None:
             share.publish(top)
 
-    seeded: set = set()
+    seeded: set = set(getattr(space, "seeded", ()))  # (a parallel worker's: those evaluated before the fork)
     presolve = None if exhaustive else getattr(model, "presolve_bound_s", None)
     presolved: set = set()
     for ev in (space.seeds(capacity, partial(_try_evaluate, model)) if hasattr(space, "seeds") else ()):
@@ -296,7 +296,11 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
                 continue
             heapq.heappush(queue, (model.lower_bound_s(extra), next(seq), False, extra))
 
-    while queue:
+    # (a parallel worker: groups another worker handed to it join its queue as they arrive, and
+    # once more before it ends, at its last head or when its queue runs out)
+    while queue or (share is not None and _push(queue, seq, share.finish())):
+        if share is not None and _push(queue, seq, share.arrived(queue[0][0])):
+            continue
         if space is not None and dive_at is not None and time.perf_counter() >= dive_at:
             dive_at = None
             if not any(ev.fits for ev in top):  # no incumbent yet: the leanest mapping, once
@@ -321,6 +325,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
         # one proven slower than the best waits (_SCREENED) until every bound below the best is closed
         screen_s = cutoff if refined is _SCREENED or best_s is None or keep == 1 else best_s
         if cutoff is not None and bound >= cutoff and not exhaustive:
+            if share is not None and _push(queue, seq, share.finish()):
+                continue
             stats.pruned_bound += _count(queue)
             ledger.bounded(queue)
             queue = []
@@ -408,6 +414,8 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             continue
         accept(ev, m, bound)
         reporter.maybe(stats, len(queue), top[0].iteration_time_s, queue[0][0] if queue else None)
+    if share is not None:  # (cut by the deadline: what arrived since stays open, its bound counts)
+        _push(queue, seq, share.finish())
     for ev in dived.values():  # incumbents taken early that the cut search never reached
         if isinstance(ev, InfeasibleError) or ev is None:
             continue
@@ -496,6 +504,13 @@ def no_incumbent_error(counts: str, leanest: tuple[float, str] | None) -> TimeLi
                          f"fitting yet); {hint}")
     exc.leanest = leanest
     return exc
+
+
+def _push(queue: list, seq, groups: list) -> bool:
+    """``groups`` onto the queue under their bounds; True when there were any."""
+    for g in groups:
+        heapq.heappush(queue, (g.bound_s, next(seq), False, g))
+    return bool(groups)
 
 
 def _count(items) -> int:
