@@ -36,7 +36,7 @@ from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs, stash_tensors
 from dfmodel.inter_chip.onchip_stash import layer_times as stash_layer_times
-from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
+from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, params_plan_free, shard
 from dfmodel.intra_chip import partition
 from dfmodel.intra_chip.api import floor_time_s
 from dfmodel.netmodels import CostTable, merge_groups, nccl
@@ -1959,10 +1959,11 @@ class LLMModel:
         """The least worst-stage memory of ``m`` over every layer split :meth:`evaluate` may
         take (:meth:`_splits_evaluate_may_take`) when none fits the chip, else None (also where
         the splits are not enumerated). Exact, not a floor, per split: :meth:`_stage_memory`
-        reads the blocks' sharded graphs (parameters), never their solved times, which only
-        pick the split. So a mapping none of whose splits fits needs no intra-chip solve
+        reads the blocks' parameters per chip (:meth:`_block_params`), never their solved times,
+        which only pick the split. So a mapping none of whose splits fits needs no intra-chip solve
         (DeepSeek-V3 on 512 dragonfly chips: 59 layer blocks were solved and then did not
-        fit). Memoised on what memory reads and the TP group (the shardings')."""
+        fit). Memoised on what memory reads: first with the TP group, then with the blocks'
+        parameters in its place (mappings whose TP groups are placed differently share them)."""
         key = (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), m.group("tp"))
         memo = self.__dict__.setdefault("_split_memory_memo", {})
         if key not in memo:
@@ -1974,49 +1975,80 @@ class LLMModel:
         if splits is None:
             return None
         try:
-            blocks = [self._sharded_only(which, m) for which in ("layer", "embedding", "head", "dense_layer")]
+            params = tuple(self._block_params(which, m) for which in ("layer", "embedding", "head", "dense_layer"))
         except InfeasibleError:  # (the block solve reports it)
             return None
-        if blocks[3] is not None and not self.num_dense_layers:
-            blocks[3] = None
+        if not self.num_dense_layers:
+            params = params[:3] + (None,)
+        key = (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), params)
+        memo = self.__dict__.setdefault("_split_memory_by_params", {})
+        if key not in memo:
+            memo[key] = self._least_split_memory_of(m, splits, params)
+        return memo[key]
+
+    def _least_split_memory_of(self, m: Mapping, splits: list, params: tuple) -> "mem.MemoryBreakdown | None":
+        """:meth:`_least_split_memory` over ``splits`` with the blocks' ``params``."""
         least = None
         for layers in splits:
-            memory = self._stage_memory(m, *blocks[:3], blocks[3], *self._split_kinds(layers, m))[1]
+            memory = self._stage_memory_of(m, params, *self._split_kinds(layers, m))[1]
             if memory.fits:
                 return None
             if least is None or memory.total_bytes < least.total_bytes:
                 least = memory
         return least
 
-    def _sharded_only(self, which: str, m: Mapping) -> BlockTimes | None:
-        """Block ``which`` of ``m`` sharded as :meth:`block` shards it, no phase solved (None
-        phases): what :meth:`_stage_memory` reads. None when the model has no such block."""
+    def _block_params(self, which: str, m: Mapping) -> tuple[float, float] | None:
+        """(parameters, MoE expert parameters) per chip of block ``which`` of ``m`` as :meth:`block`
+        shards it (None when the model has no such block): what :meth:`_stage_memory` reads.
+        Memoised without the TP group's placement where every sharding plan gives the same
+        (:func:`~dfmodel.inter_chip.sharding.params_plan_free`, Megatron's layouts), after one
+        sharding of the block solved (which raises as the block solve would): the memory
+        screen of DeepSeek-V3 on 8192 dragonfly chips sharded the embedding, head and dense
+        layer of every TP group placement (20k shardings) only to count their parameters."""
         layer = which == "layer"
         graph = getattr(self.graphs(m.micro_batch, m.cp, m.ep_outside_tp if layer else 1), which)
         if graph is None:
             return None
         whole = m.whole_experts and layer and m.tp > 1
-        return BlockTimes(self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole), None, None, None)
+        key = (id(graph), m.tp, m.sequence_parallel, whole)
+        memo = self.__dict__.setdefault("_block_params_memo", {})
+        hit = memo.get(key)
+        if hit is not None and hit[0] is graph:  # (the graph is held: its id is not reused meanwhile)
+            return hit[1]
+        g = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole).graph
+        params = (g.params(), expert_params(g))
+        if params_plan_free(graph, self.system, m.tp, sequence_parallel=m.sequence_parallel, megatron_layouts=True,
+                            whole_experts=whole):
+            memo[key] = (graph, params)
+        return params
 
     def _stage_memory(self, m: Mapping, layer: BlockTimes, emb, head, dense, moe_st: list[int],
                       dense_st: list[int]) -> tuple[list[float], "mem.MemoryBreakdown"]:
+        """:meth:`_stage_memory_of` with the solved blocks' parameters."""
+        params = ((layer.params_per_chip, expert_params(layer.sharded.graph)),
+                  *((b.params_per_chip, 0.0) if b else None for b in (emb, head, dense)))
+        return self._stage_memory_of(m, params, moe_st, dense_st)
+
+    def _stage_memory_of(self, m: Mapping, params: tuple, moe_st: list[int],
+                         dense_st: list[int]) -> tuple[list[float], "mem.MemoryBreakdown"]:
         """(parameters per chip of each stage, the worst stage's memory) of ``m``'s layer split
         (``moe_st`` MoE and ``dense_st`` dense layers per stage): the embedding on the first
-        stage, the head, MTP modules and tied copy on the last (:meth:`memory_check`). It reads
-        no time, so :meth:`evaluate` asks it before the pipeline simulation: a mapping that
-        cannot fit needs none."""
-        params_stage = [n * layer.params_per_chip + d * (dense.params_per_chip if dense else 0.0)
-                        for n, d in zip(moe_st, dense_st)]
-        params_stage[0] += emb.params_per_chip if emb else 0.0
-        params_stage[-1] += head.params_per_chip if head else 0.0
-        params_stage[-1] += self._mtp_params_per_chip(m, layer.params_per_chip)
+        stage, the head, MTP modules and tied copy on the last (:meth:`memory_check`). ``params``:
+        (parameters, expert parameters) per chip of the layer, embedding, head and dense layer
+        (None: no such block; :meth:`_block_params`). It reads no time, so :meth:`evaluate` asks
+        it before the pipeline simulation: a mapping that cannot fit needs none."""
+        (layer_p, layer_e), emb, head, dense = params
+        dense_p = dense[0] if dense else 0.0
+        params_stage = [n * layer_p + d * dense_p for n, d in zip(moe_st, dense_st)]
+        params_stage[0] += emb[0] if emb else 0.0
+        params_stage[-1] += head[0] if head else 0.0
+        params_stage[-1] += self._mtp_params_per_chip(m, layer_p)
         params_stage[-1] += mem.tied_embedding_copy_params(
             vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp, pp=m.pp,
             tie_embeddings=self.model.tie_embeddings)
         moe_mem = moe_st[:-1] + [moe_st[-1] + self.num_mtp_layers]  # the MTP blocks' weights and stash
-        memory = self.memory_check(m, params_stage, moe_mem, layer.params_per_chip, layer.sharded.graph,
-                                   dense_per_stage=dense_st if dense else None,
-                                   dense_layer_params=dense.params_per_chip if dense else 0.0)
+        memory = self.memory_check(m, params_stage, moe_mem, layer_p, layer_expert_params=layer_e,
+                                   dense_per_stage=dense_st if dense else None, dense_layer_params=dense_p)
         return params_stage, memory
 
     @property
