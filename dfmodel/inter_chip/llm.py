@@ -467,8 +467,14 @@ def _check_fp8_recipe(training, system: System) -> None:
 class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
-    #: dataflow pass floors leave out the sharded layer's floor while set (:meth:`nets_only`)
-    nets_only_floors = False
+    #: which floor of the sharded layer the dataflow pass floors take (:meth:`floor_stage`): none,
+    #: its forward phases only, or all of it
+    sharded_floor_stage = "full"
+
+    @property
+    def nets_only_floors(self) -> bool:
+        """Whether the dataflow pass floors leave out the sharded layer's floor (:meth:`nets_only`)."""
+        return self.sharded_floor_stage == "none"
 
     def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
         self.workload = resolve_for_chip(workload, system.chip)
@@ -651,7 +657,8 @@ class LLMModel:
         if self.system.chip.execution != "dataflow" or self._block_key("layer", m) in self._blocks:
             return False
         try:  # (first from the layer's sharded graph alone: no phase solved; its own floor last)
-            return (self._nets_bound_s(m) > cutoff_s or self.shard_bound_s(m) > cutoff_s
+            return (self._nets_bound_s(m) > cutoff_s or self._forward_shard_bound_s(m) > cutoff_s
+                    or self.shard_bound_s(m) > cutoff_s
                     or any(self.stash_bound_s(m, fo) > cutoff_s for fo in (True, False)))
         except InfeasibleError:  # (the block solve reports it)
             return False
@@ -675,23 +682,38 @@ class LLMModel:
         floors of the sharded graph (a quarter of DeepSeek-V3/8192 dragonfly's serial proof), and
         proves most of its stash screens (12.6k of 19.7k); 0 where the layer has no collectives
         of its own (:meth:`layer_nets_s`)."""
+        return self._staged_shard_bound_s(m, "none")
+
+    def _forward_shard_bound_s(self, m: Mapping) -> float:
+        """:meth:`shard_bound_s` with the sharded layer's floor of its forward phases only (the
+        backward's, its costlier two thirds, at the 1/tp floor): between :meth:`_nets_bound_s`
+        and :meth:`shard_bound_s`, each a valid bound; 0 as the former."""
+        return self._staged_shard_bound_s(m, "forward")
+
+    def _staged_shard_bound_s(self, m: Mapping, stage: str) -> float:
+        """:meth:`shard_bound_s` at the sharded floor stage ``stage`` (:meth:`floor_stage`)."""
         if self.layer_nets_s(m) is None:
             return 0.0
         try:
-            with self.nets_only():
+            with self.floor_stage(stage):
                 return self.shard_bound_s(m)
         except InfeasibleError:  # (the block solve reports it)
             return 0.0
 
-    @contextlib.contextmanager
     def nets_only(self):
-        """Inside the block the dataflow pass floors with the layer's own collectives leave out
-        the sharded layer's floor (:func:`.dataflow_floor.sharded_layer_floor`); their memos key on it."""
-        self.nets_only_floors = True
+        """:meth:`floor_stage` ``none``: the sharded layer's floor left out."""
+        return self.floor_stage("none")
+
+    @contextlib.contextmanager
+    def floor_stage(self, stage: str):
+        """Inside the block the dataflow pass floors with the layer's own collectives take the
+        sharded layer's floor (:func:`.dataflow_floor.sharded_layer_floor`) at ``stage``: ``none``
+        (left out), ``forward`` (its forward phases only) or ``full``; their memos key on it."""
+        before, self.sharded_floor_stage = self.sharded_floor_stage, stage
         try:
             yield
         finally:
-            self.nets_only_floors = False
+            self.sharded_floor_stage = before
 
     def layer_nets_s(self, m: Mapping) -> tuple[float, float] | None:
         """(forward, backward) network seconds of the (MoE) layer sharded on ``m``'s TP group, as
@@ -801,9 +823,10 @@ class LLMModel:
         if cutoff_s is not None:  # the cheaper bounds first: past the cutoff, no block floor is needed
             if out >= cutoff_s:
                 return out
-            out = max(out, self._nets_bound_s(m))  # (evaluate's stash screen asks them anyway)
-            if out >= cutoff_s:
-                return out
+            for staged in (self._nets_bound_s, self._forward_shard_bound_s):  # (evaluate's stash screen asks them anyway)
+                out = max(out, staged(m))
+                if out >= cutoff_s:
+                    return out
             out = max(out, self._shard_bound_or_0(m))
             if out >= cutoff_s:
                 return out
@@ -823,7 +846,7 @@ class LLMModel:
         layer's collectives): the stash screen asks it of every mapping that reaches
         :meth:`evaluate` (DeepSeek-V3 on 8192 dragonfly chips: ~20k, most differing only in
         fields it does not read)."""
-        key = (self._presolve_key(m), stash_cap, layer_nets, self.nets_only_floors)
+        key = (self._presolve_key(m), stash_cap, layer_nets, self.sharded_floor_stage)
         memo = self.__dict__.setdefault("_own_bound_memo", {})
         if key not in memo:
             memo[key] = self._own_groups_bound_s(m, stash_cap, layer_nets)
