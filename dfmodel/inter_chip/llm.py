@@ -36,7 +36,7 @@ from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs, stash_tensors
 from dfmodel.inter_chip.onchip_stash import layer_times as stash_layer_times
-from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, params_plan_free, shard
+from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, plan_free_params, shard
 from dfmodel.intra_chip import partition
 from dfmodel.intra_chip.api import floor_time_s
 from dfmodel.netmodels import CostTable, merge_groups, nccl
@@ -2023,11 +2023,11 @@ class LLMModel:
     def _block_params(self, which: str, m: Mapping) -> tuple[float, float] | None:
         """(parameters, MoE expert parameters) per chip of block ``which`` of ``m`` as :meth:`block`
         shards it (None when the model has no such block): what :meth:`_stage_memory` reads.
-        Memoised without the TP group's placement where every sharding plan gives the same
-        (:func:`~dfmodel.inter_chip.sharding.params_plan_free`, Megatron's layouts), after one
-        sharding of the block solved (which raises as the block solve would): the memory
-        screen of DeepSeek-V3 on 8192 dragonfly chips sharded the embedding, head and dense
-        layer of every TP group placement (20k shardings) only to count their parameters."""
+        Without any sharding solved where every plan gives the same
+        (:func:`~dfmodel.inter_chip.sharding.plan_free_params`, Megatron's layouts), memoised
+        without the TP group's placement: the memory screen of DeepSeek-V3 on 8192 dragonfly
+        chips sharded the embedding, head and dense layer of every TP group placement (20k
+        shardings) only to count their parameters."""
         layer = which == "layer"
         graph = getattr(self.graphs(m.micro_batch, m.cp, m.ep_outside_tp if layer else 1), which)
         if graph is None:
@@ -2038,11 +2038,12 @@ class LLMModel:
         hit = memo.get(key)
         if hit is not None and hit[0] is graph:  # (the graph is held: its id is not reused meanwhile)
             return hit[1]
-        g = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole).graph
-        params = (g.params(), expert_params(g))
-        if params_plan_free(graph, self.system, m.tp, sequence_parallel=m.sequence_parallel, megatron_layouts=True,
-                            whole_experts=whole):
-            memo[key] = (graph, params)
+        params = plan_free_params(graph, self.system, m.tp, sequence_parallel=m.sequence_parallel,
+                                  megatron_layouts=True, whole_experts=whole)
+        if params is None:  # (the plan decides: m's own, not memoised, another placement may pick another)
+            g = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole).graph
+            return g.params(), expert_params(g)
+        memo[key] = (graph, params)
         return params
 
     def _stage_memory(self, m: Mapping, layer: BlockTimes, emb, head, dense, moe_st: list[int],
