@@ -81,8 +81,9 @@ def test_sharded_floor_below_every_solved_phase(sram, tiles):
 def test_nets_only_bound_below_the_shard_bound_and_every_evaluation():
     """Every mapping with TP > 1 of the small MoE space at micro-batch 1 on a 3-tile chip: the
     shard bound is below its evaluation, the stash screen's first, cheaper bound (the layer's
-    collectives on the 1/tp floor, no plan floor of the sharded graph) below the shard bound,
-    and the cheap bound's memo never hands the shard bound its weaker floors (asked first on the
+    collectives on the 1/tp floor, no plan floor of the sharded graph) below the forward-only
+    shard bound (the sharded floor of the forward phases alone), that below the shard bound, and
+    the cheaper bounds' memos never hand the shard bound their weaker floors (asked first on the
     same model)."""
     w, s = _dataflow_moe("24 MiB", 3)
     bounds, exact, fresh = LLMModel(w, s), LLMModel(w, s), LLMModel(w, s)
@@ -96,9 +97,11 @@ def test_nets_only_bound_below_the_shard_bound_and_every_evaluation():
             continue
         cheap = bounds._nets_bound_s(m)
         assert not bounds.nets_only_floors
+        forward = bounds._forward_shard_bound_s(m)
+        assert bounds.sharded_floor_stage == "full"
         shard = bounds.shard_bound_s(m)
         assert shard == fresh.shard_bound_s(m), m  # (no weaker floor leaked through a memo)
-        assert 0.0 < cheap <= shard * TOL and shard <= t * TOL, m
+        assert 0.0 < cheap <= forward * TOL and forward <= shard * TOL and shard <= t * TOL, m
         tighter += shard > cheap * TOL
         checked += 1
     assert checked > 20 and tighter > 0, (checked, tighter)

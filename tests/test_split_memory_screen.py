@@ -90,3 +90,25 @@ def test_first_tight_edge_is_the_first_edge_a_scan_finds():
                 continue
             hit = np.flatnonzero((dst == v) & (dist[src] + cost == dist[v]))
             assert got[v] == hit[0]
+
+
+def test_block_params_without_a_sharding_equal_the_sharded_graphs():
+    """``LLMModel._block_params`` counts a block's parameters per chip without solving its sharding
+    where every plan gives the same (Megatron's layouts, :func:`sharding.plan_free_params`):
+    exactly the sharded graph's, for every block of a sample of mappings (TP degrees, placements,
+    SP, expert TP 1, ep) of the small MoE space."""
+    from dfmodel.graph.builders.moe import expert_params
+
+    w, s = _tight_dataflow_moe("400 MiB")
+    model = LLMModel(w, s)
+    checked = 0
+    for m in list(llm_candidates(model, Knobs()))[::STEP]:
+        for which in ("layer", "embedding", "head", "dense_layer"):
+            got = model._block_params(which, m)
+            layer = which == "layer"
+            graph = getattr(model.graphs(m.micro_batch, m.cp, m.ep_outside_tp if layer else 1), which)
+            g = model._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel,
+                                   m.whole_experts and layer and m.tp > 1).graph
+            assert got == (g.params(), expert_params(g)), (m, which)
+            checked += m.tp > 1
+    assert checked > 100

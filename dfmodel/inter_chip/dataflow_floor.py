@@ -300,13 +300,17 @@ def _phase_floor(graph: DataflowGraph, system: System, names: set[str], tp: int,
 
 
 def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core,
-                         max_ideals: int = MAX_FLOOR_IDEALS, network_s: dict[str, float] | None = None) -> DataflowBlockFloor:
+                         max_ideals: int = MAX_FLOOR_IDEALS, network_s: dict[str, float] | None = None, *,
+                         forward_only: bool = False,
+                         forward: "DataflowBlockFloor | None" = None) -> DataflowBlockFloor:
     """:class:`DataflowBlockFloor` of ``graph`` (one micro-batch) on a TP group of ``tp`` chips.
     ``is_core(kernel)`` picks selective recompute's kernels; a phase whose lattice has more
     than ``max_ideals`` ideals keeps the closed-form floor (:func:`.fused_floor.plan_floor`).
     ``network_s``: the network seconds of ``graph``'s communication kernels (a sharded graph at
     ``tp = 1``, asked at factor 1): each plan floor's set then takes at least its network
-    (:attr:`.fused_floor.PlanFloor.N`)."""
+    (:attr:`.fused_floor.PlanFloor.N`). ``forward_only``: the backward and recompute phases
+    empty (0 s: a weaker floor, valid as any phase's is); ``forward``: such a floor of the same
+    arguments, whose forward phases are taken instead of built again."""
     fwd = {k.name for k in graph.kernels if k.phase == Phase.forward}
     bwd = {k.name for k in graph.kernels if k.phase != Phase.forward}
     core = {k.name for k in graph.kernels if is_core(k)}
@@ -318,10 +322,18 @@ def dataflow_block_floor(graph: DataflowGraph, system: System, tp: int, is_core,
         if t.producer in fwd and t.consumer in bwd and kinds[t.producer].phase == Phase.forward:
             stash[(t.name, t.producer)] = max(stash.get((t.name, t.producer), 0.0), float(t.bytes))
     def phase(names: set[str], stash_free: bool) -> PhaseFloor:
+        if forward_only and names is not fwd:
+            return EMPTY_PHASE
+        if forward is not None and names is fwd:
+            return forward.fwd if stash_free else forward.fwd_dram
         return _phase_floor(graph, system, names, tp, stash_free, max_ideals, network_s)
 
     return DataflowBlockFloor(phase(fwd, True), phase(bwd, True), phase(core, False), memory_time_s(chip, 1.0), overhead,
                               bool(chip.overlap), phase(fwd, False), phase(bwd, False), sum(stash.values()) / tp)
+
+
+#: a phase without kernels: 0 s (:meth:`PhaseFloor.time_s`), what a floor leaves out
+EMPTY_PHASE = PhaseFloor(0.0, 0.0, 0.0, 0)
 
 
 __all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
@@ -346,17 +358,17 @@ def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None
 
 def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, layer_nets: tuple | None = None) -> float:
     """:func:`pass_floor_s` on one TP group (None: without the TP collectives). Under
-    ``model.nets_only_floors`` (:meth:`LLMModel.nets_only`) the (MoE) layer with ``layer_nets``
-    skips its sharded floor (:func:`sharded_layer_floor`): a weaker bound, without the plan
-    floors of the sharded graph."""
+    ``model.sharded_floor_stage`` ``none`` (:meth:`LLMModel.nets_only`) the (MoE) layer with
+    ``layer_nets`` skips its sharded floor (:func:`sharded_layer_floor`): a weaker bound, without
+    the plan floors of the sharded graph; ``forward``: with that floor's forward phases only."""
     ub = m.tp_comm_overlap and m.tp > 1
     dense = model.num_experts <= 1  # (MoE layers keep the 1 / tp shares: their expert layouts differ)
     sp = m.sequence_parallel and m.tp > 1
-    nets_only = model.nets_only_floors
+    stage = model.sharded_floor_stage
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
         () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + (
         (sp, m.num_micro_batches) if dense else ()) + (() if stash_cap is None else ("cap", stash_cap)) + (
-        () if layer_nets is None else ("nets", layer_nets, nets_only))
+        () if layer_nets is None else ("nets", layer_nets, stage))
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -380,8 +392,9 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
         nets = layer_nets if which == "layer" else None
         # (MoE layers only: a dense layer's floor has Megatron's least shares already, layout_floor,
         # and the sharded one cost Llama-3 70B on 512 dragonfly chips 10 % more CPU for nothing)
-        also = None if nets is None or dense or nets_only else (sharded_layer_floor(model, m, is_core), 1)
-        pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub, nets, also)
+        also = (None if nets is None or dense or stage == "none" else
+                (sharded_layer_floor(model, m, is_core, forward_only=stage == "forward"), 1))
+        pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub, nets, also, stage if also else None)
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
             if dense:  # each stage's own in-flight micro-batches (plain 1F1B's: interleaving adds)
                 in_flight = tuple(in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
@@ -415,7 +428,7 @@ def _times(n: int, floor_s: float) -> float:
 
 
 def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m, rc: str, ep: int, group, ub: bool,
-                      nets_s: tuple | None = None, also: tuple | None = None) -> tuple:
+                      nets_s: tuple | None = None, also: tuple | None = None, also_stage: str | None = None) -> tuple:
     """Per Pareto pair of the block's forced TP collectives on ``group`` (None: none), the block's
     (stash kept on chip, stash through DRAM) floors at ``m``'s micro-batch and recompute ``rc``.
     Memoised on what they read (the block floor's key, the TP floor's knobs, the micro-batch, the
@@ -423,9 +436,10 @@ def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m,
     ``nets_s``: the block's own (forward, backward) network seconds as sharded on ``group``
     (every phase plan pays all of them: a partition's network is the sum of its kernels'),
     instead of the forced reductions' Pareto pairs; ``also``: the block's floor as sharded on
-    ``group`` (:func:`sharded_layer_floor`, with ``nets_s``), each phase at the larger floor."""
+    ``group`` (:func:`sharded_layer_floor`, with ``nets_s``), each phase at the larger floor, of
+    the stage ``also_stage`` (:attr:`LLMModel.sharded_floor_stage`: which floor of the group it is)."""
     whole = m.whole_experts and which == "layer"
-    key = bkey + (m.sequence_parallel, whole, m.micro_batch, group, ub, nets_s, also is None)
+    key = bkey + (m.sequence_parallel, whole, m.micro_batch, group, ub, nets_s, also_stage)
     memo = model.__dict__.setdefault("_dataflow_pair_memo", {})
     by_rc = memo.get(key)
     if by_rc is not None and rc in by_rc:
@@ -469,7 +483,7 @@ def _block_floor_of(graph: DataflowGraph, system: System, tp: int, sp: bool, den
 SHARDED_MAX_IDEALS = 2_000
 
 
-def sharded_layer_floor(model, m, is_core) -> DataflowBlockFloor:
+def sharded_layer_floor(model, m, is_core, forward_only: bool = False) -> DataflowBlockFloor:
     """:class:`DataflowBlockFloor` of ``m``'s (MoE) layer *as sharded* on its own TP group (the
     per-chip graph ``LLMModel._solve_block`` solves: ``LLMModel._shard_block``, memoised), at
     ``m``'s micro-batch (so at factor 1) and ``tp = 1``: the floors of :mod:`.fused_floor` and
@@ -478,12 +492,16 @@ def sharded_layer_floor(model, m, is_core) -> DataflowBlockFloor:
     weights' true per-chip bytes, and the communication kernels, each taking one of the
     chip's few compute tiles (dragonfly: 4), so partitions hold fewer GEMMs and spill more
     tensors. DeepSeek-V3's forward at TP 64 (ep 1, mb 6) on dragonfly: floor 0.047 s (1/tp)
-    -> 0.185 s, solved 0.191 s. Memoised per layer block key on ``model``."""
-    key = model._block_key("layer", m)
+    -> 0.185 s, solved 0.191 s. ``forward_only``: its forward phases alone (the backward's
+    reduced plan floor is two thirds of the cost), which the full floor then reuses.
+    Memoised per layer block key on ``model``."""
+    key = (model._block_key("layer", m), forward_only)
     memo = model.__dict__.setdefault("_sharded_layer_floors", {})
     if key not in memo:
         sh = model.sharded_layer(m)
-        memo[key] = dataflow_block_floor(sh.graph, model.system, 1, is_core, SHARDED_MAX_IDEALS, sh.network_time_s)
+        fwd = None if forward_only else sharded_layer_floor(model, m, is_core, forward_only=True)
+        memo[key] = dataflow_block_floor(sh.graph, model.system, 1, is_core, SHARDED_MAX_IDEALS, sh.network_time_s,
+                                         forward_only=forward_only, forward=fwd)
     return memo[key]
 
 

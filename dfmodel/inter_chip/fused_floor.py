@@ -192,7 +192,7 @@ class _LevelOrder:
         order = np.lexsort((dst, level[dst]))
         self.order, self.src, dst = order, src[order], dst[order]
         edge_level = level[dst]
-        self.levels = []  # (destinations, run starts relative to the level's slice, slice)
+        self.levels = []  # (destinations, run starts relative to the level's slice, slice, its sources)
         bounds = np.searchsorted(edge_level, np.arange(1, int(level[-1]) + 2))
         for lv in range(1, int(level[-1]) + 1):
             a, b = int(bounds[lv - 1]), int(bounds[lv])
@@ -200,16 +200,17 @@ class _LevelOrder:
                 continue
             d = dst[a:b]
             starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
-            self.levels.append((d[starts], starts, slice(a, b)))
+            self.levels.append((d[starts], starts, slice(a, b), self.src[a:b]))
 
     def shortest_s(self, set_cost: np.ndarray, sorted_sets: np.ndarray) -> float:
-        """Shortest path with edge ``e`` (in this order) costing ``set_cost[sorted_sets[e]]``."""
+        """Shortest path with edge ``e`` (in this order) costing ``set_cost[sorted_sets[e]]``. Every
+        edge into an ideal lies in that ideal's level, so each ideal is relaxed once, from inf:
+        the run minimum is its distance (the same minima as ``minimum(dist, run minimum)``)."""
         dist = np.full(self.size, np.inf)
         dist[0] = 0.0
         cost = set_cost[sorted_sets]
-        for dsts, starts, sl in self.levels:
-            cand = dist[self.src[sl]] + cost[sl]
-            dist[dsts] = np.minimum(dist[dsts], np.minimum.reduceat(cand, starts))
+        for dsts, starts, sl, src in self.levels:
+            dist[dsts] = np.minimum.reduceat(dist[src] + cost[sl], starts)
         return float(dist[-1])
 
 

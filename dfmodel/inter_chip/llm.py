@@ -36,7 +36,7 @@ from dfmodel.inter_chip.context import cp_exchange, cp_rank_graph, is_attention_
 from dfmodel.inter_chip.io import IOTerms, io_terms
 from dfmodel.inter_chip.onchip_stash import OnChipStash, onchip_graphs, stash_tensors
 from dfmodel.inter_chip.onchip_stash import layer_times as stash_layer_times
-from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, shard
+from dfmodel.inter_chip.sharding import ShardedGraph, TPGroup, plan_free_params, shard
 from dfmodel.intra_chip import partition
 from dfmodel.intra_chip.api import floor_time_s
 from dfmodel.netmodels import CostTable, merge_groups, nccl
@@ -467,8 +467,14 @@ def _check_fp8_recipe(training, system: System) -> None:
 class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
-    #: dataflow pass floors leave out the sharded layer's floor while set (:meth:`nets_only`)
-    nets_only_floors = False
+    #: which floor of the sharded layer the dataflow pass floors take (:meth:`floor_stage`): none,
+    #: its forward phases only, or all of it
+    sharded_floor_stage = "full"
+
+    @property
+    def nets_only_floors(self) -> bool:
+        """Whether the dataflow pass floors leave out the sharded layer's floor (:meth:`nets_only`)."""
+        return self.sharded_floor_stage == "none"
 
     def __init__(self, workload, system: System, *, solver: str = "auto", time_limit_s: float | None = None):
         self.workload = resolve_for_chip(workload, system.chip)
@@ -651,7 +657,8 @@ class LLMModel:
         if self.system.chip.execution != "dataflow" or self._block_key("layer", m) in self._blocks:
             return False
         try:  # (first from the layer's sharded graph alone: no phase solved; its own floor last)
-            return (self._nets_bound_s(m) > cutoff_s or self.shard_bound_s(m) > cutoff_s
+            return (self._nets_bound_s(m) > cutoff_s or self._forward_shard_bound_s(m) > cutoff_s
+                    or self.shard_bound_s(m) > cutoff_s
                     or any(self.stash_bound_s(m, fo) > cutoff_s for fo in (True, False)))
         except InfeasibleError:  # (the block solve reports it)
             return False
@@ -675,23 +682,38 @@ class LLMModel:
         floors of the sharded graph (a quarter of DeepSeek-V3/8192 dragonfly's serial proof), and
         proves most of its stash screens (12.6k of 19.7k); 0 where the layer has no collectives
         of its own (:meth:`layer_nets_s`)."""
+        return self._staged_shard_bound_s(m, "none")
+
+    def _forward_shard_bound_s(self, m: Mapping) -> float:
+        """:meth:`shard_bound_s` with the sharded layer's floor of its forward phases only (the
+        backward's, its costlier two thirds, at the 1/tp floor): between :meth:`_nets_bound_s`
+        and :meth:`shard_bound_s`, each a valid bound; 0 as the former."""
+        return self._staged_shard_bound_s(m, "forward")
+
+    def _staged_shard_bound_s(self, m: Mapping, stage: str) -> float:
+        """:meth:`shard_bound_s` at the sharded floor stage ``stage`` (:meth:`floor_stage`)."""
         if self.layer_nets_s(m) is None:
             return 0.0
         try:
-            with self.nets_only():
+            with self.floor_stage(stage):
                 return self.shard_bound_s(m)
         except InfeasibleError:  # (the block solve reports it)
             return 0.0
 
-    @contextlib.contextmanager
     def nets_only(self):
-        """Inside the block the dataflow pass floors with the layer's own collectives leave out
-        the sharded layer's floor (:func:`.dataflow_floor.sharded_layer_floor`); their memos key on it."""
-        self.nets_only_floors = True
+        """:meth:`floor_stage` ``none``: the sharded layer's floor left out."""
+        return self.floor_stage("none")
+
+    @contextlib.contextmanager
+    def floor_stage(self, stage: str):
+        """Inside the block the dataflow pass floors with the layer's own collectives take the
+        sharded layer's floor (:func:`.dataflow_floor.sharded_layer_floor`) at ``stage``: ``none``
+        (left out), ``forward`` (its forward phases only) or ``full``; their memos key on it."""
+        before, self.sharded_floor_stage = self.sharded_floor_stage, stage
         try:
             yield
         finally:
-            self.nets_only_floors = False
+            self.sharded_floor_stage = before
 
     def layer_nets_s(self, m: Mapping) -> tuple[float, float] | None:
         """(forward, backward) network seconds of the (MoE) layer sharded on ``m``'s TP group, as
@@ -801,9 +823,10 @@ class LLMModel:
         if cutoff_s is not None:  # the cheaper bounds first: past the cutoff, no block floor is needed
             if out >= cutoff_s:
                 return out
-            out = max(out, self._nets_bound_s(m))  # (evaluate's stash screen asks them anyway)
-            if out >= cutoff_s:
-                return out
+            for staged in (self._nets_bound_s, self._forward_shard_bound_s):  # (evaluate's stash screen asks them anyway)
+                out = max(out, staged(m))
+                if out >= cutoff_s:
+                    return out
             out = max(out, self._shard_bound_or_0(m))
             if out >= cutoff_s:
                 return out
@@ -823,7 +846,7 @@ class LLMModel:
         layer's collectives): the stash screen asks it of every mapping that reaches
         :meth:`evaluate` (DeepSeek-V3 on 8192 dragonfly chips: ~20k, most differing only in
         fields it does not read)."""
-        key = (self._presolve_key(m), stash_cap, layer_nets, self.nets_only_floors)
+        key = (self._presolve_key(m), stash_cap, layer_nets, self.sharded_floor_stage)
         memo = self.__dict__.setdefault("_own_bound_memo", {})
         if key not in memo:
             memo[key] = self._own_groups_bound_s(m, stash_cap, layer_nets)
@@ -1959,10 +1982,11 @@ class LLMModel:
         """The least worst-stage memory of ``m`` over every layer split :meth:`evaluate` may
         take (:meth:`_splits_evaluate_may_take`) when none fits the chip, else None (also where
         the splits are not enumerated). Exact, not a floor, per split: :meth:`_stage_memory`
-        reads the blocks' sharded graphs (parameters), never their solved times, which only
-        pick the split. So a mapping none of whose splits fits needs no intra-chip solve
+        reads the blocks' parameters per chip (:meth:`_block_params`), never their solved times,
+        which only pick the split. So a mapping none of whose splits fits needs no intra-chip solve
         (DeepSeek-V3 on 512 dragonfly chips: 59 layer blocks were solved and then did not
-        fit). Memoised on what memory reads and the TP group (the shardings')."""
+        fit). Memoised on what memory reads: first with the TP group, then with the blocks'
+        parameters in its place (mappings whose TP groups are placed differently share them)."""
         key = (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), m.group("tp"))
         memo = self.__dict__.setdefault("_split_memory_memo", {})
         if key not in memo:
@@ -1974,49 +1998,81 @@ class LLMModel:
         if splits is None:
             return None
         try:
-            blocks = [self._sharded_only(which, m) for which in ("layer", "embedding", "head", "dense_layer")]
+            params = tuple(self._block_params(which, m) for which in ("layer", "embedding", "head", "dense_layer"))
         except InfeasibleError:  # (the block solve reports it)
             return None
-        if blocks[3] is not None and not self.num_dense_layers:
-            blocks[3] = None
+        if not self.num_dense_layers:
+            params = params[:3] + (None,)
+        key = (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), params)
+        memo = self.__dict__.setdefault("_split_memory_by_params", {})
+        if key not in memo:
+            memo[key] = self._least_split_memory_of(m, splits, params)
+        return memo[key]
+
+    def _least_split_memory_of(self, m: Mapping, splits: list, params: tuple) -> "mem.MemoryBreakdown | None":
+        """:meth:`_least_split_memory` over ``splits`` with the blocks' ``params``."""
         least = None
         for layers in splits:
-            memory = self._stage_memory(m, *blocks[:3], blocks[3], *self._split_kinds(layers, m))[1]
+            memory = self._stage_memory_of(m, params, *self._split_kinds(layers, m))[1]
             if memory.fits:
                 return None
             if least is None or memory.total_bytes < least.total_bytes:
                 least = memory
         return least
 
-    def _sharded_only(self, which: str, m: Mapping) -> BlockTimes | None:
-        """Block ``which`` of ``m`` sharded as :meth:`block` shards it, no phase solved (None
-        phases): what :meth:`_stage_memory` reads. None when the model has no such block."""
+    def _block_params(self, which: str, m: Mapping) -> tuple[float, float] | None:
+        """(parameters, MoE expert parameters) per chip of block ``which`` of ``m`` as :meth:`block`
+        shards it (None when the model has no such block): what :meth:`_stage_memory` reads.
+        Without any sharding solved where every plan gives the same
+        (:func:`~dfmodel.inter_chip.sharding.plan_free_params`, Megatron's layouts), memoised
+        without the TP group's placement: the memory screen of DeepSeek-V3 on 8192 dragonfly
+        chips sharded the embedding, head and dense layer of every TP group placement (20k
+        shardings) only to count their parameters."""
         layer = which == "layer"
         graph = getattr(self.graphs(m.micro_batch, m.cp, m.ep_outside_tp if layer else 1), which)
         if graph is None:
             return None
         whole = m.whole_experts and layer and m.tp > 1
-        return BlockTimes(self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole), None, None, None)
+        key = (id(graph), m.tp, m.sequence_parallel, whole)
+        memo = self.__dict__.setdefault("_block_params_memo", {})
+        hit = memo.get(key)
+        if hit is not None and hit[0] is graph:  # (the graph is held: its id is not reused meanwhile)
+            return hit[1]
+        params = plan_free_params(graph, self.system, m.tp, sequence_parallel=m.sequence_parallel,
+                                  megatron_layouts=True, whole_experts=whole)
+        if params is None:  # (the plan decides: m's own, not memoised, another placement may pick another)
+            g = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole).graph
+            return g.params(), expert_params(g)
+        memo[key] = (graph, params)
+        return params
 
     def _stage_memory(self, m: Mapping, layer: BlockTimes, emb, head, dense, moe_st: list[int],
                       dense_st: list[int]) -> tuple[list[float], "mem.MemoryBreakdown"]:
+        """:meth:`_stage_memory_of` with the solved blocks' parameters."""
+        params = ((layer.params_per_chip, expert_params(layer.sharded.graph)),
+                  *((b.params_per_chip, 0.0) if b else None for b in (emb, head, dense)))
+        return self._stage_memory_of(m, params, moe_st, dense_st)
+
+    def _stage_memory_of(self, m: Mapping, params: tuple, moe_st: list[int],
+                         dense_st: list[int]) -> tuple[list[float], "mem.MemoryBreakdown"]:
         """(parameters per chip of each stage, the worst stage's memory) of ``m``'s layer split
         (``moe_st`` MoE and ``dense_st`` dense layers per stage): the embedding on the first
-        stage, the head, MTP modules and tied copy on the last (:meth:`memory_check`). It reads
-        no time, so :meth:`evaluate` asks it before the pipeline simulation: a mapping that
-        cannot fit needs none."""
-        params_stage = [n * layer.params_per_chip + d * (dense.params_per_chip if dense else 0.0)
-                        for n, d in zip(moe_st, dense_st)]
-        params_stage[0] += emb.params_per_chip if emb else 0.0
-        params_stage[-1] += head.params_per_chip if head else 0.0
-        params_stage[-1] += self._mtp_params_per_chip(m, layer.params_per_chip)
+        stage, the head, MTP modules and tied copy on the last (:meth:`memory_check`). ``params``:
+        (parameters, expert parameters) per chip of the layer, embedding, head and dense layer
+        (None: no such block; :meth:`_block_params`). It reads no time, so :meth:`evaluate` asks
+        it before the pipeline simulation: a mapping that cannot fit needs none."""
+        (layer_p, layer_e), emb, head, dense = params
+        dense_p = dense[0] if dense else 0.0
+        params_stage = [n * layer_p + d * dense_p for n, d in zip(moe_st, dense_st)]
+        params_stage[0] += emb[0] if emb else 0.0
+        params_stage[-1] += head[0] if head else 0.0
+        params_stage[-1] += self._mtp_params_per_chip(m, layer_p)
         params_stage[-1] += mem.tied_embedding_copy_params(
             vocab=self.model.vocab_size, hidden=self.model.hidden, tp=m.tp, pp=m.pp,
             tie_embeddings=self.model.tie_embeddings)
         moe_mem = moe_st[:-1] + [moe_st[-1] + self.num_mtp_layers]  # the MTP blocks' weights and stash
-        memory = self.memory_check(m, params_stage, moe_mem, layer.params_per_chip, layer.sharded.graph,
-                                   dense_per_stage=dense_st if dense else None,
-                                   dense_layer_params=dense.params_per_chip if dense else 0.0)
+        memory = self.memory_check(m, params_stage, moe_mem, layer_p, layer_expert_params=layer_e,
+                                   dense_per_stage=dense_st if dense else None, dense_layer_params=dense_p)
         return params_stage, memory
 
     @property

@@ -623,7 +623,7 @@ class LLMSpace:
             return (_pipeline_s(m, pp, max(vs), stage_s + ep_s, last_s) + p2p_s + opt_s) * (1 - 1e-12)
 
         compute_s = mb * f1 / (tp * cp * pp)
-        floor = cache(partial(self._micro_batch_floor_bytes, probes, rcs))  # (asked by refine and screen)
+        floor = cache(partial(self._micro_batch_floor_bytes, deg, mb, m, rcs, keys, sps))  # (asked by refine and screen)
         fixed = (("tp", tp), ("pp", pp), ("dp", deg["dp"]), ("micro_batch", mb), ("num_micro_batches", m),
                  ("cp", cp), ("ep", deg["ep"]))
         capacity = self.system.chip.memory.capacity_bytes
@@ -650,13 +650,20 @@ class LLMSpace:
                          refine=None if self._bounds_off else partial(refine, False) if staged else refine)
         return node
 
-    def _micro_batch_floor_bytes(self, probes, rcs) -> float:
-        """A micro-batch group's memory floor: the least over its options (``probes``, a list or
-        a function returning it) of the
-        model's floor, and over its recompute and SP choices of their activation floors."""
+    def _micro_batch_floor_bytes(self, deg, mb, m, rcs, keys, sps) -> float:
+        """A micro-batch group's memory floor: the least over its options (``keys``) of the
+        model's floor, and over its recompute and SP choices of their activation floors. Neither
+        floor reads tp_comm_overlap and the model's reads no SP (``LLMModel.memory_floor_bytes``),
+        so each option key without it stands for both, and ``min_sp max(f, a_sp) = max(f, min_sp
+        a_sp)``: the same value from fewer probes (one per option and SP was 5 % of DeepSeek-V3 /
+        512 dragonfly's serial search)."""
         model = self.model
-        return min(max(model.memory_floor_bytes(p), min(model.activation_floor_bytes(p, rc) for rc in rcs))
-                   for p in (probes() if callable(probes) else probes))
+        out = math.inf
+        for key in dict.fromkeys(k[:5] + (False,) for k in keys):
+            probes = [self._probe(deg, mb, m, 1, rcs[0], key, sp) for sp in sps]
+            acts = min(model.activation_floor_bytes(p, rc) for p in probes for rc in rcs)
+            out = min(out, max(model.memory_floor_bytes(probes[0]), acts))
+        return out
 
     def _last_stage_min_s(self, deg, mb, m, vs, rcs, sps, keys, ep_stage_s: float) -> float:
         """Least per-micro-batch time of plain 1F1B's last stage over a group's recompute, SP,

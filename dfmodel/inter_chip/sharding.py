@@ -684,3 +684,25 @@ def shard(graph: DataflowGraph, system: System, group: TPGroup, cost_table, *, s
     problem = ShardingProblem(graph, system, group, cost_table, tokens_split=sequence_parallel,
                               megatron_layouts=megatron_layouts, whole_experts=whole_experts, memo=memo)
     return apply_sharding(problem, solve_sharding(problem, solver=solver, time_limit_s=time_limit_s))
+
+
+def plan_free_params(graph: DataflowGraph, system: System, tp: int, *, sequence_parallel: bool = True,
+                     megatron_layouts: bool = False, whole_experts: bool = False) -> tuple[float, float] | None:
+    """(parameters, MoE expert parameters) per chip of ``graph`` sharded on ``tp`` chips when every
+    sharding plan gives the same, else None. A kernel's parameters per chip read only whether its
+    strategy splits the weight (:func:`_scaled_kernel`), so when every option of each weighted
+    group agrees on that, the per-chip graph's ``params()`` and expert parameters are these
+    (the same sums, to the bit: communication kernels hold none), whatever the group's placement
+    picks (it changes only the collectives' costs). Megatron's layouts split every linear weight,
+    column- or row-parallel, so this holds for them, with no sharding solved."""
+    problem = ShardingProblem(graph, system, TPGroup(tp), None, tokens_split=sequence_parallel,
+                              megatron_layouts=megatron_layouts, whole_experts=whole_experts)
+    options = problem.options
+    scaled = []
+    for k in graph.kernels:
+        splits = {problem.strategy(k, n).splits_weight for n in options[problem.group_of[k.name]]}
+        if not splits or (k.params and len(splits) > 1):  # (no option: the solve reports it)
+            return None
+        scaled.append(k.params / (tp if splits.pop() else 1))
+    return (float(sum(scaled)),
+            float(sum(p for p, k in zip(scaled, graph.kernels) if getattr(k, "expert", False))))
