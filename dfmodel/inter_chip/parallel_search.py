@@ -501,7 +501,9 @@ def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, ke
                                       keep=keep, progress=share.report, limit_s=limit_s, share=share)
             top = [best] + list(stats.runners_up)
         except TimeLimitError as exc:  # detail: (chip bytes, summary) of its leanest non-fitting evaluation
-            kind, detail, top, stats = "time", getattr(exc, "leanest", None), [], None
+            # (its stats when its search set the bound of what it left open: _search, no incumbent)
+            cut_stats = share.stats if share.stats is not None and share.stats.lower_bound_s is not None else None
+            kind, detail, top, stats = "time", getattr(exc, "leanest", None), [], cut_stats
         except InfeasibleError as exc:
             kind, detail, top, stats = "infeasible", str(exc), [], share.stats
         except Exception:  # noqa: BLE001
@@ -722,6 +724,14 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
             if kind == "ok" and s.status == "time_limit":
                 cut = cut or s.timed_out
                 lb = min(lb, s.lower_bound_s)
+        elif kind == "time" and s is not None:  # cut before any mapping of its own fitted: its open bound
+            cut = True
+            stats.candidates += s.candidates - (fit_count if me > 0 else 0)
+            stats.evaluated += s.evaluated
+            stats.pruned_bound += s.pruned_bound
+            stats.pruned_memory += s.pruned_memory
+            proven = proven and s.inner_proven
+            lb = min(lb, s.lower_bound_s)
         else:  # cut (or nothing fitting) before it returned: its claims stay open
             cut = cut or kind == "time"
             if s is None:  # stopped: its counts as of its last progress snapshot

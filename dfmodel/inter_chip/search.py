@@ -429,7 +429,13 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
     stats.wall_s = time.perf_counter() - t0
     if best is None and (stats.timed_out or enumeration_cut):
         leanest = None if worst_memory is None else (worst_memory.memory.total_bytes, worst_memory.memory.summary())
-        raise no_incumbent_error(f"{stats.candidates} candidates enumerated, {stats.evaluated} evaluated", leanest)
+        exc = no_incumbent_error(f"{stats.candidates} candidates enumerated, {stats.evaluated} evaluated", leanest)
+        if share is not None and not enumeration_cut:
+            # a parallel worker without a fitting mapping of its own (the incumbents may be another
+            # worker's, or the seeds evaluated before the fork): what it left open bounds its share
+            stats.lower_bound_s = min((b for b, *_ in queue), default=math.inf)
+            ledger.bounded(queue)
+        raise exc
     if best is None and worst_memory is None:
         smallest_floor = floors["smallest"]  # (groups screened out during the search count too)
         if inner_failure is not None:
