@@ -435,6 +435,27 @@ def test_a_key_is_handed_once_to_a_worker_ahead_and_reaches_its_shelf():
     assert w0.settle(e, -1.0) == 0  # worker 1's head (3) is past the bound, but it has finished
 
 
+def test_a_worker_cut_with_groups_just_handed_to_it_takes_no_more_keys():
+    """A worker cut by the deadline takes what was handed to it last (its bound counts as open)
+    and is done at once, even though groups arrived: a key handed to it after it returned would
+    be searched by no worker and counted open by none, and its bound would be overstated."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 1, 1)
+    w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
+    a, b = (("tp", 8), ("micro_batch", 1)), (("tp", 4), ("micro_batch", 1))
+    assert [w0.key_owner(k, deal=True) for k in (a, b)] == [0, 1]
+    group = SimpleNamespace(key=a)
+    w1.shelve([group])
+    w1.arrived(3.0)
+    assert w0.settle(a, 2.0) == 1  # handed to worker 1, ahead
+    assert w1.finish(final=True) == [group] and shared.done[1]
+    assert w0.key_owner(b, deal=True) == 1 and w0.settle(b, 2.0) == 1  # (its own key: not handed back)
+    c = (("tp", 2), ("micro_batch", 1))
+    assert w0.key_owner(c, deal=True) == 0 and w0.settle(c, 2.0) == 0  # nothing more goes to worker 1
+
+
 def _hand_every_key(monkeypatch) -> None:
     """Every worker looks infinitely far ahead: each key a worker settles goes to another
     worker still searching (the most handing over there can be)."""

@@ -254,13 +254,15 @@ class _Share:
         with sh.key_hash.get_lock():
             return self._unshelve()
 
-    def finish(self) -> list:
+    def finish(self, final: bool = False) -> list:
         """Like :meth:`arrived` when this worker's search is about to end; when nothing arrived
-        it is done (atomically: no key is handed to it afterwards)."""
+        it is done (atomically: no key is handed to it afterwards). ``final``: done whatever
+        arrived (a search cut by the deadline leaves it open, its bound counted): a key handed
+        to a worker that has returned would be searched by none and counted open by none."""
         sh = self.shared
         with sh.key_hash.get_lock():
             groups = self._unshelve()
-            if not groups:
+            if final or not groups:
                 sh.done[self.me] = 1
             return groups
 

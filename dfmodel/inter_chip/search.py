@@ -415,7 +415,7 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
         accept(ev, m, bound)
         reporter.maybe(stats, len(queue), top[0].iteration_time_s, queue[0][0] if queue else None)
     if share is not None:  # (cut by the deadline: what arrived since stays open, its bound counts)
-        _push(queue, seq, share.finish())
+        _push(queue, seq, share.finish(final=True))
     for ev in dived.values():  # incumbents taken early that the cut search never reached
         if isinstance(ev, InfeasibleError) or ev is None:
             continue
