@@ -222,10 +222,13 @@ def test_split_roots_give_the_serial_answer(workload, system, kw, mode, monkeypa
     assert _answer(par) == _answer(serial)
 
 
-def test_split_roots_count_every_mapping_once(monkeypatch):
-    """With every root split, a worker counts only its own groups of a root another worker
-    expanded: the candidates are the serial search's, all settled, nothing ruled out differently."""
-    _split_all(monkeypatch)
+@pytest.mark.parametrize("setup", ["split", "handed"])
+def test_every_mapping_counted_once(setup, monkeypatch):
+    """With every root split (``split``), a worker counts only its own groups of a root another
+    worker expanded; with every key a worker settles handed to another (``handed``), a key's
+    groups are counted by their final owner only. Either way the candidates and the ruled-out
+    counts are the serial search's, and every candidate is settled."""
+    (_split_all if setup == "split" else _hand_every_key)(monkeypatch)
     w, s = load_workload(SMALL_LLM), load_system(small_system(4, 4, ib_bw="5 GB/s"))
     runs = {}
     for j in (1, 2, 3):
@@ -470,23 +473,3 @@ def test_keys_handed_over_give_the_serial_answer(workload, system, kw, monkeypat
     serial = optimize(workload, system, workers=1, **kw)
     par = optimize(workload, system, workers=2, **kw)
     assert _answer(par) == _answer(serial)
-
-
-def test_keys_handed_over_count_every_mapping_once(monkeypatch):
-    """Handed keys are counted by their final owner only: the candidates and the ruled-out
-    counts are the serial search's, and every candidate is settled."""
-    _hand_every_key(monkeypatch)
-    w, s = load_workload(SMALL_LLM), load_system(small_system(4, 4, ib_bw="5 GB/s"))
-    runs = {}
-    for j in (1, 2, 3):
-        model = LLMModel(w, s)
-        with search_options(alternatives=5, parallel=None if j == 1 else partial(ps.parallel_search, workers=j)):
-            runs[j] = search(PlacementFreeBounds(model), LLMSpace(model, Knobs()))
-    b1, s1 = runs[1]
-    for j in (2, 3):
-        b, st = runs[j]
-        assert (b.mapping, b.iteration_time_s) == (b1.mapping, b1.iteration_time_s)
-        assert [e.mapping for e in st.runners_up] == [e.mapping for e in s1.runners_up]
-        assert st.candidates == s1.candidates
-        assert st.pruned_bound + st.pruned_memory + st.evaluated >= st.candidates
-        assert st.ruled_out == s1.ruled_out
