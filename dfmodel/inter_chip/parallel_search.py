@@ -714,7 +714,7 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
     counted_unclaimed = 0
     for me in sorted(replies):
         kind, _, _, s, _, n_unclaimed = replies[me]
-        if s is not None and kind != "time":
+        if s is not None:
             stats.candidates += s.candidates - (fit_count if me > 0 else 0)
             stats.evaluated += s.evaluated
             stats.pruned_bound += s.pruned_bound
@@ -723,25 +723,18 @@ def _merge(model, serial, replies: dict, roots, fits, fit_count: int, shared: _S
             # a worker cut by the deadline is ``cut`` below, not unproven: its bound may still
             # have passed the winner found by another (then the optimum is proven)
             proven = proven and s.inner_proven
-            if kind == "ok" and s.status == "time_limit":
+            if kind == "time":  # cut before any mapping of its own fitted: the bound of what it left open
+                cut, lb = True, min(lb, s.lower_bound_s)
+            elif kind == "ok" and s.status == "time_limit":
                 cut = cut or s.timed_out
                 lb = min(lb, s.lower_bound_s)
-        elif kind == "time" and s is not None:  # cut before any mapping of its own fitted: its open bound
-            cut = True
-            stats.candidates += s.candidates - (fit_count if me > 0 else 0)
-            stats.evaluated += s.evaluated
-            stats.pruned_bound += s.pruned_bound
-            stats.pruned_memory += s.pruned_memory
-            proven = proven and s.inner_proven
-            lb = min(lb, s.lower_bound_s)
         else:  # cut (or nothing fitting) before it returned: its claims stay open
             cut = cut or kind == "time"
-            if s is None:  # stopped: its counts as of its last progress snapshot
-                row = shared.progress[me * _PROGRESS_FIELDS:(me + 1) * _PROGRESS_FIELDS]
-                if not math.isnan(row[0]):
-                    stats.candidates += int(row[0]) - (fit_count if me > 0 else 0)
-                    stats.evaluated += int(row[1])
-                    stats.pruned_bound += int(row[2])  # (the snapshot counts bound and memory prunes together)
+            row = shared.progress[me * _PROGRESS_FIELDS:(me + 1) * _PROGRESS_FIELDS]
+            if not math.isnan(row[0]):  # (stopped: its counts as of its last progress snapshot)
+                stats.candidates += int(row[0]) - (fit_count if me > 0 else 0)
+                stats.evaluated += int(row[1])
+                stats.pruned_bound += int(row[2])  # (the snapshot counts bound and memory prunes together)
             mine = [r.bound_s for i, r in enumerate(roots) if owners[i] in (me, _SPLIT)]
             if me == 0 and not all_fit:  # worker 0 also held the offloaded twins of roots that did not fit
                 mine.append(getattr(model, "global_lower_bound_s", lambda: 0.0)())
