@@ -17,7 +17,7 @@ import heapq
 import math
 from dataclasses import dataclass
 from numbers import Real
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -235,7 +235,8 @@ def balance_layers(
     last_extra_s: float = 0.0,
     *,
     min_layers_per_stage: int = 1,
-) -> list[int]:
+    fits: "Callable[[int, int, int], bool] | None" = None,
+) -> list[int] | None:
     """Layers per stage minimising the slowest stage (exact contiguous chain partition).
 
     Stage ``i`` takes the next ``n_i`` layers; its time is the sum of their times (``layer_time_s``:
@@ -256,13 +257,28 @@ def balance_layers(
     (:func:`interleaved_split_accounts`) the first / last virtual chunk holds one transformer
     layer fewer.
 
+    ``fits(stage, start, stop)``: whether layers ``start .. stop - 1`` fit stage ``stage``'s
+    memory; the split is then the least bottleneck among those whose every stage fits (None if
+    none does), the greedy's own (later stages as full as the bound and memory allow: the early
+    stages hold the most micro-batches in flight), not the even tie-break. Megatron-Core runs such
+    splits (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
+    ``--pipeline-model-parallel-layout``). The back-to-front greedy stays exact when ``fits`` is
+    monotone (a sub-run of a run that fits a stage fits it) and no stricter on a later middle
+    stage (a run fitting stage ``i`` fits stage ``j``, ``i < j < pp - 1``: activations in flight
+    never grow with the stage, and only stage 0 holds the embedding), which memory is; checked
+    against brute force in the tests. Plain 1F1B only (interleaved chunks are equal).
+
     >>> balance_layers(8, 4, 1, 1.0), balance_layers(10, 4, 1, 1.0, last_extra_s=2.0)
     ([2, 2, 2, 2], [3, 3, 3, 1])
     >>> balance_layers(8, 2, 2, 1.0)
     [2, 2, 2, 2]
+    >>> balance_layers(8, 2, 1, 1.0, fits=lambda stage, a, b: b - a <= (3 if stage == 0 else 6))
+    [3, 5]
     """
     if num_layers < 1 or pp < 1 or interleave < 1:
         raise ValueError(f"num_layers, pp, interleave must be >= 1, got {num_layers}, {pp}, {interleave}")
+    if interleave > 1 and fits is not None:
+        raise ValueError("fits applies to plain 1F1B splits (interleave 1)")
     if interleave > 1:
         chunks = pp * interleave
         accounts = interleaved_split_accounts(num_layers, pp, interleave)
@@ -305,20 +321,32 @@ def balance_layers(
     def within(x: float, bound: float) -> bool:  # <= up to rounding of differently summed prefixes
         return x <= bound + 1e-12 * abs(bound)
 
+    def room(st: int, start: int, end: int) -> bool:  # memory, when the caller gave it
+        return fits is None or start == end or fits(st, start, end)
+
     def split(bound: float) -> list[int] | None:
         counts = [0] * pp
         end = num_layers
         for st in range(pp - 1, -1, -1):
             lo = min_layers_per_stage * st  # layers the earlier stages must keep
             start = end - min_layers_per_stage
-            if start < lo or not within(seg(start, end) + extra[st], bound):
+            if start < lo or not within(seg(start, end) + extra[st], bound) or not room(st, start, end):
                 return None
-            while start - 1 >= lo and within(seg(start - 1, end) + extra[st], bound):
-                start -= 1
+            # the earliest start within the bound and memory: both hold on a suffix of the starts
+            # (layer times >= 0, memory monotone), so bisect (log L memory checks, not L)
+            a = lo
+            while a < start:
+                mid = (a + start) // 2
+                if within(seg(mid, end) + extra[st], bound) and room(st, mid, end):
+                    start = mid
+                else:
+                    a = mid + 1
             counts[st] = end - start
             end = start
         return counts if end == 0 else None
 
+    if fits is not None and split(math.inf) is None:  # no split fits memory, whatever the time
+        return None
     n = num_layers
     # every segment time plus each stage extra, sorted and distinct (numpy: the same IEEE
     # differences and sums as seg(i, j) + e, built without a Python loop over the n^2 pairs)
@@ -335,6 +363,8 @@ def balance_layers(
             lo = mid + 1
     bound = candidates[lo]
     assert split(bound) is not None
+    if fits is not None:
+        return split(bound)
 
     # Tie-break among the splits meeting the optimal bound: as even as possible, extra layers on
     # the later stages (early stages hold more micro-batches in flight).

@@ -279,6 +279,51 @@ def test_balance_uniform_tie_break_minimises_largest_count(n, pp, first, last):
     assert max(counts) == min(max(c) for c in optimal)
 
 
+def _memory_fits(weights, pp, capacity, emb, head):
+    """A stage's memory as the model counts it: its layers' bytes times the micro-batches it holds
+    (1F1B: ``pp - stage``, never growing with the stage), the embedding on stage 0, the head on
+    the last: monotone in the run and no stricter on a later middle stage."""
+    def fits(stage, a, b):
+        extra = (emb if stage == 0 else 0.0) + (head if stage == pp - 1 else 0.0)
+        return sum(weights[a:b]) * (pp - stage) + extra <= capacity
+    return fits
+
+
+@given(data=st.data(), pp=st.integers(2, 4), first=st.floats(0, 3), last=st.floats(0, 3),
+       capacity=st.floats(2.0, 40.0), emb=st.floats(0, 4), head=st.floats(0, 4))
+@settings(max_examples=300, deadline=None)
+def test_balance_within_memory_is_the_least_bottleneck_of_the_splits_that_fit(data, pp, first, last, capacity,
+                                                                              emb, head):
+    lt = data.draw(st.lists(st.floats(0.0, 5.0), min_size=pp, max_size=8))
+    weights = data.draw(st.lists(st.floats(0.1, 3.0), min_size=len(lt), max_size=len(lt)))
+    n, fits = len(lt), _memory_fits(weights, pp, capacity, emb, head)
+
+    def all_fit(c):
+        bounds = list(itertools.accumulate(c, initial=0))
+        return all(fits(i, bounds[i], bounds[i + 1]) for i in range(pp))
+
+    fitting = [c for c in itertools.product(range(1, n + 1), repeat=pp) if sum(c) == n and all_fit(c)]
+    counts = balance_layers(n, pp, 1, lt, first, last, fits=fits)
+    if not fitting:
+        assert counts is None
+        return
+    assert counts is not None and sum(counts) == n and min(counts) >= 1 and all_fit(counts)
+    assert stage_max(counts, lt, first, last) == pytest.approx(min(stage_max(c, lt, first, last) for c in fitting))
+
+
+def test_balance_within_memory_moves_layers_off_the_full_stage():
+    """Stage i holds 4 - i micro-batches in flight: the even split [4, 4, 4, 4] does not fit stage 0
+    (at most 3 layers), the least bottleneck that fits is 5, the later stages filled first (they
+    hold the fewest micro-batches); where the even split fits, the bottleneck is the even one."""
+    fits = _memory_fits([1.0] * 16, 4, capacity=12.0, emb=0.0, head=0.0)
+    assert balance_layers(16, 4, 1, 1.0, fits=fits) == [2, 4, 5, 5]
+    roomy = _memory_fits([1.0] * 16, 4, capacity=16.0, emb=0.0, head=0.0)
+    assert max(balance_layers(16, 4, 1, 1.0, fits=roomy)) == 4
+    assert balance_layers(16, 4, 1, 1.0, fits=_memory_fits([1.0] * 16, 4, 2.0, 0.0, 0.0)) is None
+    with pytest.raises(ValueError):
+        balance_layers(16, 4, 2, 1.0, fits=roomy)
+
+
 def test_balance_examples_and_tie_break():
     assert balance_layers(96, 8, 1, 1.0) == [12] * 8
     assert balance_layers(10, 4, 1, 1.0) == [2, 2, 3, 3]  # ties: fewer layers on early stages

@@ -146,6 +146,8 @@ class Evaluation:
     input_bound: bool = False
     notes: list[str] = field(default_factory=list)
     io: IOTerms | None = None  # input and checkpoint details (dfmodel.inter_chip.io)
+    #: the time-balanced layer split did not fit the chip: this is the least bottleneck that does
+    split_moved: bool = False
 
 
 @dataclass
@@ -1858,10 +1860,25 @@ class LLMModel:
         mtp_f, mtp_b = self._mtp_s(m, (t_f, t_b), (head_f, head_b))
         per_layer_s = (t_f + t_b if not dense else
                        (td_f + td_b,) * self.num_dense_layers + (t_f + t_b,) * self.num_moe_layers)
-        layers = _balance(self.num_layers, m.pp, m.interleave, per_layer_s, emb_f + emb_b,
-                          head_f + head_b + mtp_f + mtp_b)
-        stages = self._stage_layers(layers, m)
+        first_s, last_s = emb_f + emb_b, head_f + head_b + mtp_f + mtp_b
+        layers = _balance(self.num_layers, m.pp, m.interleave, per_layer_s, first_s, last_s)
         moe_st, dense_st = self._split_kinds(layers, m)
+        params_stage, memory = self._stage_memory(m, layer, emb, head, dense, moe_st, dense_st)
+        split_notes: list[str] = []
+        if not memory.fits and m.pp > 1 and m.interleave == 1:  # the least bottleneck whose stages fit
+            blocks = (layer, emb, head, dense)
+            fitting = pipe.balance_layers(self.num_layers, m.pp, 1, per_layer_s, first_s, last_s,
+                                          fits=self._stage_fits(m, blocks))
+            if fitting is not None:
+                split_notes.append(f"layers per stage {list(fitting)}, not the time-balanced {list(layers)}, "
+                                   "which does not fit the chip's memory (Megatron-Core: --decoder-first-pipeline-"
+                                   "num-layers / --decoder-last-pipeline-num-layers or --pipeline-model-parallel-layout)")
+                layers = tuple(fitting)
+                moe_st, dense_st = self._split_kinds(layers, m)
+                params_stage, memory = self._stage_memory(m, layer, emb, head, dense, moe_st, dense_st)
+        if cutoff_s is not None and not memory.fits:
+            return MemoryFloorMiss(m, memory)  # (exact, not a floor: the search needs no time for it)
+        stages = self._stage_layers(layers, m)
         stage_fwd = [n * t_f + d * td_f for n, d in zip(moe_st, dense_st)]
         stage_bwd = [n * t_b + d * td_b for n, d in zip(moe_st, dense_st)]
         if layer.onchip is not None:  # dataflow chips: the stash stays in SRAM where it fits, per stage
@@ -1873,9 +1890,6 @@ class LLMModel:
         stage_bwd[0] += emb_b
         stage_fwd[-1] += head_f + mtp_f
         stage_bwd[-1] += head_b + mtp_b
-        params_stage, memory = self._stage_memory(m, layer, emb, head, dense, moe_st, dense_st)
-        if cutoff_s is not None and not memory.fits:
-            return MemoryFloorMiss(m, memory)  # (exact, not a floor: the search needs no time for it)
 
         amax_f, amax_b = self._amax_reduce_s(m, layer)  # TE delayed scaling: per model chunk and pass
         stage_fwd = [t + m.interleave * amax_f for t in stage_fwd]
@@ -1953,8 +1967,38 @@ class LLMModel:
             stage_bwd,
             proven,
             input_bound=input_s > 0,
+            notes=split_notes,
             io=io,
+            split_moved=bool(split_notes),
         )
+
+    def _stage_fits(self, m: Mapping, blocks: tuple):
+        """``fits(stage, start, stop)`` of :func:`~dfmodel.algorithms.balance_layers`: whether layers
+        ``start .. stop - 1`` fit stage ``stage`` of ``m`` (:meth:`_stage_memory`, the layer,
+        embedding, head and dense-layer ``blocks``), the other stages holding none: the worst stage
+        is then this one, as the ends' embedding and head alone fit (else nothing fits: False).
+        Memoised on what the stage's memory reads: the mapping's memory knobs and TP group (as
+        :meth:`memory_before_solves`), the stage and its dense and MoE layers (Llama 3 405B on 512
+        B200s: 476 mappings' balanced splits did not fit, 413 had no split that fits)."""
+        n_dense = self.num_dense_layers
+        memo = self.__dict__.setdefault("_stage_fits_memo", {}).setdefault(
+            (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), m.group("tp")), {})
+
+        def stage_memory(stage: int, dense: int, moe: int):
+            moe_st, dense_st = [0] * m.pp, [0] * m.pp
+            moe_st[stage], dense_st[stage] = moe, dense
+            return self._stage_memory(m, *blocks, moe_st, dense_st)[1]
+
+        if "ends" not in memo:
+            memo["ends"] = stage_memory(0, 0, 0).fits
+
+        def fits(stage: int, start: int, stop: int) -> bool:
+            dense = max(0, min(stop, n_dense) - start)
+            key = (stage, dense, stop - start - dense)
+            if key not in memo:
+                memo[key] = memo["ends"] and stage_memory(*key).fits
+            return memo[key]
+        return fits
 
     def _split_kinds(self, layers: tuple[int, ...], m: Mapping) -> tuple[list[int], list[int]]:
         """(MoE layers, dense layers) per physical stage of the chunk split ``layers``."""

@@ -60,7 +60,7 @@ def to_result(model: LLMModel, ev, stats) -> Result:
         power_w=system_power_w(system),
         bottleneck=bottleneck,
         input_bound=ev.input_bound,
-        notes=list(ev.io.notes) if ev.io else [],
+        notes=(list(ev.io.notes) if ev.io else []) + list(ev.notes),
         io=io_report(ev.io, system, iteration_time_s=ev.iteration_time_s, compute_power_w=system_power_w(system),
                      samples=w.training.global_batch, compute_cost_usd=system_cost_usd(system)),
         pipeline={

@@ -412,6 +412,10 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             if relief is not None:
                 admit_mappings(relief(m))
             continue
+        if relief is not None and getattr(ev, "split_moved", False):
+            # its time-balanced split did not fit: its offloaded twins join as for a mapping that
+            # does not fit (offloaded, the balanced split may fit and beat the moved one)
+            admit_mappings(relief(m))
         accept(ev, m, bound)
         reporter.maybe(stats, len(queue), top[0].iteration_time_s, queue[0][0] if queue else None)
     if share is not None:  # (cut by the deadline: what arrived since stays open, its bound counts)
