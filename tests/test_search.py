@@ -525,3 +525,34 @@ def test_a_limit_that_cuts_the_runners_up_after_the_proof_leaves_the_winner_prov
     assert best.iteration_time_s == 1.0
     assert stats.status == "optimal" and stats.gap == 0.0 and stats.lower_bound_s == 1.0
     assert any("runners-up listed may not be the next best" in n for n in stats.notes)
+
+
+class _MovedSplitModel(_ScreenedModel):
+    """Mapping 3 fits only with its layers moved off the balanced split (``split_moved``, 3 s);
+    offloaded, its balanced split fits and runs in 2 s: mapping 9, one of its relief twins."""
+
+    def __init__(self):
+        super().__init__()
+        self.times |= {1: 5.0, 2: 6.0, 9: 2.0}
+        self.bounds = {m: 1.0 for m in self.times}
+
+    def memory_relief(self, m):
+        return [_Picked(9)] if m == 3 else []
+
+    def evaluate(self, m, cutoff_s=None, screen_memory=False):
+        ev = super().evaluate(m, cutoff_s, screen_memory)
+        if ev is not None:
+            ev.split_moved = m == 3
+        return ev
+
+
+@pytest.mark.parametrize("exhaustive", [False, True])
+def test_a_mapping_whose_split_was_moved_for_memory_brings_its_offloaded_twins(exhaustive):
+    """Offloaded twins join the search only for mappings that do not fit; one that fits only with
+    its layers moved off the time-balanced split counts as such (LLMModel.evaluate's
+    ``split_moved``): its twin, faster, wins."""
+    from dfmodel.inter_chip.search import _search
+
+    best, stats = _search(_MovedSplitModel(), [_Picked(m) for m in range(1, 9)], exhaustive=exhaustive, keep=1,
+                          progress=None)
+    assert int(best.mapping) == 9 and best.iteration_time_s == 2.0
