@@ -360,3 +360,37 @@ def _structure_cache_cases():
     g = build_graphs(load_workload("tiny_mlp")).layer
     for preset in ("sn30", "wse2", "dgx_a100"):
         yield CostModel(g, load_system(preset))
+
+
+def test_pair_structure_blocks_keep_the_per_ideal_order(monkeypatch):
+    """pair_structure tests the ideals of one size a block at a time (ideals._superset_pairs): the
+    same (src, dst) pairs, in the same order (src, then dst: the DP's ties go to the first edge),
+    as testing each ideal against the next ``max_size`` sizes, on 70 kernels (two words) and with
+    blocks of a few ideals (the chunking)."""
+    import numpy as np
+
+    from dfmodel.intra_chip import ideals
+
+    rng = np.random.default_rng(1)
+    n = 70
+    pred = [set(rng.choice(k, size=min(k, 2), replace=False).tolist()) if k else set() for k in range(n)]
+    seen, frontier = {frozenset()}, [frozenset()]
+    while frontier and len(seen) < 1500:
+        frontier = [s | {k} for s in frontier for k in range(n) if k not in s and pred[k] <= s]
+        frontier = [s for s in dict.fromkeys(frontier) if s not in seen]
+        seen.update(frontier)
+    order = sorted(seen, key=lambda s: (len(s), sorted(s)))
+    bits = np.zeros((len(order), n), bool)
+    for r, s in enumerate(order):
+        bits[r, list(s)] = True
+    lat = ideals.Lattice(bits)
+    packed, sizes = ideals._pack(bits), bits.sum(axis=1)
+    monkeypatch.setattr(ideals, "_PAIR_BLOCK", 64)
+    for max_size in (1, 3, n):
+        want = [(i, int(j)) for i in range(lat.size)
+                for j in np.flatnonzero(ideals.supersets_in(packed, i, np.searchsorted(sizes, sizes[i], side="right"),
+                                                            np.searchsorted(sizes, sizes[i] + max_size, side="right")))
+                + np.searchsorted(sizes, sizes[i], side="right")]
+        ideals._STRUCTURES.clear()
+        src, dst, _, _ = ideals.pair_structure(lat, max_size, 10**7)
+        assert list(zip(src.tolist(), dst.tolist())) == want and want

@@ -473,3 +473,62 @@ def test_keys_handed_over_give_the_serial_answer(workload, system, kw, monkeypat
     serial = optimize(workload, system, workers=1, **kw)
     par = optimize(workload, system, workers=2, **kw)
     assert _answer(par) == _answer(serial)
+
+
+@__import__("dataclasses").dataclass(frozen=True, order=True)
+class _Seed:
+    tp: int
+    pp: int
+    cp: int = 1
+
+
+class _SeedModel:
+    """Evaluates a seed (pipeline depth 2: none fits) recording the process in its block cache;
+    the first seed slowly (the helper then announces its own first)."""
+
+    def __init__(self):
+        self._blocks, self._phases = {}, {}
+
+    def evaluate(self, m):
+        from types import SimpleNamespace
+
+        if m == _Seed(8, 1):
+            import time
+
+            time.sleep(0.3)
+        self._blocks[(m.tp, m.pp)] = os.getpid()
+        return SimpleNamespace(iteration_time_s=float(m.tp * m.pp), fits=m.pp != 2, mapping=m, pid=os.getpid())
+
+
+def _seed_walk(capacity, evaluate):
+    """LLMSpace.seeds' walk: per pipeline depth the first candidate that fits (TP 8 first at
+    depth 1, TP 4 first deeper)."""
+    for pp in (1, 2, 4):
+        for tp in ((8, 4) if pp == 1 else (4, 8)):
+            ev = evaluate(_Seed(tp, pp))
+            if ev is None:
+                return
+            if not isinstance(ev, Exception) and ev.fits:
+                yield ev
+                break
+
+
+@pytest.mark.skipif(not fork_available(), reason="needs fork")
+def test_a_forked_helper_evaluates_the_other_tp_degrees_seeds_ahead():
+    """_SeedPrefetch: the helper walks the seeds as if each fitted and evaluates those of another
+    TP degree than the first seed's (TP 4 at depths 2 and 4); this process walks them as the
+    serial search does, taking the helper's evaluations (and its solved blocks into its cache)
+    and evaluating the rest itself, the fallback after a seed that does not fit included (TP 8
+    at depth 2). The seeds are the serial walk's."""
+    from types import SimpleNamespace
+
+    serial_model = _SeedModel()
+    serial = [ev.mapping for ev in _seed_walk(0.0, serial_model.evaluate)]
+    model = _SeedModel()
+    with ps._SeedPrefetch(model, SimpleNamespace(seeds=_seed_walk), 0.0) as prefetched:
+        seeds = list(_seed_walk(0.0, prefetched.result))
+    assert [ev.mapping for ev in seeds] == serial == [_Seed(8, 1), _Seed(4, 4)]
+    here = os.getpid()
+    assert [ev.pid == here for ev in seeds] == [True, False]
+    assert model._blocks[(4, 2)] != here and model._blocks[(8, 2)] == here  # (the helper's block is cached here)
+    assert prefetched.helper_s > 0.0

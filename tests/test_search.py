@@ -511,6 +511,34 @@ def test_runners_up_wait_until_the_winner_is_proven_and_stay_exact():
     assert [(int(m), c) for m, c in model.calls] == [(2, None), (3, 2.0 * margin), (1, 2.0 * margin), (3, None)]
 
 
+class _ProvingModel(_ScreenedModel):
+    """:class:`_ScreenedModel` whose screen proves the mapping's exact time (``proven_bound_s``,
+    as ``LLMModel.evaluate`` keeps the bound that proved it past the cutoff)."""
+
+    proven_bound_s = None
+
+    def evaluate(self, m, cutoff_s=None, screen_memory=False):
+        ev = super().evaluate(m, cutoff_s, screen_memory)
+        self.proven_bound_s = self.times[m] if ev is None else None
+        return ev
+
+
+def test_a_mapping_screened_against_the_best_waits_at_its_proven_bound():
+    """Keep 3, bounds 2: 0.6, 4: 0.7, 1: 0.9 (the others 0.5 below their times). Mapping 4,
+    reached when the best is 2, is proven past it by a bound of 4 (its time): it waits at 4,
+    not at the best, so mapping 3 (proven past the best 1, waiting at 3) is confirmed first and
+    the 3rd-best cutoff (3) prunes mapping 4 without a second evaluation. Queued at the best,
+    mapping 4 was evaluated again and listed until mapping 3 displaced it: calls 2, 4, 1, 4, 3, 3."""
+    from dfmodel.inter_chip.search import _search
+
+    model = _ProvingModel(bounds={2: 0.6, 4: 0.7, 1: 0.9})
+    best, stats = _search(model, [_Picked(m) for m in (4, 3, 1, 2, 5, 8, 7, 6)], exhaustive=False, keep=3,
+                          progress=None)
+    assert best.iteration_time_s == 1.0 and [e.iteration_time_s for e in stats.runners_up] == [2.0, 3.0]
+    assert stats.status == "optimal"
+    assert [int(m) for m, _ in model.calls] == [2, 4, 1, 3, 3]
+
+
 def test_a_limit_that_cuts_the_runners_up_after_the_proof_leaves_the_winner_proven():
     """The deadline passes while a runner-up (mapping 3, a 1.5 s evaluation) is confirmed, after
     the winner's proof: the status is optimal, with a note that the runners-up listed may not be

@@ -25,7 +25,8 @@ best over all of them, so no worker explores what another has already beaten.
 On dataflow chips the recipe incumbents (``space.seeds``: MoE models) are evaluated here, before
 the fork, as the serial search evaluates them before its first expansion: every worker then
 starts with their cutoff, the blocks and lattices they solved, and their cost (which decides the
-splitting; :func:`_seeds_before_fork`: on GPUs worker 0 evaluates them while the others search).
+splitting; :func:`_seeds_before_fork`: on GPUs worker 0 evaluates them while the others search);
+a forked helper evaluates those of the other TP degrees meanwhile (:class:`_SeedPrefetch`).
 (Worker 0 evaluated them after the fork, 3.5 of DeepSeek-V3 / 8192 dragonfly's 21 CPU s per
 worker, while worker 1 idled for the first, then searched without the others' cutoff; both
 solved the seeds' lattices, ~2 CPU s.)
@@ -56,6 +57,7 @@ from dfmodel.errors import InfeasibleError, TimeLimitError
 from dfmodel.inter_chip.search import (KnobTables, Progress, SearchStats, _better, _insert, _Reporter, _search,
                                        _try_evaluate, no_incumbent_error)
 from dfmodel.inter_chip.space import SpaceNode
+from dfmodel.intra_chip import ideals
 from dfmodel.parallel import fork_available
 from dfmodel.solvers.deadline import deadline_scope, time_left_s
 
@@ -470,20 +472,150 @@ def _evaluate_seeds(model, space, capacity: float, shared: _Shared, keep: int) -
     if not hasattr(space, "seeds"):
         return []
     tried = [0]
-
-    def evaluate(m):
-        tried[0] += 1
-        return _try_evaluate(model, m)
-
     t0 = time.process_time()
-    seeds = list(space.seeds(capacity, evaluate))
-    shared.evals[0] += time.process_time() - t0
+    with _SeedPrefetch(model, space, capacity) as prefetched:
+        def evaluate(m):
+            tried[0] += 1
+            return prefetched.result(m)
+
+        seeds = list(space.seeds(capacity, evaluate))
+    shared.evals[0] += time.process_time() - t0 + prefetched.helper_s
     shared.evals[1] += tried[0]
     top: list = []
     for ev in seeds:
         _insert(top, ev, keep)
     shared.tops[:keep] = [ev.iteration_time_s for ev in top] + [math.inf] * (keep - len(top))
     return seeds
+
+
+#: what the prefetching helper's walk of the seeds takes every evaluation for (:func:`_prefetch_seeds`)
+_AS_FITTING = type("_AsFitting", (), {"fits": True})()
+
+
+class _SeedPrefetch:
+    """The seeds' evaluations (:func:`_evaluate_seeds`, in this process: the workers inherit
+    what it solves) with a forked helper evaluating ahead, in parallel, the seeds of the other
+    TP degrees than the first seed's on the walk the seeds take when every seed fits
+    (:func:`_prefetch_seeds`: the first candidate of each expert-parallel degree and pipeline
+    depth). This process walks the seeds as before, each evaluation being the helper's when it
+    has taken it (waited for while it runs: the same deterministic evaluation), its own
+    otherwise; the blocks and phases the helper solved join this process's caches with it. So
+    the seeds are the serial search's. Evaluated here alone they were 2.5 of DeepSeek-V3 / 512
+    dragonfly's 15 s of wall (3.1 of 14.4 s at 8192), the second core idle; split by TP degree
+    (seeds of one degree share phases and lattices: split by turns, each process solved them
+    again), this process keeps the first seed's degree, whose caches the workers inherit whole:
+    at 8192 the helper takes TP 4's seeds (memory misses, 1.4 CPU s) and this process TP 8's."""
+
+    def __init__(self, model, space, capacity: float):
+        self.model, self.helper_s = model, 0.0
+        self.taken: dict = {}  # mapping -> its evaluation (None: the helper is evaluating it)
+        ctx = multiprocessing.get_context("fork")
+        self.conn, send = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=_prefetch_seeds, args=(model, space, capacity, send), daemon=True)
+        self.proc.start()
+        send.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.is_alive():  # (evaluating seeds the walk did not need: it would slow the workers)
+            self.proc.terminate()
+        self.proc.join()
+        self.conn.close()
+
+    def result(self, m):
+        """``_try_evaluate(model, m)``: the helper's when it took ``m``."""
+        self._receive(wait=False)
+        while m in self.taken and self.taken[m] is None and self._receive(wait=True):
+            pass
+        if self.taken.get(m) is not None:
+            return self.taken[m][0]
+        return _try_evaluate(self.model, m)
+
+    def _receive(self, wait: bool) -> bool:
+        """Takes in the helper's messages (one at least with ``wait``); False when it has stopped
+        (ended, failed, or past the deadline)."""
+        left = time_left_s()
+        timeout = (None if left is None else max(0.0, left) + _HARD_STOP_GRACE_S) if wait else 0.0
+        try:
+            while self.conn.poll(timeout):
+                kind, m, payload = self.conn.recv()
+                if kind == "taken":
+                    self.taken.setdefault(m, None)
+                elif kind == "done":
+                    ev, solved, self.helper_s = payload  # (its CPU seconds so far)
+                    for name, cache in _seed_caches(self.model).items():
+                        for key, value in solved[name].items():
+                            cache.setdefault(key, value)
+                    self.taken[m] = (ev,)
+                    if wait:
+                        return True
+                else:  # it has ended
+                    return self._stopped()
+            if not wait:
+                return True
+        except (EOFError, OSError):
+            pass
+        return self._stopped()
+
+    def _stopped(self) -> bool:
+        """The helper has ended (or failed, or passed the deadline): what it was evaluating is
+        evaluated here."""
+        self.taken = {k: v for k, v in self.taken.items() if v is not None}
+        return False
+
+
+def _seed_caches(model) -> dict[str, dict]:
+    """What a seed's evaluation solves that the search reuses: the model's blocks and phases
+    (``LLMModel._blocks``, ``_phases``: {} without) and the lattices' pair structures
+    (``ideals._STRUCTURES``: shared by the phases of one shape at every TP degree; without
+    them, DeepSeek-V3 / 8192 dragonfly's workers spent ~0.6 CPU s more each). Keyed by content
+    or by block knobs, never by an object's id: entries made in another process hold here."""
+    out = {name: getattr(model, name, None) for name in ("_blocks", "_phases")}
+    out = {name: cache if isinstance(cache, dict) else {} for name, cache in out.items()}
+    return {**out, "structures": ideals._STRUCTURES}
+
+
+#: pair structures larger than this (pairs) stay in the helper: a 33-kernel backward layer's
+#: millions (DeepSeek-V3 on SN30: 16.5 M, ~0.5 GB) cost more to send than to build again
+_SENT_MAX_PAIRS = 1 << 21
+
+
+def _sendable(name: str, value) -> bool:
+    return name != "structures" or value is None or value[0].size <= _SENT_MAX_PAIRS
+
+
+def _prefetch_seeds(model, space, capacity: float, conn) -> None:
+    """:class:`_SeedPrefetch`'s helper: walks the seeds taking every one as fitting, evaluating
+    those of another TP (and CP) degree than the first, each announced before (``taken``) and
+    sent after with what it solved (``done``: :func:`_seed_caches`' new entries)."""
+    t0, first = time.process_time(), []
+    known = {name: set(cache) for name, cache in _seed_caches(model).items()}
+
+    def evaluate(m):
+        first[:] = first or [(m.tp, m.cp)]
+        if (m.tp, m.cp) == first[0]:  # (the parent's: the workers inherit what it solves)
+            return _AS_FITTING
+        conn.send(("taken", m, None))
+        ev = _try_evaluate(model, m)
+        solved = {name: {k: v for k, v in cache.items() if k not in known[name] and _sendable(name, v)}
+                  for name, cache in _seed_caches(model).items()}
+        for name, new in solved.items():
+            known[name].update(new)
+        conn.send(("done", m, (ev, solved, time.process_time() - t0)))
+        return _AS_FITTING
+
+    try:
+        for _ in space.seeds(capacity, evaluate):
+            pass
+        conn.send(("end", None, None))
+    except BaseException:  # noqa: BLE001 -- the parent evaluates what the helper did not
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+        os._exit(0)  # (as a worker: no atexit handlers of the parent's objects)
 
 
 def _worker(me: int, conn, model, space, roots, fits, homes, shared: _Shared, keep: int, limit_s,

@@ -384,7 +384,9 @@ def _search(model, candidates, *, exhaustive: bool, keep: int, progress, limit_s
             # what of it could not be cut short (its MILP solves and intra-chip DPs stop at the deadline)
             recent_eval_s[:] = (recent_eval_s + [time.perf_counter() - t_eval - (interruptible_seconds() - cut_s)])[-8:]
             if ev is None and screen_s != cutoff:  # slower than the best: a runner-up at most, evaluated
-                heapq.heappush(queue, (screen_s, i, _SCREENED, m))  # once the winner is proven (its bound: the best)
+                # once the winner is proven; its bound: the one the model proved (else the best)
+                proven = getattr(model, "proven_bound_s", None)
+                heapq.heappush(queue, (screen_s if proven is None else max(screen_s, proven), i, _SCREENED, m))
                 continue
             if ev is None:  # proven slower than the cutoff part-way: as good as pruned by its bound
                 stats.evaluated += 1

@@ -189,23 +189,9 @@ def pair_structure(lat: Lattice, max_size: int, max_pairs: int):
         _STRUCTURES.move_to_end(key)
         return hit
     packed = _pack(lat.bits)
-    sizes = lat.bits.sum(axis=1)
-    src_l, dst_l = [], []
-    total = 0
-    for i in range(lat.size):
-        if i % 128 == 0:
-            check_deadline()
-        lo = np.searchsorted(sizes, sizes[i], side="right")
-        hi = np.searchsorted(sizes, sizes[i] + max_size, side="right")
-        if lo >= hi:
-            continue
-        js = np.flatnonzero(supersets_in(packed, i, lo, hi)) + lo
-        if js.size:
-            src_l.append(np.full(js.size, i, dtype=np.int64))
-            dst_l.append(js)
-            total += js.size
-            if total > 4 * max_pairs:
-                return None
+    src_l, dst_l = _superset_pairs(packed, lat.bits.sum(axis=1), max_size, 4 * max_pairs)
+    if src_l is None:
+        return None
     if not src_l:
         out = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, lat.bits.shape[1]), bool), np.zeros(0, np.int64))
     else:
@@ -217,6 +203,41 @@ def pair_structure(lat: Lattice, max_size: int, max_pairs: int):
                                     sum(v[0].size for v in _STRUCTURES.values()) > _STRUCTURES_MAX_PAIRS):
         _STRUCTURES.popitem(last=False)
     return out
+
+
+#: (ideal, candidate superset) tests per vectorised block of :func:`_superset_pairs` (bounds memory)
+_PAIR_BLOCK = 1 << 22
+
+
+def _superset_pairs(packed: np.ndarray, sizes: np.ndarray, max_size: int, limit: int):
+    """The pairs ``I < J`` of :func:`pair_structure` (``|J - I| <= max_size``) as lists of (src,
+    dst) arrays in order of ``src`` then ``dst``, or (None, None) past ``limit`` pairs. The ideals
+    are sorted by size, so the ideals of one size share their candidate supersets (the next
+    ``max_size`` sizes): tested a block of them at a time, not one ideal at a time (the loop
+    over ideals was 5 % of DeepSeek-V3 / 512 dragonfly's serial search); ``nonzero`` keeps the
+    order the loop had."""
+    src_l, dst_l = [], []
+    total = 0
+    starts = np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]])
+    for a, b in zip(starts, np.r_[starts[1:], sizes.size]):
+        lo = int(b)
+        hi = int(np.searchsorted(sizes, sizes[a] + max_size, side="right"))
+        if lo >= hi:
+            continue
+        cand = packed[lo:hi]
+        step = max(1, _PAIR_BLOCK // ((hi - lo) * packed.shape[1]))
+        for c in range(int(a), int(b), step):
+            check_deadline()
+            rows = packed[c : min(c + step, int(b))]
+            sub = np.all((rows[:, None, :] & ~cand[None, :, :]) == 0, axis=2)
+            i, j = np.nonzero(sub)
+            if i.size:
+                src_l.append(i.astype(np.int64) + c)
+                dst_l.append(j.astype(np.int64) + lo)
+                total += i.size
+                if total > limit:
+                    return None, None
+    return src_l, dst_l
 
 
 def supersets_in(packed: np.ndarray, i: int, lo: int, hi: int) -> np.ndarray:
