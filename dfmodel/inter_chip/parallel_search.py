@@ -203,15 +203,12 @@ class _Share:
         """The worker that expands the children of split roots with this block key; with ``deal``
         a key not seen yet goes to the worker with the fewest keys so far (else -1)."""
         sh = self.shared
-        h = hash(key) or 1
         with sh.key_hash.get_lock():
-            slot = _slot(sh, h)
-            if slot is None:  # full table: the hash decides (one owner per key all the same)
-                return h % sh.workers
-            if sh.key_hash[slot] == h:
-                return sh.key_owner[slot]
-            if not deal:
-                return _UNCLAIMED
+            owner = _owner_locked(sh, key)
+            if owner != _UNCLAIMED or not deal:
+                return owner
+            h = hash(key) or 1
+            slot = _slot(sh, h)  # (a free slot: a full table has an owner by hash above)
             w = min(range(sh.workers), key=lambda k: (sh.dealt[k], k))
             sh.key_hash[slot], sh.key_owner[slot] = h, w
             sh.dealt[w] += 1
@@ -742,6 +739,8 @@ def _slot(sh: _Shared, h: int) -> int | None:
 
 
 def _owner_locked(sh: _Shared, key: tuple) -> int:
+    """The key's owner so far, the caller holding the table's lock: -1 when not dealt yet; by its
+    hash when the table is full (one owner per key all the same)."""
     h = hash(key) or 1
     slot = _slot(sh, h)
     if slot is None:
