@@ -167,6 +167,11 @@ _MEMORY_BLIND = frozenset(("placement", "tp_comm_overlap", "overlap_grad_reduce"
                            "overlap_moe_expert_parallel_comm", "cp_comm"))
 
 
+def _memory_knobs(m) -> tuple:
+    """The mapping's fields memory reads (all but :data:`_MEMORY_BLIND`): memo keys of the memory checks."""
+    return tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND)
+
+
 def _is_attention_core(kernel) -> bool:
     """Kernels selective recompute re-runs (Korthikanti et al. 2022, section 4.3): the attention
     score, softmax (and dropout) and attention-times-value, which hold the s^2 activations."""
@@ -1634,7 +1639,7 @@ class LLMModel:
         ``ceil(L_moe / pp)`` MoE layers alone (some stage holds that many). test_search.py checks
         it against ``evaluate`` on every candidate. ``done``: splits already computed for ``m``
         (:meth:`screen_bytes`)."""
-        key = tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND)
+        key = _memory_knobs(m)
         if key not in self._memory_floors:
             parts = self._split_parts(m)
             splits = self._screen_splits(m, parts[4] is not None)
@@ -1679,7 +1684,7 @@ class LLMModel:
         fits as soon as every floor has one split that fits: one split each decides most
         fitting groups (2 of 3 of the screens of DeepSeek-V3 / 1024 H100 fit, each computed 5
         splits of ~50 us). A group that does not fit gets the full screen, exactly as before."""
-        key = tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND)
+        key = _memory_knobs(m)
         if key in self._memory_floors or off.uses_offload(m):  # (offload: the host screen reads it all)
             return self.memory_before_blocks(m).total_bytes
         memo = self.__dict__.setdefault("_screen_fit_memo", {})
@@ -1997,7 +2002,7 @@ class LLMModel:
         B200s: 476 mappings' balanced splits did not fit, 413 had no split that fits)."""
         n_dense = self.num_dense_layers
         memo = self.__dict__.setdefault("_stage_fits_memo", {}).setdefault(
-            (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), m.group("tp")), {})
+            (_memory_knobs(m), m.group("tp")), {})
 
         def stage_memory(stage: int, dense: int, moe: int):
             moe_st, dense_st = [0] * m.pp, [0] * m.pp
@@ -2046,7 +2051,7 @@ class LLMModel:
         (DeepSeek-V3 on 512 dragonfly chips: 59 layer blocks were solved and then did not
         fit). Memoised on what memory reads: first with the TP group, then with the blocks'
         parameters in its place (mappings whose TP groups are placed differently share them)."""
-        key = (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), m.group("tp"))
+        key = (_memory_knobs(m), m.group("tp"))
         memo = self.__dict__.setdefault("_split_memory_memo", {})
         if key not in memo:
             memo[key] = self._least_split_memory(m)
@@ -2062,7 +2067,7 @@ class LLMModel:
             return None
         if not self.num_dense_layers:
             params = params[:3] + (None,)
-        key = (tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND), params)
+        key = (_memory_knobs(m), params)
         memo = self.__dict__.setdefault("_split_memory_by_params", {})
         if key not in memo:
             memo[key] = self._least_split_memory_of(m, splits, params)
