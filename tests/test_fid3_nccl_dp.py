@@ -135,3 +135,33 @@ def test_an_overlapped_dp_sync_takes_its_channels_sms_from_the_compute():
     dataflow = LLMModel(load_workload(w), load_system(s))
     assert not dataflow.system.chip.eager
     assert dataflow._collective_sm_fraction == 0.0 and model._collective_sm_fraction == 16 / sms
+
+
+def test_the_last_bucket_holds_the_whole_word_embedding():
+    """Megatron-Core never splits a parameter across gradient buckets, so the bucket the backward
+    ends with holds the whole vocabulary-parallel word embedding (V h / tp elements) however
+    small the bucket size: with a long backward hiding everything else, that bucket's
+    reduce-scatter + all-gather is exposed (the default 64M-element bucket would expose under
+    1/4 of it here). Fails when the sync's tail is the bucket size alone."""
+    from dfmodel.inter_chip import pipeline as pipe
+    from dfmodel.inter_chip.config import Mapping
+
+    w = copy.deepcopy(SMALL_LLM)
+    w["model"]["vocab_size"] = 4 * 65536  # 256 Mi elements of embedding at hidden 1024, tp 1
+    model = LLMModel(load_workload(w), load_system(small_system(4, 64)))
+    dp, group = 64, (("ib", 64),)
+    emb = model.model.vocab_size * model.model.hidden
+    bucket = pipe.megatron_bucket_elements(dp)
+    assert emb > 4 * bucket
+    params = 2 * emb
+    t = model.training
+    m = Mapping(tp=1, pp=1, dp=dp, micro_batch=1, num_micro_batches=1, zero_stage=1)
+    got = model._dp_sync_s(m, params, 0.0, 1e3, group)
+    frac = model._collective_sm_fraction
+    # the sync runs in k buckets (k latency sets); the tail is the embedding's share of it
+    k = -(-params // bucket)
+    bucketed_s = k * (model.costs.time_s("reduce_scatter", params / k * t.grad_bytes, group)
+                      + model.costs.time_s("all_gather", params / k * t.activation_bytes, group))
+    tail_s = bucketed_s * emb / params
+    assert got == pytest.approx(tail_s + frac * (bucketed_s - tail_s), rel=1e-9)
+    assert tail_s > 3.9 * bucketed_s * bucket / params

@@ -2512,7 +2512,7 @@ class LLMModel:
             exposed += pipe.dp_sync_exposed_s(
                 sync_s=hidden, grad_elements=params, chunk_backward_s=bwd0_s / m.interleave,
                 interleave=m.interleave, pp=m.pp, overlap_fraction=self.system.dp_overlap,
-                bucket_elements=pipe.megatron_bucket_elements(m.dp_cp))
+                bucket_elements=bucket, last_bucket_elements=self.model.vocab_size * self.model.hidden / m.tp)
         total_s = reduce_s + gather_s
         if m.zero_stage == 2 and m.num_micro_batches > 1:
             window = bwd0_s * self.system.dp_overlap if m.overlap_grad_reduce else 0.0

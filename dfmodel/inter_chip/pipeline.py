@@ -563,6 +563,7 @@ def dp_sync_exposed_s(
     pp: int,
     overlap_fraction: float,
     bucket_elements: float,
+    last_bucket_elements: float | None = None,
 ) -> float:
     """Exposed time of the data-parallel gradient sync of one stage after its last backward.
 
@@ -579,7 +580,14 @@ def dp_sync_exposed_s(
     network runs one bucket at a time; the last bucket of each chunk cannot start before the
     chunk's backward ends (the tail). Simulated chunk by chunk, times relative to the end of the
     backward; only ``overlap_fraction`` of each window hides communication (0: the sync starts
-    after the backward, as without ``overlap_grad_reduce``):
+    after the backward, as without ``overlap_grad_reduce``).
+
+    ``last_bucket_elements`` (default ``bucket_elements``) is the bucket the whole sync ends
+    with: the one holding the first chunk's first parameters. Megatron-Core fills buckets in
+    reverse parameter order and closes one only after a whole parameter
+    (``_ParamAndGradBuffer.__init__``, core_r0.8.0 param_and_grad_buffer.py), so the bucket
+    holding the word embedding has at least the embedding's ``V h / tp`` elements, however
+    small ``bucket_elements`` is; its gradients are ready when the backward ends.
 
     >>> dp_sync_exposed_s(sync_s=1.0, grad_elements=1e9, chunk_backward_s=0.4, interleave=1, pp=4,
     ...                   overlap_fraction=1.0, bucket_elements=1e8)
@@ -587,6 +595,9 @@ def dp_sync_exposed_s(
     >>> dp_sync_exposed_s(sync_s=1.0, grad_elements=1e9, chunk_backward_s=10.0, interleave=1, pp=4,
     ...                   overlap_fraction=1.0, bucket_elements=1e8)  # the last bucket: 10 %
     0.1
+    >>> dp_sync_exposed_s(sync_s=1.0, grad_elements=1e9, chunk_backward_s=10.0, interleave=1, pp=4,
+    ...                   overlap_fraction=1.0, bucket_elements=1e8, last_bucket_elements=3e8)  # an embedding
+    0.3
     """
     if min(sync_s, grad_elements, chunk_backward_s, bucket_elements) < 0 or interleave < 1 or pp < 1:
         raise ValueError("dp_sync_exposed_s: times and sizes must be >= 0, interleave and pp >= 1")
@@ -596,11 +607,12 @@ def dp_sync_exposed_s(
         return 0.0
     v = interleave
     chunk_sync_s = sync_s / v
-    tail_s = chunk_sync_s * min(1.0, bucket_elements / (grad_elements / v))
+    last = bucket_elements if last_bucket_elements is None else max(bucket_elements, last_bucket_elements)
     clock = float("-inf")
     f = overlap_fraction  # the share of every window that hides communication (0: none starts early)
     for j in reversed(range(v)):  # the chunk finishing first drains first
         end_j = -f * j * pp * chunk_backward_s  # its last backward ends here
         start_j = end_j - f * chunk_backward_s
+        tail_s = chunk_sync_s * min(1.0, (last if j == 0 else bucket_elements) / (grad_elements / v))
         clock = max(max(clock, start_j) + chunk_sync_s, end_j + tail_s)
     return max(0.0, clock)
