@@ -478,13 +478,17 @@ def prediction_range(w: dict | list[dict], system: Any, n: int, knobs: dict[str,
     return (min(times), max(times)) if times else None
 
 
-def describe(parallelism) -> str:
+def describe(parallelism, pipeline: dict | None = None) -> str:
+    """The mapping in one short label; with a result's ``pipeline``, the layers per stage when
+    they were moved off the time-balanced split to fit memory (``layers 13/11/...``)."""
     p = parallelism
+    moved = pipeline and pipeline.get("split_moved")
     return (f"TP{p.tp} PP{p.pp}{f' CP{p.cp}' if getattr(p, 'cp', 1) > 1 else ''} DP{p.dp} mb{p.micro_batch}"
             f" v{p.interleave} {p.recompute}{' SP' if p.sequence_parallel else ''}"
             f"{f' EP{p.ep}' if getattr(p, 'ep', 1) > 1 else ''}"
             f"{' ETP1' if getattr(p, 'etp', 0) == 1 and p.tp > 1 else ''}"
-            f"{' a2a-overlap' if getattr(p, 'overlap_moe_expert_parallel_comm', False) else ''}")
+            f"{' a2a-overlap' if getattr(p, 'overlap_moe_expert_parallel_comm', False) else ''}"
+            f"{' layers ' + '/'.join(map(str, pipeline['layers_per_stage'])) if moved else ''}")
 
 
 def optimize_as_megatron(w: dict, system: Any, n: int, knobs: dict[str, Any]):
@@ -530,7 +534,7 @@ def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges:
         r = optimize_as_megatron(w, system, n, knobs)
     except DFModelError as exc:
         return Row(case.id, n, "", 0, None, measured, None, message=str(exc), system=sname)
-    row = Row(case.id, n, describe(r.parallelism), r.parallelism.micro_batch, r.iteration_time_s, measured,
+    row = Row(case.id, n, describe(r.parallelism, r.pipeline), r.parallelism.micro_batch, r.iteration_time_s, measured,
               r.iteration_time_s / measured - 1, system=sname,
               chosen=chosen_values(knobs, r.parallelism) | framework_defaults_used(case) | unknown_workload_knobs(case))
     if ranges or unknown_workload_knobs(case):  # an unknown recipe always shows what it spans
@@ -538,7 +542,7 @@ def evaluate_case(case: Case, system: Any = None, *, free: bool = False, ranges:
     if free:
         try:
             best = optimize(w, system, num_chips=n, alternatives=0)  # only the optimum is shown
-            row.free_predicted_s, row.free_mapping = best.iteration_time_s, describe(best.parallelism)
+            row.free_predicted_s, row.free_mapping = best.iteration_time_s, describe(best.parallelism, best.pipeline)
         except DFModelError as exc:
             row.message = f"free search: {exc}"
     return row

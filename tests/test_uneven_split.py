@@ -88,3 +88,19 @@ def test_search_with_uneven_splits_equals_exhaustive():
     full = solve_llm(w, s, Knobs(), exhaustive=True)
     assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
     assert fast.solver.status == "optimal"
+
+
+def test_a_moved_split_shows_in_the_result_and_in_validate_label():
+    """The result's pipeline says the split was moved, and validate's mapping label lists the
+    layers per stage then (and only then)."""
+    from dfmodel.validate import describe
+
+    w, s = load_workload(SMALL_LLM), load_system(small_system(4, 2, capacity=CAPACITY))
+    moved = solve_llm(w, s, Knobs(tp=1, pp=4, dp=2, micro_batch=4, interleave=1, recompute="none", zero_stage=0))
+    assert moved.pipeline["split_moved"] is True
+    layers = moved.pipeline["layers_per_stage"]
+    assert sum(layers) == SMALL_LLM["model"]["num_layers"]
+    assert describe(moved.parallelism, moved.pipeline).endswith(" layers " + "/".join(map(str, layers)))
+    roomy = solve_llm(w, load_system(small_system(4, 2)), Knobs(tp=1, pp=4, dp=2, micro_batch=4, interleave=1, recompute="none", zero_stage=0))
+    assert roomy.pipeline["split_moved"] is False
+    assert "layers" not in describe(roomy.parallelism, roomy.pipeline)

@@ -65,6 +65,7 @@ def to_result(model: LLMModel, ev, stats) -> Result:
                      samples=w.training.global_batch, compute_cost_usd=system_cost_usd(system)),
         pipeline={
             "layers_per_stage": ev.layers_per_stage,
+            "split_moved": ev.split_moved,  # layers moved off the time-balanced split to fit memory
             "stage_forward_s": ev.stage_fwd_s,
             "stage_backward_s": ev.stage_bwd_s,
             "num_micro_batches": m.num_micro_batches,
