@@ -125,9 +125,9 @@ def test_an_overlapped_dp_sync_takes_its_channels_sms_from_the_compute():
                                     pp=1, overlap_fraction=model.system.dp_overlap, bucket_elements=bucket)
     sms = model.system.chip.compute_tiles
     assert model.system.chip.eager and sms > nccl.NCCL_RING_CHANNELS
-    got = model._dp_sync_s(hidden, params, 0.0, 1e3, group)
+    got = model._dp_sync_s(hidden, params, 1e3, 1e3, group)
     assert got == pytest.approx(tail_s + nccl.NCCL_RING_CHANNELS / sms * (sync_s - tail_s), rel=1e-12)
-    assert tail_s < got < model._dp_sync_s(exposed, params, 0.0, 1e3, group) == pytest.approx(sync_s)
+    assert tail_s < got < model._dp_sync_s(exposed, params, 1e3, 1e3, group) == pytest.approx(sync_s)
 
     w = copy.deepcopy(SMALL_LLM)
     s = small_system(4, 64)
@@ -156,7 +156,7 @@ def test_the_last_bucket_holds_the_whole_word_embedding():
     params = 2 * emb
     t = model.training
     m = Mapping(tp=1, pp=1, dp=dp, micro_batch=1, num_micro_batches=1, zero_stage=1)
-    got = model._dp_sync_s(m, params, 0.0, 1e3, group)
+    got = model._dp_sync_s(m, params, 1e3, 1e3, group)
     frac = model._collective_sm_fraction
     # the sync runs in k buckets (k latency sets); the tail is the embedding's share of it
     k = -(-params // bucket)
@@ -165,3 +165,28 @@ def test_the_last_bucket_holds_the_whole_word_embedding():
     tail_s = bucketed_s * emb / params
     assert got == pytest.approx(tail_s + frac * (bucketed_s - tail_s), rel=1e-9)
     assert tail_s > 3.9 * bucketed_s * bucket / params
+
+
+def test_the_parameter_all_gather_hides_under_the_next_forward_not_the_backward():
+    """With the distributed optimizer the gradients' reduce-scatter drains under the last
+    backward, while the updated parameters' all-gather runs under the next step's forward
+    (Megatron-Core's forward pre-hooks, core_r0.8.0 distrib_optimizer.py): a long backward
+    with no forward to hide behind leaves the all-gather exposed whole, and a long forward with
+    no backward the reduce-scatter. Fails when both share the backward's window."""
+    from dfmodel.inter_chip import pipeline as pipe
+    from dfmodel.inter_chip.config import Mapping
+
+    model = _model()
+    dp, group = 64, (("ib", 64),)
+    bucket = pipe.megatron_bucket_elements(dp)
+    params = 3.5 * bucket
+    t = model.training
+    rs = 4 * model.costs.time_s("reduce_scatter", params / 4 * t.grad_bytes, group)
+    ag = 4 * model.costs.time_s("all_gather", params / 4 * t.activation_bytes, group)
+    m = Mapping(tp=1, pp=1, dp=dp, micro_batch=1, num_micro_batches=1, zero_stage=1)
+    f = model._collective_sm_fraction
+    tail = bucket / params  # the last (first) bucket's share, exposed after (before) its pass
+    no_forward = model._dp_sync_s(m, params, 0.0, 1e3, group)
+    assert no_forward == pytest.approx(ag + rs * tail + f * rs * (1 - tail), rel=1e-9)
+    no_backward = model._dp_sync_s(m, params, 1e3, 0.0, group)
+    assert no_backward == pytest.approx(rs + ag * tail + f * ag * (1 - tail), rel=1e-9)

@@ -2482,7 +2482,9 @@ class LLMModel:
         after every micro-batch's backward (DeepSpeed ZeRO-2 with gradient accumulation), the
         first ``m - 1`` under the next micro-batch's backward; 3: the per-block collectives of
         :meth:`_fsdp_exposed`, nothing at the end. A collective whose overlap flag is off is
-        exposed whole; the others share the window as :func:`pipeline.dp_sync_exposed_s` says.
+        exposed whole; the others hide as :func:`pipeline.dp_sync_exposed_s` says, the gradient
+        reductions under stage 0's last backward (``bwd0_s``) and the parameter all-gathers under
+        the next step's first forward (``fwd0_s``).
 
         MoE: the ``expert_params_per_chip`` of ``params`` are reduced (and gathered) over the
         expert data-parallel ranks, ``dp x cp / ep`` (Megatron-Core keeps expert parameters in
@@ -2506,13 +2508,18 @@ class LLMModel:
             else:  # gradients reduce-scattered, 16-bit parameters all-gathered
                 reduce_s += k * self.costs.time_s("reduce_scatter", grad_bytes, g)
                 gather_s += k * self.costs.time_s("all_gather", n * self._param_gather_bytes / k, g)
-        hidden = (reduce_s if m.overlap_grad_reduce else 0.0) + (gather_s if m.overlap_param_gather else 0.0)
         exposed = (reduce_s if not m.overlap_grad_reduce else 0.0) + (gather_s if not m.overlap_param_gather else 0.0)
-        if hidden:
-            exposed += pipe.dp_sync_exposed_s(
-                sync_s=hidden, grad_elements=params, chunk_backward_s=bwd0_s / m.interleave,
-                interleave=m.interleave, pp=m.pp, overlap_fraction=self.system.dp_overlap,
-                bucket_elements=bucket, last_bucket_elements=self.model.vocab_size * self.model.hidden / m.tp)
+        # the reduce-scatters drain under this step's last backward; the all-gathers of the updated
+        # parameters run under the NEXT step's first forward, bucket by bucket in forward order, the
+        # first bucket's exposed (core_r0.8.0 distrib_optimizer.py: step() dispatches all-gather 0,
+        # each bucket's forward pre-hook waits for its own and dispatches the next)
+        for sync_s, window_s, on in ((reduce_s, bwd0_s, m.overlap_grad_reduce),
+                                     (gather_s, fwd0_s, m.overlap_param_gather)):
+            if on and sync_s:
+                exposed += pipe.dp_sync_exposed_s(
+                    sync_s=sync_s, grad_elements=params, chunk_backward_s=window_s / m.interleave,
+                    interleave=m.interleave, pp=m.pp, overlap_fraction=self.system.dp_overlap,
+                    bucket_elements=bucket, last_bucket_elements=self.model.vocab_size * self.model.hidden / m.tp)
         total_s = reduce_s + gather_s
         if m.zero_stage == 2 and m.num_micro_batches > 1:
             window = bwd0_s * self.system.dp_overlap if m.overlap_grad_reduce else 0.0
