@@ -724,6 +724,20 @@ def _capacity_of(chip: str, preset: dict) -> float:
     return parse_quantity(preset["chip"]["memory"]["capacity_bytes"], "bytes")
 
 
+def with_sharp(preset: str) -> dict:
+    """The ``preset`` system with in-network reduction (``sharp``) on its NCCL network
+    dimensions: a case whose job ran with SHARP (``system.sharp: true``, e.g. Slurm
+    ``--network=sharp``)."""
+    from dfmodel.presets import resolve
+    from dfmodel.yamlio import read_yaml
+
+    spec = read_yaml(resolve(preset, "systems"))
+    for dim in spec["network"]:
+        if dim.get("nccl_transport") == "net":
+            dim["sharp"] = True
+    return spec
+
+
 def evaluate_family_case(case: FamilyCase, system: Any = None) -> Row:
     """Predict one DLRM / HPL / FFT case on the preset of its chip (or ``system``)."""
     from dfmodel.optimizer import optimize
@@ -731,6 +745,8 @@ def evaluate_family_case(case: FamilyCase, system: Any = None) -> Row:
     target = system_of(str(case.system.get("chip", "")), system)
     n = _chips(case)
     sname = target if isinstance(target, str) else getattr(target, "name", "")
+    if case.system.get("sharp") and isinstance(target, str):
+        target = with_sharp(target)
     rows = []
     for workload, measured, picked in family_case_inputs(case):
         try:

@@ -184,7 +184,9 @@ def _flat_ring(collective: str, dims: tuple[GroupDim, ...], S: float) -> Collect
     lat = max(gd.dim.latency_s for gd in dims)
     label = "+".join(gd.label for gd in dims)
     slowest = min(dims, key=lambda gd: gd.dim.effective_bandwidth_Bps).dim.name
-    if collective == "all_reduce":
+    if collective != "broadcast" and all(gd.dim.nccl_transport for gd in dims):
+        t = _nccl_flat_ring_s(collective, dims, S, bw)
+    elif collective == "all_reduce":
         t = f.ring_all_reduce_s(p, S, bw, lat)
     elif collective in ("reduce_scatter", "all_gather"):
         t = f.ring_reduce_scatter_s(p, S, bw, lat)
@@ -194,6 +196,43 @@ def _flat_ring(collective: str, dims: tuple[GroupDim, ...], S: float) -> Collect
     name = "flat pipelined ring" if collective == "broadcast" else "flat ring"
     step = StepCost(collective, label, p, S, name, t)
     return CollectiveCost(t, f"{step.describe()} (paced by {slowest})", (step,))
+
+
+def _nccl_flat_ring_s(collective: str, dims: tuple[GroupDim, ...], S: float, bw: float) -> float:
+    """One NCCL ring through every member (dimensions innermost first), as NCCL's tuning model
+    times it (tuning.cc, ring): its base latency once, and per step the latency of the
+    transport the step crosses -- of the ``p - 1`` steps of a pass, ``m_k - 1`` cross the
+    outermost dimension, ``p / (m_1 ... m_{j-1}) - p / (m_1 ... m_j)`` dimension ``j`` (NCCL's
+    ``nInterSteps = nNodes - 1``); an all-reduce makes two passes. The fastest protocol.
+
+    >>> from dfmodel.system.schema import NetworkDim
+    >>> nv = NetworkDim(name="nv", topology="switch", size=8, link_bandwidth_Bps=1e11, nccl_protocols=True,
+    ...                 nccl_transport="nvlink")
+    >>> ib = NetworkDim(name="ib", topology="switch", size=6, link_bandwidth_Bps=1e10, nccl_protocols=True,
+    ...                 nccl_transport="net")
+    >>> t = _nccl_flat_ring_s("reduce_scatter", (GroupDim(nv, 8), GroupDim(ib, 6)), 0.0, 1e10)
+    >>> round(t * 1e6, 6)  # LL: 6.6 base + 42 intra steps at max(0.6, 1.0) + 5 network steps at 2.7
+    62.1
+    """
+    from dfmodel.netmodels import nccl
+
+    p = 1
+    for gd in dims:
+        p *= gd.members
+    crossings, inner = [], 1
+    for j, gd in enumerate(dims):
+        outer_hops = p // (inner * gd.members)  # hops that roll this digit over: they cross an outer dimension
+        crossings.append(gd.members - 1 if j == len(dims) - 1 else p // inner - outer_hops)
+        inner *= gd.members
+    passes = 2 if collective == "all_reduce" else 1
+    multi_node = any(gd.dim.nccl_transport == "net" for gd in dims)
+    best = float("inf")
+    for i, pr in enumerate(nccl.PROTOCOLS):
+        steps_s = sum(n * nccl.step_latency_s(gd.dim.nccl_transport, "ring", i, multi_node=multi_node)
+                      for n, gd in zip(crossings, dims))
+        best = min(best, nccl.base_latency_s("ring", i) + passes * (
+            steps_s + f.ring_reduce_scatter_s(p, S, bw * pr.bandwidth_fraction, 0.0)))
+    return best
 
 
 def algorithms(system: System, collective: str, message_bytes: float, group) -> list[CollectiveCost]:

@@ -43,6 +43,77 @@ PROTOCOLS = (
     Protocol("Simple", 1.0, 1.0),
 )
 
+#: NCCL's latency model (tuning.cc ``ncclTunerConstantsDefaults`` @ 5067397, microseconds, per
+#: protocol LL / LL128 / Simple as :data:`PROTOCOLS`): a collective pays its algorithm's base
+#: latency once, and every step of it the hardware latency of the transport that step crosses.
+#: ``baseLatencies``: Tree 6.8 / 14.0 / 8.4, Ring 6.6 / 14.0 / 8.4.
+NCCL_BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}
+#: ``hwLatencies`` per transport (NCCL_HW_NVLINK / PCI / NET) and algorithm.
+NCCL_HW_LATENCY_US = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)},
+}
+#: In a ring that leaves the node, every intra-node step also pays the host's network overhead:
+#: ``intraLat = max(intraLat, netOverhead)``, netOverhead 1 us on an Intel x86 host (DGX H100's
+#: Xeon 8480C; 2 us on AMD), 3x for Simple (tuning.cc ``getNetOverhead``).
+NCCL_NET_OVERHEAD_US = 1.0
+
+
+def algorithm_family(name: str) -> str | None:
+    """``ring`` or ``tree`` for an algorithm NCCL runs as one of its rings or trees (by the
+    candidate's name), else None (pairwise all-to-all, scatter + all-gather... whose latency is
+    the dimension's own ``latency_s``).
+
+    >>> algorithm_family("double binary tree"), algorithm_family("pipelined chain"), algorithm_family("bruck")
+    ('tree', 'ring', None)
+    """
+    if "tree" in name:
+        return "tree"
+    if "ring" in name or "chain" in name:
+        return "ring"
+    return None
+
+
+def step_latency_s(transport: str, family: str, protocol: int, *, multi_node: bool = False) -> float:
+    """NCCL's per-step latency of ``family`` (ring / tree) with protocol index ``protocol`` over
+    ``transport`` (nvlink / pci / net); inside a ring or tree that also crosses the network, an
+    intra-node step is at least the host's net overhead (3x for Simple).
+
+    >>> step_latency_s("net", "ring", 2), step_latency_s("nvlink", "ring", 0, multi_node=True)
+    (1.4e-05, 1e-06)
+    """
+    lat = NCCL_HW_LATENCY_US[transport][family][protocol]
+    if multi_node and transport != "net":
+        lat = max(lat, NCCL_NET_OVERHEAD_US * (3 if PROTOCOLS[protocol].name == "Simple" else 1))
+    return lat * 1e-6
+
+
+def base_latency_s(family: str, protocol: int) -> float:
+    """NCCL's fixed latency of one ring or tree collective (``baseLatencies``).
+
+    >>> round(base_latency_s("ring", 0) * 1e6, 9)
+    6.6
+    """
+    return NCCL_BASE_LATENCY_US[family][protocol] * 1e-6
+
+
+#: CollNet (in-network reduction, SHARP) latency over the network: tuning.cc hwLatencies NET
+#: CollNetDirect Simple, 31 us (its base latency is 0).
+COLLNET_LATENCY_S = 31e-6
+
+
+def sharp_all_reduce_s(message_bytes: float, bandwidth_Bps: float, latency_s: float = COLLNET_LATENCY_S) -> float:
+    """All-reduce reduced in the switches (InfiniBand SHARP, NCCL CollNet): each member sends its
+    ``S`` bytes up once and receives the reduced ``S`` once, ``a + S / B`` with ``B`` the
+    member's achieved link bandwidth, against ``2 (p-1)/p S / B`` for a ring.
+
+    >>> sharp_all_reduce_s(45e6, 45e9, 0.0)
+    0.001
+    """
+    return latency_s + message_bytes / bandwidth_Bps
+
+
 #: NVLS per-collective latency on NVLink (NCCL tuning.cc hwLatencies, NVLS Simple): 25 us.
 NVLS_LATENCY_S = 25e-6
 #: NVLS efficiency relative to the link bandwidth (NCCL tuning.cc ``nvlsEfficiency``).

@@ -131,7 +131,8 @@ NCCL_MISSING = ("recursive halving", "recursive doubling", "halving-doubling")
 def dim_candidates(dim, collective: str, members: int, message_bytes: float) -> list[tuple[str, float]]:
     """:func:`candidates` on one network dimension, plus what its spec enables: NCCL's protocols
     as choices (``nccl_protocols``: every algorithm also with LL and LL128, see
-    :mod:`dfmodel.netmodels.nccl`) and NVLink SHARP all-reduce on a switch (``nvls_efficiency``).
+    :mod:`dfmodel.netmodels.nccl`; with ``nccl_transport``, NCCL's own latencies), NVLink SHARP
+    all-reduce on a switch (``nvls_efficiency``) and InfiniBand SHARP all-reduce (``sharp``).
     """
     from dfmodel.netmodels import nccl
 
@@ -149,10 +150,40 @@ def dim_candidates(dim, collective: str, members: int, message_bytes: float) -> 
         return out
 
     if dim.nccl_protocols and members > 1 and collective != "p2p":
-        out = [(f"{name} {pr.name}", t) for pr in nccl.PROTOCOLS
-               for name, t in base(B * pr.bandwidth_fraction, a * pr.latency_fraction)]
+        out = [(f"{name} {pr.name}", t) for i, pr in enumerate(nccl.PROTOCOLS)
+               for name, t in _protocol_candidates(dim, collective, i, lambda lat, bw=B * pr.bandwidth_fraction:
+                                                   base(bw, lat), a * pr.latency_fraction)]
     else:
         out = base(B, a)
     if dim.nvls_efficiency and dim.topology == "switch" and collective == "all_reduce" and members > 1:
         out.append(("NVLS", nccl.nvls_all_reduce_s(message_bytes, dim.link_bandwidth_Bps, dim.nvls_efficiency)))
+    if dim.sharp and dim.topology == "switch" and collective == "all_reduce" and members > 1:
+        out.append(("SHARP", nccl.sharp_all_reduce_s(message_bytes, B)))
+    return out
+
+
+#: Collectives NCCL runs as rings or trees (all-to-all is grouped send / receive).
+_NCCL_FAMILIES = {"all_reduce": ("ring", "tree"), "reduce_scatter": ("ring",), "all_gather": ("ring",),
+                  "broadcast": ("ring", "tree")}
+
+
+def _protocol_candidates(dim, collective: str, protocol: int, at, plain_latency_s: float) -> list[tuple[str, float]]:
+    """The candidates of one NCCL protocol, ``at(latency)`` giving them at a per-step latency.
+    Without ``nccl_transport`` every algorithm takes ``plain_latency_s`` (``latency_s`` scaled
+    per protocol). With it, a ring or tree algorithm (:func:`nccl.algorithm_family`) takes
+    NCCL's per-step latency of its family on that transport plus the family's base latency once
+    (tuning.cc); an algorithm of neither family (all-to-all, scatter + all-gather) keeps
+    ``plain_latency_s``."""
+    from dfmodel.netmodels import nccl
+
+    families = _NCCL_FAMILIES.get(collective, ()) if dim.nccl_transport else ()
+    if not families:
+        return at(plain_latency_s)
+    by_family = {fam: at(nccl.step_latency_s(dim.nccl_transport, fam, protocol)) for fam in families}
+    out = []
+    for fam, options in by_family.items():
+        out += [(name, t + nccl.base_latency_s(fam, protocol)) for name, t in options
+                if nccl.algorithm_family(name) == fam]
+    if collective == "broadcast":  # scatter + all-gather: neither a ring nor a tree
+        out += [(name, t) for name, t in at(plain_latency_s) if nccl.algorithm_family(name) is None]
     return out

@@ -261,11 +261,28 @@ class NetworkDim(Strict):
     comm_gemm_overlap: bool = False
     # NCCL's LL / LL128 / Simple protocols as choices per collective (latency_s is Simple's).
     nccl_protocols: bool = False
+    # The NCCL transport this dimension's steps cross (NCCL_HW_NVLINK / PCI / NET). Set, the
+    # ring and tree collectives on it take NCCL's own latency model instead of latency_s: a
+    # base latency per collective plus a per-step latency per protocol (dfmodel.netmodels.nccl,
+    # tuning.cc); all-to-all and p2p keep latency_s. Needs nccl_protocols.
+    nccl_transport: Literal["nvlink", "pci", "net"] | None = None
+    # In-network reduction on this switch (InfiniBand SHARP: NCCL's CollNet with the SHARP plugin,
+    # or a framework's own SHARP all-reduce; a job asks for it, e.g. Slurm --network=sharp): an
+    # all-reduce candidate whose members each send and receive the buffer once
+    # (dfmodel.netmodels.nccl.sharp_all_reduce_s). Off unless the run enabled it.
+    sharp: bool = False
     # Whether a collective's phase on this dimension can overlap its phases on other dimensions
     # (chunks flowing through the phases, as NCCL does over NVLink and InfiniBand). false: the
     # phases run in series -- host-staged MPI without a GPU-aware transport copies the whole
     # buffer device->host, exchanges it, and copies it back (dfmodel.netmodels.collectives).
     pipelined: bool = True
+
+    @field_validator("nccl_transport")
+    @classmethod
+    def _transport_needs_protocols(cls, transport, info):
+        if transport is not None and not info.data.get("nccl_protocols"):
+            raise ValueError("nccl_transport needs nccl_protocols: true (NCCL's latency model is per protocol)")
+        return transport
 
     @property
     def effective_bandwidth_Bps(self) -> float:
