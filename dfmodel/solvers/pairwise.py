@@ -93,7 +93,8 @@ def minimise(domains: list[int], unary: list[np.ndarray], pairs: dict[tuple[int,
             t = tables.pop(i)
             t = (t if perm is None else np.transpose(t, perm)).reshape(bshape)
             joint = t if joint is None else joint + t
-        joint = np.broadcast_to(joint, shape)
+        if joint.shape != shape:  # (never on schedules of pairwise terms: kept for safety)
+            joint = np.broadcast_to(joint, shape)
         arg = np.argmin(joint, axis=-1)
         low = joint.min(axis=-1)  # (the value at ``arg``: min is exact)
         trail.append((x, rest, arg))
