@@ -70,3 +70,30 @@ def test_structure_is_grouped_once(monkeypatch):
         cm = CostModel(graph, load_system(preset))
         ideals.shortest_plan(cm, ideals.enumerate_ideals(cm), ideals.transitions(cm, ideals.enumerate_ideals(cm)))
     assert len(ideals._BY_DESTINATION) == 1 and len(calls) == 1
+
+
+@pytest.mark.parametrize("bits", [20, 6, 1])
+def test_hashed_unique_equals_numpy_unique(bits):
+    """The pair structure's distinct sets by hashing (:func:`ideals._unique_hashed`): the same
+    sorted keys and inverse as ``np.unique``, with many collisions too (few buckets)."""
+    rng = np.random.default_rng(bits)
+    for _ in range(5):
+        distinct = rng.integers(0, 2**63, size=int(rng.integers(1, 30_000)), dtype=np.uint64) << np.uint64(1)
+        keys = distinct[rng.integers(0, distinct.size, size=int(rng.integers(1 << 16, 1 << 19)))]
+        got, inverse = ideals._unique_hashed(keys, bits)
+        want, want_inverse = np.unique(keys, return_inverse=True)
+        assert np.array_equal(got, want) and np.array_equal(inverse, want_inverse.ravel())
+
+
+def test_pair_structure_sets_are_hashed(monkeypatch):
+    """A large lattice's distinct sets are found by hashing, not by sorting every pair."""
+    sorted_sizes = []
+    real = np.unique
+    monkeypatch.setattr(ideals.np, "unique", lambda a, *x, **k: sorted_sizes.append(np.size(a)) or real(a, *x, **k))
+    layer = build_graphs(load_workload("deepseek_v3"), batch=1).layer  # (its backward: ~10^6 pairs)
+    bwd = [k.name for k in layer.kernels if k.phase != Phase.forward]
+    cm = CostModel(layer.subgraph(bwd, name="bwd"), load_system("dragonfly"))
+    lat = ideals.enumerate_ideals(cm)
+    ideals._STRUCTURES.clear()
+    src, _, sets, _ = ideals.pair_structure(lat, cm.tiles, ideals.DEFAULT_MAX_PAIRS)
+    assert src.size >= 1 << 16 and max(sorted_sizes) < src.size
