@@ -146,16 +146,18 @@ def transitions(
         max_size = 1
     weights = cm.min_sram_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size)
     st = pair_structure(lat, max_size, max_pairs)
+    at = None  # the screened pairs' positions in (src, dst) (None: all of them)
     if st is None:  # too many structural pairs to keep: screen row by row (no reuse)
         src, dst, sets, inverse = _pairs_screened(cm, lat, max_size, weights, max_pairs)
     else:
+        # (positions, not masks: each array is gathered once, at the end, for the edges kept)
         sets = st[2]
         src, dst, inverse = _by_destination(st, lat)
-        screen = weights[dst] - weights[src] <= cm.sram_bytes * (1 + 1e-12)
-        if int(screen.sum()) > max_pairs:
+        at = np.flatnonzero(weights[dst] - weights[src] <= cm.sram_bytes * (1 + 1e-12))
+        if at.size > max_pairs:
             raise TooLarge(f"more than {max_pairs} (ideal, superset) pairs")
-        src, dst, inverse = src[screen], dst[screen], inverse[screen]
-    if src.size == 0:
+        inverse = inverse.take(at)
+    if inverse.size == 0:
         return Edges(np.zeros(0, int), np.zeros(0, int), np.zeros(0))
     needed = np.zeros(sets.shape[0], dtype=bool)
     needed[inverse] = True
@@ -170,11 +172,14 @@ def transitions(
         cost[rows] = ev["time_s"]
     keep = feasible[inverse]
     if cm.dram_check:  # lifetimes depend on the pair, not only on the set
-        for a in range(0, src.size, _CHUNK):
+        s_at, d_at = (src, dst) if at is None else (src.take(at), dst.take(at))
+        for a in range(0, s_at.size, _CHUNK):
             sl = slice(a, a + _CHUNK)
-            I, J = lat.bits[src[sl]], lat.bits[dst[sl]]
+            I, J = lat.bits[s_at[sl]], lat.bits[d_at[sl]]
             keep[sl] &= cm.dram_fits(cm.live_bytes(I, J))
-    return Edges(src[keep], dst[keep], cost[inverse[keep]], by_destination=st is not None)
+    kept = np.flatnonzero(keep)
+    pos = kept if at is None else at.take(kept)
+    return Edges(src.take(pos), dst.take(pos), cost.take(inverse.take(kept)), by_destination=st is not None)
 
 
 #: :func:`_by_destination`'s reordered pairs of recent structures, keyed by the id of their
