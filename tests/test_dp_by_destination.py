@@ -72,7 +72,7 @@ def test_structure_is_grouped_once(monkeypatch):
     assert len(ideals._BY_DESTINATION) == 1 and len(calls) == 1
 
 
-@pytest.mark.parametrize("bits", [20, 6, 1])
+@pytest.mark.parametrize("bits", [20, 12, 6, 1])
 def test_hashed_unique_equals_numpy_unique(bits):
     """The pair structure's distinct sets by hashing (:func:`ideals._unique_hashed`): the same
     sorted keys and inverse as ``np.unique``, with many collisions too (few buckets)."""

@@ -337,7 +337,8 @@ def _unique_hashed(keys: np.ndarray, bits: int = 20) -> tuple[np.ndarray, np.nda
     whose sort was half of building its pair structure. Each key's bucket (multiplicative hash,
     ``2^bits`` buckets) keeps its first key; keys unlike their bucket's (collisions) are
     uniqued by sorting, they are few; only the distinct keys are sorted. The same sorted values
-    and inverse as ``np.unique``."""
+    and inverse as ``np.unique``, which sorts them all where collisions are many (distinct keys
+    in the millions: a 33-kernel backward on SN30)."""
     keys = np.asarray(keys)
     if keys.size < 1 << 16 or keys.dtype != np.uint64:
         uniq, inverse = np.unique(keys, return_inverse=True)
@@ -345,10 +346,13 @@ def _unique_hashed(keys: np.ndarray, bits: int = 20) -> tuple[np.ndarray, np.nda
     h = ((keys * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits)).astype(np.intp)
     first = np.full(1 << bits, keys.size, dtype=np.intp)
     np.minimum.at(first, h, np.arange(keys.size, dtype=np.intp))
+    bad = keys[first[h]] != keys  # (a key unlike its bucket's first; no other bucket holds it)
+    if np.count_nonzero(bad) > keys.size // 8:
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        return uniq, inverse.ravel()
     buckets = np.flatnonzero(first < keys.size)
     slot = np.zeros(1 << bits, dtype=np.intp)
     slot[buckets] = np.arange(buckets.size)
-    bad = keys[first[h]] != keys  # (a key unlike its bucket's first; no other bucket holds it)
     rest, rest_inverse = np.unique(keys[bad], return_inverse=True)
     distinct = np.concatenate([keys[first[buckets]], rest])
     order = np.argsort(distinct)
