@@ -97,3 +97,18 @@ def test_pair_structure_sets_are_hashed(monkeypatch):
     ideals._STRUCTURES.clear()
     src, _, sets, _ = ideals.pair_structure(lat, cm.tiles, ideals.DEFAULT_MAX_PAIRS)
     assert src.size >= 1 << 16 and max(sorted_sizes) < src.size
+
+
+def test_large_structure_is_not_grouped(monkeypatch):
+    """A structure past the grouping's pair budget keeps its order (no copy): the per-solve sort,
+    the same plan."""
+    graph = build_graphs(load_workload("gpt3_13b"), batch=1).layer
+    fwd = [k.name for k in graph.kernels if k.phase == Phase.forward]
+    cm = CostModel(graph.subgraph(fwd, name="fwd"), load_system("dragonfly"))
+    lat = ideals.enumerate_ideals(cm)
+    grouped = ideals.transitions(cm, lat)
+    ideals._BY_DESTINATION.clear()
+    monkeypatch.setattr(ideals, "_BY_DESTINATION_MAX_PAIRS", 2)
+    plain = ideals.transitions(cm, lat)
+    assert grouped.by_destination and not plain.by_destination and not ideals._BY_DESTINATION
+    assert ideals.shortest_plan(cm, lat, grouped) == ideals.shortest_plan(cm, lat, plain)

@@ -152,7 +152,7 @@ def transitions(
     else:
         # (positions, not masks: each array is gathered once, at the end, for the edges kept)
         sets = st[2]
-        src, dst, inverse = _by_destination(st, lat)
+        src, dst, inverse = _by_destination(st, lat) or (st[0], st[1], st[3])
         at = np.flatnonzero(weights[dst] - weights[src] <= cm.sram_bytes * (1 + 1e-12))
         if at.size > max_pairs:
             raise TooLarge(f"more than {max_pairs} (ideal, superset) pairs")
@@ -179,16 +179,20 @@ def transitions(
             keep[sl] &= cm.dram_fits(cm.live_bytes(I, J))
     kept = np.flatnonzero(keep)
     pos = kept if at is None else at.take(kept)
-    return Edges(src.take(pos), dst.take(pos), cost.take(inverse.take(kept)), by_destination=st is not None)
+    return Edges(src.take(pos), dst.take(pos), cost.take(inverse.take(kept)),
+                 by_destination=st is not None and dst is not st[1])
 
 
 #: :func:`_by_destination`'s reordered pairs of recent structures, keyed by the id of their
 #: (held) ``dst`` array, oldest first
 _BY_DESTINATION: "OrderedDict[int, tuple]" = OrderedDict()
 _BY_DESTINATION_KEPT = 16
+#: ... and at most this many pairs in all; a larger structure is not grouped (a copy of its
+#: arrays would double its memory: DeepSeek-V3's 33-kernel backward on SN30 has 16.5 M pairs)
+_BY_DESTINATION_MAX_PAIRS = 8_000_000
 
 
-def _by_destination(st: tuple, lat: Lattice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _by_destination(st: tuple, lat: Lattice) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """``(src, dst, inverse)`` of the structure ``st`` (:func:`pair_structure`) grouped by
     destination: by its size, then its index, each destination's pairs in the structure's
     order (a stable sort). :func:`shortest_plan` relaxed the edges in this order after a
@@ -196,12 +200,15 @@ def _by_destination(st: tuple, lat: Lattice) -> tuple[np.ndarray, np.ndarray, np
     the same edge, as it only compares edges into one ideal, whose order is kept. Sorted once
     per structure (the sort, the gathers and the tight edges' ``unique`` were ~40 % of the
     block solves of DeepSeek-V3 / 512 dragonfly). The ideals are sorted by size (:class:`Lattice`),
-    so a stable sort by destination index groups them so (radix-sorted as 16-bit keys)."""
+    so a stable sort by destination index groups them so (radix-sorted as 16-bit keys). None
+    past :data:`_BY_DESTINATION_MAX_PAIRS` (then :func:`shortest_plan` sorts per solve)."""
     src, dst, _, inverse = st
     hit = _BY_DESTINATION.get(id(dst))
     if hit is not None and hit[0] is dst:
         _BY_DESTINATION.move_to_end(id(dst))
         return hit[1]
+    if dst.size > _BY_DESTINATION_MAX_PAIRS // 2:
+        return None
     sizes = lat.bits.sum(axis=1)
     if np.any(sizes[1:] < sizes[:-1]):  # (a lattice built out of size order: sort by size first)
         order = np.lexsort((dst, sizes[dst]))
@@ -209,7 +216,8 @@ def _by_destination(st: tuple, lat: Lattice) -> tuple[np.ndarray, np.ndarray, np
         order = np.argsort(dst.astype(np.uint16) if lat.size < 2**16 else dst, kind="stable")
     out = (src[order], dst[order], inverse[order])
     _BY_DESTINATION[id(dst)] = (dst, out)
-    while len(_BY_DESTINATION) > _BY_DESTINATION_KEPT:
+    while len(_BY_DESTINATION) > 1 and (len(_BY_DESTINATION) > _BY_DESTINATION_KEPT or
+                                        sum(v[0].size for v in _BY_DESTINATION.values()) > _BY_DESTINATION_MAX_PAIRS):
         _BY_DESTINATION.popitem(last=False)
     return out
 
