@@ -148,6 +148,7 @@ class ShardingProblem:
         self._comm: dict[tuple, float] = {}
         self._conv: dict[tuple, float | None] = {}
         self._roles: dict[Tensor, str] = {}
+        self._compute: dict[str, float] = {}  # unsplit compute seconds per kernel
         self._kernel = {k.name: k for k in graph.kernels}
         self._inputs: dict[str, list[Tensor]] = defaultdict(list)
         for e in graph.tensors:
@@ -212,7 +213,10 @@ class ShardingProblem:
         s = self.strategy(kernel, name)
         t = self.group.size
         chip = self.system.chip
-        compute = compute_time_s(chip, kernel, self.precision) / (t if s.splits_work else 1)
+        full = self._compute.get(kernel.name)  # (the same for each of the kernel's strategies)
+        if full is None:
+            full = self._compute[kernel.name] = compute_time_s(chip, kernel, self.precision)
+        compute = full / (t if s.splits_work else 1)
         in_bytes = sum(e.bytes * local_fraction(self.in_layout(kernel, name, e), t) for e in self._inputs[kernel.name])
         out_bytes = kernel.output_bytes * local_fraction(s.output, t)
         weight_bytes = kernel.weight_bytes / (t if s.splits_weight else 1)
