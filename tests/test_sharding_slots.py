@@ -100,3 +100,16 @@ def test_conversions_derived_once_per_content(monkeypatch):
             sharding.shard(_layer("deepseek_v3"), _system(), TPGroup(size, placement), CostTable(_system()),
                            megatron_layouts=True, memo=memo)
     assert len(built) == 1
+
+
+def test_compute_time_once_per_kernel(monkeypatch):
+    """A kernel's compute seconds are asked once per problem, whatever its strategies (they only
+    divide it by the group size)."""
+    asked = []
+    real = sharding.compute_time_s
+    monkeypatch.setattr(sharding, "compute_time_s", lambda chip, k, p: asked.append(k.name) or real(chip, k, p))
+    p = _problem(_layer("deepseek_v3"), (("local", 8),), 8, {})
+    plan = solve_sharding(p)
+    assert len(asked) == len(set(asked)) == len(p.graph.kernels)
+    assert plan.objective_s == p.evaluate({g: plan.strategy[ks[0].name] for g, ks in p.groups.items()},
+                                          plan.boundary_layout)
