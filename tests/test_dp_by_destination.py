@@ -112,3 +112,26 @@ def test_large_structure_is_not_grouped(monkeypatch):
     plain = ideals.transitions(cm, lat)
     assert grouped.by_destination and not plain.by_destination and not ideals._BY_DESTINATION
     assert ideals.shortest_plan(cm, lat, grouped) == ideals.shortest_plan(cm, lat, plain)
+
+
+@pytest.mark.parametrize("n", [40, 70])
+def test_superset_pairs_one_word_and_many(n):
+    """The pairs ``I < J``, ``|J - I| <= max_size``, in (src, dst) order, on one 64-bit word per
+    ideal (its 2-D test) and on two, against testing each ideal one by one."""
+    rng = np.random.default_rng(n)
+    pred = [set(rng.choice(k, size=min(k, 2), replace=False).tolist()) if k else set() for k in range(n)]
+    seen, frontier = {frozenset()}, [frozenset()]
+    while frontier and len(seen) < 1200:
+        frontier = [s | {k} for s in frontier for k in range(n) if k not in s and pred[k] <= s]
+        frontier = [s for s in dict.fromkeys(frontier) if s not in seen]
+        seen.update(frontier)
+    order = sorted(seen, key=lambda s: (len(s), sorted(s)))
+    bits = np.zeros((len(order), n), bool)
+    for r, s in enumerate(order):
+        bits[r, list(s)] = True
+    packed, sizes = ideals._pack(bits), bits.sum(axis=1)
+    for max_size in (1, 4):
+        want = [(i, j) for i in range(len(order)) for j in range(i + 1, len(order))
+                if sizes[i] < sizes[j] <= sizes[i] + max_size and not np.any(bits[i] & ~bits[j])]
+        src, dst = ideals._superset_pairs(packed, sizes, max_size, 10**9)
+        assert list(zip(np.concatenate(src).tolist(), np.concatenate(dst).tolist())) == want

@@ -273,12 +273,15 @@ def _superset_pairs(packed: np.ndarray, sizes: np.ndarray, max_size: int, limit:
         hi = int(np.searchsorted(sizes, sizes[a] + max_size, side="right"))
         if lo >= hi:
             continue
-        cand = packed[lo:hi]
+        missing = ~packed[lo:hi]
         step = max(1, _PAIR_BLOCK // ((hi - lo) * packed.shape[1]))
         for c in range(int(a), int(b), step):
             check_deadline()
             rows = packed[c : min(c + step, int(b))]
-            sub = np.all((rows[:, None, :] & ~cand[None, :, :]) == 0, axis=2)
+            if packed.shape[1] == 1:  # (one word: a 2-D test, no reduction over the words)
+                sub = (rows[:, 0, None] & missing[None, :, 0]) == 0
+            else:
+                sub = np.all((rows[:, None, :] & missing[None, :, :]) == 0, axis=2)
             i, j = np.nonzero(sub)
             if i.size:
                 src_l.append(i.astype(np.int64) + c)
