@@ -135,3 +135,25 @@ def test_superset_pairs_one_word_and_many(n):
                 if sizes[i] < sizes[j] <= sizes[i] + max_size and not np.any(bits[i] & ~bits[j])]
         src, dst = ideals._superset_pairs(packed, sizes, max_size, 10**9)
         assert list(zip(np.concatenate(src).tolist(), np.concatenate(dst).tolist())) == want
+
+
+def test_ideals_by_size_equal_the_depth_first_walk():
+    """The lattice's ideals one size at a time on 64-bit words (:func:`algorithms.ideal_masks`,
+    up to 64 kernels) are the depth-first walk's, and refused past the same guard."""
+    import random
+
+    from dfmodel import algorithms
+
+    rng = random.Random(3)
+    for _ in range(200):
+        n = rng.randint(0, 64)
+        density = rng.choice([0.02, 0.1, 0.3])
+        preds = [sum(1 << j for j in range(k) if rng.random() < density) for k in range(n)]
+        limit = rng.choice([50, 1000, 20_000])
+        outcomes = []
+        for f in (algorithms._ideal_masks_by_size, algorithms._ideal_masks_dfs):
+            try:
+                outcomes.append(f(n, preds, limit))
+            except algorithms.TooLarge:
+                outcomes.append("too large")
+        assert outcomes[0] == outcomes[1]
