@@ -148,6 +148,7 @@ class ShardingProblem:
         self._comm: dict[tuple, float] = {}
         self._conv: dict[tuple, float | None] = {}
         self._roles: dict[Tensor, str] = {}
+        self._compute: dict[str, float] = {}  # unsplit compute seconds per kernel
         self._kernel = {k.name: k for k in graph.kernels}
         self._inputs: dict[str, list[Tensor]] = defaultdict(list)
         for e in graph.tensors:
@@ -212,7 +213,10 @@ class ShardingProblem:
         s = self.strategy(kernel, name)
         t = self.group.size
         chip = self.system.chip
-        compute = compute_time_s(chip, kernel, self.precision) / (t if s.splits_work else 1)
+        full = self._compute.get(kernel.name)  # (the same for each of the kernel's strategies)
+        if full is None:
+            full = self._compute[kernel.name] = compute_time_s(chip, kernel, self.precision)
+        compute = full / (t if s.splits_work else 1)
         in_bytes = sum(e.bytes * local_fraction(self.in_layout(kernel, name, e), t) for e in self._inputs[kernel.name])
         out_bytes = kernel.output_bytes * local_fraction(s.output, t)
         weight_bytes = kernel.weight_bytes / (t if s.splits_weight else 1)
@@ -428,6 +432,18 @@ def _layout_terms(problem: ShardingProblem):
     return out
 
 
+def _group_times(problem: ShardingProblem, groups, domains) -> list[list]:
+    """Each group's kernel seconds per strategy of its domain (None: some kernel cannot run
+    it). They do not depend on the placement: memoised."""
+    key = ("group_times", problem.graph.content_key, problem.group.size, problem.tokens_split,
+           problem.whole_experts, problem.megatron_layouts)
+    memo = problem.memo if problem.memo is not None else {}
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = [[problem.group_time_s(g, name) for _, name in dom] for g, dom in zip(groups, domains[:-1])]
+    return hit
+
+
 def _strategy_times(problem: ShardingProblem, groups, domains) -> tuple[np.ndarray, ...]:
     """Unary terms: each group's kernel time per strategy (microseconds, with the MILP's
     tie-break), the boundary's zeros last. They do not depend on the placement: memoised."""
@@ -437,8 +453,7 @@ def _strategy_times(problem: ShardingProblem, groups, domains) -> tuple[np.ndarr
     hit = memo.get(key)
     if hit is None:
         out = []
-        for g, dom in zip(groups, domains[:-1]):
-            times = (problem.group_time_s(g, name) for _, name in dom)
+        for dom, times in zip(domains[:-1], _group_times(problem, groups, domains)):
             out.append(np.array([np.inf if gt is None else gt * US + 1e-6 * i  # the MILP's tie-break (build_milp)
                                  for (i, _), gt in zip(dom, times)], dtype=float))
         out.append(np.zeros(len(domains[-1])))
@@ -458,42 +473,130 @@ def pairwise_model(problem: ShardingProblem):
     strategy name)`` of group ``i`` (the boundary's last). A strategy some kernel of its group
     cannot run (no time) costs ``inf``, as the MILP leaves its column out.
     """
-    groups, domains, terms = _layout_terms(problem)
+    groups, domains, _ = _layout_terms(problem)
+    return (groups, domains) + _pairwise_tables(problem, groups, domains, *_conversion_slots(problem))
+
+
+def _pairwise_tables(problem: ShardingProblem, groups, domains, slots, slot_terms) -> tuple[list, dict]:
+    """(unary, pairs) of :func:`pairwise_model` on ``problem``'s placement: each cell's
+    conversion seconds (microseconds) read from the slots' times, summed in the edges' order
+    (the same floats, added in the same order, as cell by cell)."""
     unary = list(_strategy_times(problem, groups, domains))
+    us = _slot_times_us(problem, slots)
     pairs: dict[tuple[int, int], np.ndarray] = {}
-    tensors = problem.graph.tensors
-    conv = problem.conversion_s
-
-    def cost_s(held_wanted, full_bytes):
-        c = conv(held_wanted[0], held_wanted[1], full_bytes)
-        return np.inf if c is None else c * US
-
-    for ei, i, j, cells in terms:
-        nbytes = tensors[ei].bytes
+    for i, j, idx in slot_terms:
+        table = us[idx]
         if i == j:
-            unary[i] = unary[i] + np.array([cost_s(c, nbytes) for c in cells])
+            unary[i] = unary[i] + table
+        else:
+            pairs[(i, j)] = pairs[(i, j)] + table if (i, j) in pairs else table
+    return unary, pairs
+
+
+#: :func:`_conversion_slots`' first two slots: no collective (0 s) and no valid conversion
+_FREE, _IMPOSSIBLE = 0, 1
+
+
+def _conversion_slots(problem: ShardingProblem) -> tuple[list, list]:
+    """The placement-free half of the pair tables: ``(slots, slot_terms)``, ``slots`` the
+    distinct ``(collective, message bytes)`` the cells convert by (after :data:`_FREE` and
+    :data:`_IMPOSSIBLE`), ``slot_terms`` one ``(i, j, cell slot indices)`` per edge in the
+    graph's order, ``i <= j``. Memoised per graph content and group size: a layer sharded on
+    each of its TP placements (DeepSeek-V3 / 8192 dragonfly: 1122 shardings of 460 contents)
+    derives its layouts' conversions once and asks the cost table only for their times."""
+    key = ("slots", problem.graph.content_key, problem.group.size, problem.tokens_split, problem.whole_experts,
+           problem.megatron_layouts)
+    memo = problem.memo if problem.memo is not None else {}
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _build_conversion_slots(problem)
+    return hit
+
+
+def _build_conversion_slots(problem: ShardingProblem) -> tuple[list, list]:
+    """:func:`_conversion_slots` computed."""
+    _, _, terms = _layout_terms(problem)
+    slots: list = [None, None]
+    where: dict = {}
+    size = problem.group.size
+
+    def slot(held_wanted, full_bytes) -> int:
+        c = conversion(held_wanted[0], held_wanted[1], full_bytes, size)
+        if c is None:
+            return _IMPOSSIBLE
+        if c.collective is None:
+            return _FREE
+        k = (c.collective, c.message_bytes)
+        if k not in where:
+            where[k] = len(slots)
+            slots.append(k)
+        return where[k]
+
+    out = []
+    for ei, i, j, cells in terms:
+        nbytes = problem.graph.tensors[ei].bytes
+        if i == j:
+            out.append((i, i, np.array([slot(c, nbytes) for c in cells], dtype=np.intp)))
             continue
-        table = np.array([[cost_s(c, nbytes) for c in row] for row in cells])
-        if i > j:
-            i, j, table = j, i, table.T
-        pairs[(i, j)] = pairs[(i, j)] + table if (i, j) in pairs else table
-    return groups, domains, unary, pairs
+        idx = np.array([[slot(c, nbytes) for c in row] for row in cells], dtype=np.intp)
+        out.append((i, j, idx) if i < j else (j, i, np.ascontiguousarray(idx.T)))
+    return slots, out
+
+
+def _slot_times(problem: ShardingProblem, slots) -> list:
+    """Seconds of each conversion slot on ``problem``'s placement (None: impossible), once per problem."""
+    hit = problem.__dict__.get("_slot_times")
+    if hit is None or hit[0] is not slots:
+        hit = problem.__dict__["_slot_times"] = (slots, [0.0, None] + [problem.comm_time_s(c, b) for c, b in slots[2:]])
+    return hit[1]
+
+
+def _slot_times_us(problem: ShardingProblem, slots) -> np.ndarray:
+    """:func:`_slot_times` in microseconds, ``inf`` for impossible (the pair tables' cells)."""
+    return np.array([np.inf if t is None else t * US for t in _slot_times(problem, slots)], dtype=float)
+
+
+def _objective_s(problem: ShardingProblem, groups, domains, x: list[int], slots, slot_terms) -> float | None:
+    """``problem.evaluate(choice, boundary)`` of the assignment ``x`` (indices into the
+    domains, the boundary's last) read from the memoised tables: the same floats, summed in
+    the same order (each group's kernels, then each edge's conversion), without re-deriving
+    layouts or kernel times."""
+    total = 0.0
+    for i, times in enumerate(_group_times(problem, groups, domains)):
+        if times[x[i]] is None:
+            return None
+        total += times[x[i]]
+    conv = _slot_times(problem, slots)
+    for i, j, idx in slot_terms:
+        cost = conv[int(idx[x[i]] if i == j else idx[x[i], x[j]])]
+        if cost is None:
+            return None
+        total += cost
+    return total
 
 
 def solve_exact(problem: ShardingProblem) -> tuple[dict[str, str], str] | None:
     """Optimal (group -> strategy, boundary) by variable elimination over :func:`pairwise_model`;
     None when nothing is feasible. Raises ``TooLarge`` when the elimination would need a big
     table (then the MILP solves it)."""
+    found = _solve_exact(problem)
+    return None if found is None else found[:2]
+
+
+def _solve_exact(problem: ShardingProblem) -> tuple[dict[str, str], str, float | None] | None:
+    """:func:`solve_exact` with the optimum's objective (:meth:`ShardingProblem.evaluate`'s)."""
     from dfmodel.solvers.pairwise import minimise
 
-    groups, domains, unary, pairs = pairwise_model(problem)
+    groups, domains, _ = _layout_terms(problem)
     if any(not d for d in domains):
         return None
+    slots, slot_terms = _conversion_slots(problem)
+    unary, pairs = _pairwise_tables(problem, groups, domains, slots, slot_terms)
     x, value = minimise([len(d) for d in domains], unary, pairs)
     if not np.isfinite(value):
         return None
     choice = {g: domains[i][x[i]][1] for i, g in enumerate(groups)}
-    return choice, domains[-1][x[-1]][1]
+    return choice, domains[-1][x[-1]][1], _objective_s(problem, groups, domains, x, slots, slot_terms)
 
 
 #: ``solve_sharding`` methods: exact elimination when small, else the MILP (``auto``); or either
@@ -522,7 +625,7 @@ def solve_sharding(problem: ShardingProblem, *, solver: str = "auto", time_limit
     check_available(solver)  # a solver asked for by name must exist even when no MILP is needed
     if method in ("auto", "exact"):
         try:
-            found = solve_exact(problem)
+            found = _solve_exact(problem)
         except TooLarge:
             if method == "exact":
                 raise
@@ -530,9 +633,9 @@ def solve_sharding(problem: ShardingProblem, *, solver: str = "auto", time_limit
             if found is None:
                 raise InfeasibleError(f"sharding of {problem.graph.name} on TP {problem.group.size}: infeasible "
                                       "(no strategy assignment has a valid layout on every edge)")
-            choice, boundary = found
+            choice, boundary, objective_s = found
             per_kernel = {k.name: choice[problem.group_of[k.name]] for k in problem.graph.kernels}
-            return ShardingPlan(per_kernel, boundary, problem.evaluate(choice, boundary), "optimal", "exact", 0.0)
+            return ShardingPlan(per_kernel, boundary, objective_s, "optimal", "exact", 0.0)
     from dfmodel.solvers import solve
 
     model, decode = build_milp(problem)

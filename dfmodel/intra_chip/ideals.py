@@ -120,6 +120,9 @@ class Edges:
     src: np.ndarray  # int index of I
     dst: np.ndarray  # int index of J
     cost_s: np.ndarray
+    #: the edges come grouped by destination (by its size, then its index), each destination's
+    #: in their pair order (:func:`_by_destination`): :func:`shortest_plan` needs no sort then
+    by_destination: bool = False
 
 
 def transitions(
@@ -143,15 +146,18 @@ def transitions(
         max_size = 1
     weights = cm.min_sram_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size)
     st = pair_structure(lat, max_size, max_pairs)
+    at = None  # the screened pairs' positions in (src, dst) (None: all of them)
     if st is None:  # too many structural pairs to keep: screen row by row (no reuse)
         src, dst, sets, inverse = _pairs_screened(cm, lat, max_size, weights, max_pairs)
     else:
-        src, dst, sets, inverse = st
-        screen = weights[dst] - weights[src] <= cm.sram_bytes * (1 + 1e-12)
-        if int(screen.sum()) > max_pairs:
+        # (positions, not masks: each array is gathered once, at the end, for the edges kept)
+        sets = st[2]
+        src, dst, inverse = _by_destination(st, lat) or (st[0], st[1], st[3])
+        at = np.flatnonzero(weights[dst] - weights[src] <= cm.sram_bytes * (1 + 1e-12))
+        if at.size > max_pairs:
             raise TooLarge(f"more than {max_pairs} (ideal, superset) pairs")
-        src, dst, inverse = src[screen], dst[screen], inverse[screen]
-    if src.size == 0:
+        inverse = inverse.take(at)
+    if inverse.size == 0:
         return Edges(np.zeros(0, int), np.zeros(0, int), np.zeros(0))
     needed = np.zeros(sets.shape[0], dtype=bool)
     needed[inverse] = True
@@ -166,11 +172,54 @@ def transitions(
         cost[rows] = ev["time_s"]
     keep = feasible[inverse]
     if cm.dram_check:  # lifetimes depend on the pair, not only on the set
-        for a in range(0, src.size, _CHUNK):
+        s_at, d_at = (src, dst) if at is None else (src.take(at), dst.take(at))
+        for a in range(0, s_at.size, _CHUNK):
             sl = slice(a, a + _CHUNK)
-            I, J = lat.bits[src[sl]], lat.bits[dst[sl]]
+            I, J = lat.bits[s_at[sl]], lat.bits[d_at[sl]]
             keep[sl] &= cm.dram_fits(cm.live_bytes(I, J))
-    return Edges(src[keep], dst[keep], cost[inverse][keep])
+    kept = np.flatnonzero(keep)
+    pos = kept if at is None else at.take(kept)
+    return Edges(src.take(pos), dst.take(pos), cost.take(inverse.take(kept)),
+                 by_destination=st is not None and dst is not st[1])
+
+
+#: :func:`_by_destination`'s reordered pairs of recent structures, keyed by the id of their
+#: (held) ``dst`` array, oldest first
+_BY_DESTINATION: "OrderedDict[int, tuple]" = OrderedDict()
+_BY_DESTINATION_KEPT = 16
+#: ... and at most this many pairs in all; a larger structure is not grouped (a copy of its
+#: arrays would double its memory: DeepSeek-V3's 33-kernel backward on SN30 has 16.5 M pairs)
+_BY_DESTINATION_MAX_PAIRS = 8_000_000
+
+
+def _by_destination(st: tuple, lat: Lattice) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(src, dst, inverse)`` of the structure ``st`` (:func:`pair_structure`) grouped by
+    destination: by its size, then its index, each destination's pairs in the structure's
+    order (a stable sort). :func:`shortest_plan` relaxed the edges in this order after a
+    stable sort by destination size per solve, and took the first tight edge into each ideal:
+    the same edge, as it only compares edges into one ideal, whose order is kept. Sorted once
+    per structure (the sort, the gathers and the tight edges' ``unique`` were ~40 % of the
+    block solves of DeepSeek-V3 / 512 dragonfly). The ideals are sorted by size (:class:`Lattice`),
+    so a stable sort by destination index groups them so (radix-sorted as 16-bit keys). None
+    past :data:`_BY_DESTINATION_MAX_PAIRS` (then :func:`shortest_plan` sorts per solve)."""
+    src, dst, _, inverse = st
+    hit = _BY_DESTINATION.get(id(dst))
+    if hit is not None and hit[0] is dst:
+        _BY_DESTINATION.move_to_end(id(dst))
+        return hit[1]
+    if dst.size > _BY_DESTINATION_MAX_PAIRS // 2:
+        return None
+    sizes = lat.bits.sum(axis=1)
+    if np.any(sizes[1:] < sizes[:-1]):  # (a lattice built out of size order: sort by size first)
+        order = np.lexsort((dst, sizes[dst]))
+    else:
+        order = np.argsort(dst.astype(np.uint16) if lat.size < 2**16 else dst, kind="stable")
+    out = (src[order], dst[order], inverse[order])
+    _BY_DESTINATION[id(dst)] = (dst, out)
+    while len(_BY_DESTINATION) > 1 and (len(_BY_DESTINATION) > _BY_DESTINATION_KEPT or
+                                        sum(v[0].size for v in _BY_DESTINATION.values()) > _BY_DESTINATION_MAX_PAIRS):
+        _BY_DESTINATION.popitem(last=False)
+    return out
 
 
 #: structural pairs of recently seen lattices: (shape, bits, max_size) -> (src, dst, sets, inverse)
@@ -224,12 +273,15 @@ def _superset_pairs(packed: np.ndarray, sizes: np.ndarray, max_size: int, limit:
         hi = int(np.searchsorted(sizes, sizes[a] + max_size, side="right"))
         if lo >= hi:
             continue
-        cand = packed[lo:hi]
+        missing = ~packed[lo:hi]
         step = max(1, _PAIR_BLOCK // ((hi - lo) * packed.shape[1]))
         for c in range(int(a), int(b), step):
             check_deadline()
             rows = packed[c : min(c + step, int(b))]
-            sub = np.all((rows[:, None, :] & ~cand[None, :, :]) == 0, axis=2)
+            if packed.shape[1] == 1:  # (one word: a 2-D test, no reduction over the words)
+                sub = (rows[:, 0, None] & missing[None, :, 0]) == 0
+            else:
+                sub = np.all((rows[:, None, :] & missing[None, :, :]) == 0, axis=2)
             i, j = np.nonzero(sub)
             if i.size:
                 src_l.append(i.astype(np.int64) + c)
@@ -277,8 +329,7 @@ def _unique_chunked(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sort (16.5 M pairs of a DeepSeek-V3 layer on sn30, 3.2 M distinct: 8.9 s against 4.8 s), so
     only under a deadline."""
     if keys.size <= _UNIQUE_CHUNK or deadline() is None:
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        return uniq, inverse.ravel()
+        return _unique_hashed(keys)
     parts = []
     for a in range(0, keys.size, _UNIQUE_CHUNK):
         check_deadline()
@@ -289,6 +340,38 @@ def _unique_chunked(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a = c * _UNIQUE_CHUNK
         inverse[a : a + local_inverse.size] = np.searchsorted(uniq, local)[local_inverse.ravel()]
     return uniq, inverse
+
+
+def _unique_hashed(keys: np.ndarray, bits: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` of 64-bit keys by hashing: the pairs of a large
+    lattice are millions with ~10^4 distinct sets (DeepSeek-V3's sharded backward: 1.8 M, 12.8 k),
+    whose sort was half of building its pair structure. Each key's bucket (multiplicative hash,
+    ``2^bits`` buckets) keeps its first key; keys unlike their bucket's (collisions) are
+    uniqued by sorting, they are few; only the distinct keys are sorted. The same sorted values
+    and inverse as ``np.unique``, which sorts them all where collisions are many (distinct keys
+    in the millions: a 33-kernel backward on SN30)."""
+    keys = np.asarray(keys)
+    if keys.size < 1 << 16 or keys.dtype != np.uint64:
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        return uniq, inverse.ravel()
+    h = ((keys * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits)).astype(np.intp)
+    first = np.full(1 << bits, keys.size, dtype=np.intp)
+    np.minimum.at(first, h, np.arange(keys.size, dtype=np.intp))
+    bad = keys[first[h]] != keys  # (a key unlike its bucket's first; no other bucket holds it)
+    if np.count_nonzero(bad) > keys.size // 8:
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        return uniq, inverse.ravel()
+    buckets = np.flatnonzero(first < keys.size)
+    slot = np.zeros(1 << bits, dtype=np.intp)
+    slot[buckets] = np.arange(buckets.size)
+    rest, rest_inverse = np.unique(keys[bad], return_inverse=True)
+    distinct = np.concatenate([keys[first[buckets]], rest])
+    order = np.argsort(distinct)
+    rank = np.empty(order.size, dtype=np.intp)
+    rank[order] = np.arange(order.size)
+    inverse = rank[slot[h]]
+    inverse[bad] = rank[buckets.size + rest_inverse.ravel()]
+    return distinct[order], inverse
 
 
 #: keys sorted per deadline check by :func:`_unique_chunked` (~0.2 s of sorting)
@@ -341,7 +424,12 @@ def shortest_plan(
     if N == 1:  # empty graph
         return [], 0.0
     src, dst, cost = edges.src, edges.dst, edges.cost_s
-    if max_partitions is None or max_partitions >= cm.n:
+    if (max_partitions is None or max_partitions >= cm.n) and edges.by_destination:
+        dist, pred = _settle_by_destination(lat, src, dst, cost)
+        if not np.isfinite(dist[full]):
+            return None
+        layers = None
+    elif max_partitions is None or max_partitions >= cm.n:
         # unconstrained: edges go to larger ideals, so settle destinations by ideal size
         dist = np.full(N, np.inf)
         dist[0] = 0.0
@@ -358,6 +446,7 @@ def shortest_plan(
         if not np.isfinite(dist[full]):
             return None
         layers = None
+        pred = _first_tight_edge(src, dst, cost, dist, N)
     else:
         layers = [np.full(N, np.inf)]
         layers[0][0] = 0.0
@@ -374,7 +463,6 @@ def shortest_plan(
     plan_ideals = [full]
     node = full
     if layers is None:
-        pred = _first_tight_edge(src, dst, cost, dist, N)
         while node != 0:
             node = int(src[pred[node]])
             plan_ideals.append(node)
@@ -391,6 +479,37 @@ def shortest_plan(
         idx = np.flatnonzero(lat.bits[b] & ~lat.bits[a])
         plan.append([cm.names[int(i)] for i in idx])
     return plan, total
+
+
+def _settle_by_destination(lat: Lattice, src: np.ndarray, dst: np.ndarray,
+                           cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distance of every ideal from the empty one, its first tight edge) over edges grouped by
+    destination (:attr:`Edges.by_destination`): a destination's distance is the minimum over
+    its run of edges (``minimum.reduceat``; every source lies on a lower size, settled before),
+    and its first tight edge the first of its run achieving it: the values and edges of the
+    sorted relaxation with ``minimum.at`` and :func:`_first_tight_edge`."""
+    dist = np.full(lat.size, np.inf)
+    dist[0] = 0.0
+    pred = np.full(lat.size, -1, dtype=np.int64)
+    if dst.size == 0:
+        return dist, pred
+    starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
+    ends = np.r_[starts[1:], dst.size]
+    heads = dst[starts]
+    sizes = lat.bits.sum(axis=1)
+    level_of_run = sizes[heads]
+    bounds = np.searchsorted(level_of_run, np.arange(int(level_of_run[-1]) + 2))
+    for lv in range(int(level_of_run[0]), int(level_of_run[-1]) + 1):
+        r0, r1 = int(bounds[lv]), int(bounds[lv + 1])
+        if r0 == r1:
+            continue
+        a, b = int(starts[r0]), int(ends[r1 - 1])
+        dist[heads[r0:r1]] = np.minimum.reduceat(dist[src[a:b]] + cost[a:b], starts[r0:r1] - a)
+    tight = np.flatnonzero(dist[src] + cost == dist[dst])
+    d = dst[tight]
+    first = np.flatnonzero(np.r_[True, d[1:] != d[:-1]]) if d.size else np.zeros(0, np.int64)
+    pred[d[first]] = tight[first]
+    return dist, pred
 
 
 def _first_tight_edge(src: np.ndarray, dst: np.ndarray, cost: np.ndarray, dist: np.ndarray, n: int) -> np.ndarray:

@@ -47,14 +47,15 @@ def _schedule(domains: tuple[int, ...], scopes: tuple[tuple[int, ...], ...], max
     Depends only on the domain sizes and the scopes of the terms, so the many problems of one
     shape (a layer at every micro-batch and placement) plan it once. Each step: the variable
     ``x``, the variables ``rest`` of the table it leaves, which current terms it consumes (their
-    positions) with their axis permutations and broadcast shapes, and the joint table shape.
+    ids: the terms' positions in ``scopes``, then ``len(scopes) + k`` for the table step ``k``
+    leaves) with their axis permutations and broadcast shapes, and the joint table shape.
     """
-    live = list(scopes)
+    live = dict(enumerate(scopes))  # id -> scope, in creation order
     alive = set(range(len(domains)))
     steps = []
     while alive:
         nbrs = {v: set() for v in alive}
-        for vs in live:
+        for vs in live.values():
             for v in vs:
                 nbrs[v].update(vs)
         # min-weight greedy order: the variable whose elimination builds the smallest table
@@ -64,9 +65,12 @@ def _schedule(domains: tuple[int, ...], scopes: tuple[tuple[int, ...], ...], max
         size = math.prod(domains[u] for u in order)
         if size > max_table:
             raise TooLarge(f"elimination table of {size} entries (> {max_table})")
-        taken = tuple(i for i, vs in enumerate(live) if x in vs)
+        taken = tuple(i for i, vs in live.items() if x in vs)
         places = tuple(_placement(live[i], order, domains) for i in taken)
-        live = [vs for vs in live if x not in vs] + ([rest] if rest else [])
+        for i in taken:
+            del live[i]
+        if rest:
+            live[len(scopes) + len(steps)] = rest
         steps.append((x, rest, taken, places, tuple(domains[u] for u in order)))
         alive.discard(x)
     return tuple(steps)
@@ -79,22 +83,23 @@ def minimise(domains: list[int], unary: list[np.ndarray], pairs: dict[tuple[int,
     if any(i == j for i, j in pairs):
         raise ValueError("a pairwise term needs two distinct variables")
     scopes = tuple((i,) for i in range(n)) + tuple(pairs)
-    tables = [np.asarray(u, float) for u in unary] + [np.asarray(t, float) for t in pairs.values()]
+    tables = dict(enumerate([np.asarray(u, float) for u in unary] + [np.asarray(t, float) for t in pairs.values()]))
     steps = _schedule(tuple(domains), scopes, max_table)
     constant = 0.0
     trail = []
-    for x, rest, taken, places, shape in steps:
-        joint = np.zeros(shape)
+    for k, (x, rest, taken, places, shape) in enumerate(steps):
+        joint = None  # (the taken tables span ``order``: their broadcast sum has the joint shape)
         for i, (perm, bshape) in zip(taken, places):
-            t = tables[i] if perm is None else np.transpose(tables[i], perm)
-            joint = joint + t.reshape(bshape)
-        gone = set(taken)
-        tables = [t for i, t in enumerate(tables) if i not in gone]
+            t = tables.pop(i)
+            t = (t if perm is None else np.transpose(t, perm)).reshape(bshape)
+            joint = t if joint is None else joint + t
+        if joint.shape != shape:  # (never on schedules of pairwise terms: kept for safety)
+            joint = np.broadcast_to(joint, shape)
         arg = np.argmin(joint, axis=-1)
-        low = np.take_along_axis(joint, arg[..., None], axis=-1)[..., 0]
+        low = joint.min(axis=-1)  # (the value at ``arg``: min is exact)
         trail.append((x, rest, arg))
         if rest:
-            tables.append(low)
+            tables[len(scopes) + k] = low
         else:
             constant += float(low)
     assignment = [0] * n

@@ -1,0 +1,159 @@
+"""The intra-chip DP's edges grouped by destination once per lattice structure (issue 12: the
+per-solve sort, gathers and tight-edge ``unique`` were a third of DeepSeek-V3 / 512 dragonfly's
+block solves): the same edges, and the same plan and time, as the per-solve sorted relaxation
+over the edges in the structure's order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dfmodel.graph.build import build_graphs
+from dfmodel.graph.kernel import Phase
+from dfmodel.graph.workload import load_workload
+from dfmodel.intra_chip import ideals
+from dfmodel.intra_chip.cost import CostModel
+from dfmodel.system import load_system
+
+
+def _in_structure_order(cm: CostModel, lat: ideals.Lattice) -> ideals.Edges:
+    """:func:`ideals.transitions` as it was: the structure's (source-major) order, unsorted."""
+    st = ideals.pair_structure(lat, cm.tiles if cm.dataflow else cm.n, ideals.DEFAULT_MAX_PAIRS)
+    src, dst, sets, inverse = st
+    weights = cm.min_sram_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size)
+    screen = weights[dst] - weights[src] <= cm.sram_bytes * (1 + 1e-12)
+    src, dst, inverse = src[screen], dst[screen], inverse[screen]
+    ev = cm.evaluate(sets)
+    keep = ev["feasible"][inverse]
+    if cm.dram_check:
+        keep &= cm.dram_fits(cm.live_bytes(lat.bits[src], lat.bits[dst]))
+    return ideals.Edges(src[keep], dst[keep], ev["time_s"][inverse][keep])
+
+
+def _cases():
+    tiny = build_graphs(load_workload("tiny_mlp")).layer
+    for preset in ("sn30", "wse2", "dragonfly"):
+        yield tiny, preset
+    layer = build_graphs(load_workload("gpt3_13b"), batch=1).layer
+    fwd = [k.name for k in layer.kernels if k.phase == Phase.forward]
+    yield layer.subgraph(fwd, name="fwd"), "dragonfly"
+    yield layer.subgraph(fwd, name="fwd"), "sn30"
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_grouped_edges_give_the_sorted_relaxations_plan(case):
+    graph, preset = list(_cases())[case]
+    cm = CostModel(graph, load_system(preset))
+    lat = ideals.enumerate_ideals(cm)
+    grouped = ideals.transitions(cm, lat)
+    plain = _in_structure_order(cm, lat)
+    assert grouped.by_destination and not plain.by_destination
+    # the same edges, grouped by destination (sizes non-decreasing), each one's in the old order
+    sizes = lat.bits.sum(axis=1)
+    assert np.all(np.diff(grouped.dst) >= 0) and np.all(np.diff(sizes[grouped.dst]) >= 0)
+    order = np.argsort(plain.dst, kind="stable")
+    assert np.array_equal(grouped.src, plain.src[order]) and np.array_equal(grouped.dst, plain.dst[order])
+    assert np.array_equal(grouped.cost_s, plain.cost_s[order])
+    assert ideals.shortest_plan(cm, lat, grouped) == ideals.shortest_plan(cm, lat, plain)
+
+
+def test_structure_is_grouped_once(monkeypatch):
+    """A lattice's structure is grouped by destination once (one sort), however many graphs of
+    its shape solve: no sort per solve."""
+    calls = []
+    real = np.argsort
+    monkeypatch.setattr(ideals.np, "argsort", lambda *a, **k: calls.append(1) or real(*a, **k))
+    graph = build_graphs(load_workload("tiny_mlp")).layer
+    ideals._BY_DESTINATION.clear()
+    ideals._STRUCTURES.clear()
+    for preset in ("sn30", "sn30", "sn30"):
+        cm = CostModel(graph, load_system(preset))
+        ideals.shortest_plan(cm, ideals.enumerate_ideals(cm), ideals.transitions(cm, ideals.enumerate_ideals(cm)))
+    assert len(ideals._BY_DESTINATION) == 1 and len(calls) == 1
+
+
+@pytest.mark.parametrize("bits", [20, 12, 6, 1])
+def test_hashed_unique_equals_numpy_unique(bits):
+    """The pair structure's distinct sets by hashing (:func:`ideals._unique_hashed`): the same
+    sorted keys and inverse as ``np.unique``, with many collisions too (few buckets)."""
+    rng = np.random.default_rng(bits)
+    for _ in range(5):
+        distinct = rng.integers(0, 2**63, size=int(rng.integers(1, 30_000)), dtype=np.uint64) << np.uint64(1)
+        keys = distinct[rng.integers(0, distinct.size, size=int(rng.integers(1 << 16, 1 << 19)))]
+        got, inverse = ideals._unique_hashed(keys, bits)
+        want, want_inverse = np.unique(keys, return_inverse=True)
+        assert np.array_equal(got, want) and np.array_equal(inverse, want_inverse.ravel())
+
+
+def test_pair_structure_sets_are_hashed(monkeypatch):
+    """A large lattice's distinct sets are found by hashing, not by sorting every pair."""
+    sorted_sizes = []
+    real = np.unique
+    monkeypatch.setattr(ideals.np, "unique", lambda a, *x, **k: sorted_sizes.append(np.size(a)) or real(a, *x, **k))
+    layer = build_graphs(load_workload("deepseek_v3"), batch=1).layer  # (its backward: ~10^6 pairs)
+    bwd = [k.name for k in layer.kernels if k.phase != Phase.forward]
+    cm = CostModel(layer.subgraph(bwd, name="bwd"), load_system("dragonfly"))
+    lat = ideals.enumerate_ideals(cm)
+    ideals._STRUCTURES.clear()
+    src, _, sets, _ = ideals.pair_structure(lat, cm.tiles, ideals.DEFAULT_MAX_PAIRS)
+    assert src.size >= 1 << 16 and max(sorted_sizes) < src.size
+
+
+def test_large_structure_is_not_grouped(monkeypatch):
+    """A structure past the grouping's pair budget keeps its order (no copy): the per-solve sort,
+    the same plan."""
+    graph = build_graphs(load_workload("gpt3_13b"), batch=1).layer
+    fwd = [k.name for k in graph.kernels if k.phase == Phase.forward]
+    cm = CostModel(graph.subgraph(fwd, name="fwd"), load_system("dragonfly"))
+    lat = ideals.enumerate_ideals(cm)
+    grouped = ideals.transitions(cm, lat)
+    ideals._BY_DESTINATION.clear()
+    monkeypatch.setattr(ideals, "_BY_DESTINATION_MAX_PAIRS", 2)
+    plain = ideals.transitions(cm, lat)
+    assert grouped.by_destination and not plain.by_destination and not ideals._BY_DESTINATION
+    assert ideals.shortest_plan(cm, lat, grouped) == ideals.shortest_plan(cm, lat, plain)
+
+
+@pytest.mark.parametrize("n", [40, 70])
+def test_superset_pairs_one_word_and_many(n):
+    """The pairs ``I < J``, ``|J - I| <= max_size``, in (src, dst) order, on one 64-bit word per
+    ideal (its 2-D test) and on two, against testing each ideal one by one."""
+    rng = np.random.default_rng(n)
+    pred = [set(rng.choice(k, size=min(k, 2), replace=False).tolist()) if k else set() for k in range(n)]
+    seen, frontier = {frozenset()}, [frozenset()]
+    while frontier and len(seen) < 1200:
+        frontier = [s | {k} for s in frontier for k in range(n) if k not in s and pred[k] <= s]
+        frontier = [s for s in dict.fromkeys(frontier) if s not in seen]
+        seen.update(frontier)
+    order = sorted(seen, key=lambda s: (len(s), sorted(s)))
+    bits = np.zeros((len(order), n), bool)
+    for r, s in enumerate(order):
+        bits[r, list(s)] = True
+    packed, sizes = ideals._pack(bits), bits.sum(axis=1)
+    for max_size in (1, 4):
+        want = [(i, j) for i in range(len(order)) for j in range(i + 1, len(order))
+                if sizes[i] < sizes[j] <= sizes[i] + max_size and not np.any(bits[i] & ~bits[j])]
+        src, dst = ideals._superset_pairs(packed, sizes, max_size, 10**9)
+        assert list(zip(np.concatenate(src).tolist(), np.concatenate(dst).tolist())) == want
+
+
+def test_ideals_by_size_equal_the_depth_first_walk():
+    """The lattice's ideals one size at a time on 64-bit words (:func:`algorithms.ideal_masks`,
+    up to 64 kernels) are the depth-first walk's, and refused past the same guard."""
+    import random
+
+    from dfmodel import algorithms
+
+    rng = random.Random(3)
+    for _ in range(200):
+        n = rng.randint(0, 64)
+        density = rng.choice([0.02, 0.1, 0.3])
+        preds = [sum(1 << j for j in range(k) if rng.random() < density) for k in range(n)]
+        limit = rng.choice([50, 1000, 20_000])
+        outcomes = []
+        for f in (algorithms._ideal_masks_by_size, algorithms._ideal_masks_dfs):
+            try:
+                outcomes.append(f(n, preds, limit))
+            except algorithms.TooLarge:
+                outcomes.append("too large")
+        assert outcomes[0] == outcomes[1]
