@@ -103,3 +103,26 @@ def test_shipped_gpu_presets_name_their_nccl_transports():
         assert [d.nccl_transport for d in system.network] == ["nvlink", "net"], preset
         assert not any(d.sharp for d in system.network)  # a job asks for SHARP; the preset does not
     assert nccl.step_latency_s("net", "ring", 2) == pytest.approx(14 * US)
+
+
+def test_dim_candidates_are_computed_once_and_see_a_dimension_edited_in_place(monkeypatch):
+    """The memo gives what the computation gives; a second identical collective computes no
+    dimension's candidates again; a dimension edited in place is a new key."""
+    from dfmodel.netmodels import topologies
+
+    system = _system(nodes=6)
+    nv = system.network[0]
+    for collective, S in (("all_reduce", 1e6), ("reduce_scatter", 0.0), ("all_to_all", 1e3), ("broadcast", 1e5)):
+        assert topologies.dim_candidates(nv, collective, 8, S) == tuple(
+            topologies.dim_candidates_uncached(nv, collective, 8, S))
+    calls = []
+    real = topologies.dim_candidates_uncached
+    monkeypatch.setattr(topologies, "dim_candidates_uncached", lambda *a: calls.append(a) or real(*a))
+    group = (("nvlink", 8), ("ib", 6))
+    first = algorithms(system, "all_reduce", 3.3e6, group)
+    n = len(calls)
+    assert n > 0 and algorithms(system, "all_reduce", 3.3e6, group) == first and len(calls) == n
+    before = dict(topologies.dim_candidates(nv, "all_to_all", 8, 1e3))
+    nv.latency_s = 1e-3
+    after = dict(topologies.dim_candidates(nv, "all_to_all", 8, 1e3))
+    assert min(after.values()) > min(before.values())
