@@ -118,20 +118,12 @@ def test_large_structure_is_not_grouped(monkeypatch):
 def test_superset_pairs_one_word_and_many(n):
     """The pairs ``I < J``, ``|J - I| <= max_size``, in (src, dst) order, on one 64-bit word per
     ideal (its 2-D test) and on two, against testing each ideal one by one."""
-    rng = np.random.default_rng(n)
-    pred = [set(rng.choice(k, size=min(k, 2), replace=False).tolist()) if k else set() for k in range(n)]
-    seen, frontier = {frozenset()}, [frozenset()]
-    while frontier and len(seen) < 1200:
-        frontier = [s | {k} for s in frontier for k in range(n) if k not in s and pred[k] <= s]
-        frontier = [s for s in dict.fromkeys(frontier) if s not in seen]
-        seen.update(frontier)
-    order = sorted(seen, key=lambda s: (len(s), sorted(s)))
-    bits = np.zeros((len(order), n), bool)
-    for r, s in enumerate(order):
-        bits[r, list(s)] = True
+    from test_intra_chip import random_ideal_bits
+
+    bits = random_ideal_bits(n, seed=n, limit=1200)
     packed, sizes = ideals._pack(bits), bits.sum(axis=1)
     for max_size in (1, 4):
-        want = [(i, j) for i in range(len(order)) for j in range(i + 1, len(order))
+        want = [(i, j) for i in range(len(bits)) for j in range(i + 1, len(bits))
                 if sizes[i] < sizes[j] <= sizes[i] + max_size and not np.any(bits[i] & ~bits[j])]
         src, dst = ideals._superset_pairs(packed, sizes, max_size, 10**9)
         assert list(zip(np.concatenate(src).tolist(), np.concatenate(dst).tolist())) == want

@@ -362,6 +362,26 @@ def _structure_cache_cases():
         yield CostModel(g, load_system(preset))
 
 
+def random_ideal_bits(n: int, *, seed: int, limit: int):
+    """Ideals (down-closed sets) of a random DAG on ``n`` kernels, each with up to two
+    predecessors, walked breadth-first from the empty set until about ``limit`` are found: one
+    row per ideal (kernel membership), ordered by size then members, as a lattice keeps them."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    pred = [set(rng.choice(k, size=min(k, 2), replace=False).tolist()) if k else set() for k in range(n)]
+    seen, frontier = {frozenset()}, [frozenset()]
+    while frontier and len(seen) < limit:
+        frontier = [s | {k} for s in frontier for k in range(n) if k not in s and pred[k] <= s]
+        frontier = [s for s in dict.fromkeys(frontier) if s not in seen]
+        seen.update(frontier)
+    order = sorted(seen, key=lambda s: (len(s), sorted(s)))
+    bits = np.zeros((len(order), n), bool)
+    for r, s in enumerate(order):
+        bits[r, list(s)] = True
+    return bits
+
+
 def test_pair_structure_blocks_keep_the_per_ideal_order(monkeypatch):
     """pair_structure tests the ideals of one size a block at a time (ideals._superset_pairs): the
     same (src, dst) pairs, in the same order (src, then dst: the DP's ties go to the first edge),
@@ -371,18 +391,8 @@ def test_pair_structure_blocks_keep_the_per_ideal_order(monkeypatch):
 
     from dfmodel.intra_chip import ideals
 
-    rng = np.random.default_rng(1)
     n = 70
-    pred = [set(rng.choice(k, size=min(k, 2), replace=False).tolist()) if k else set() for k in range(n)]
-    seen, frontier = {frozenset()}, [frozenset()]
-    while frontier and len(seen) < 1500:
-        frontier = [s | {k} for s in frontier for k in range(n) if k not in s and pred[k] <= s]
-        frontier = [s for s in dict.fromkeys(frontier) if s not in seen]
-        seen.update(frontier)
-    order = sorted(seen, key=lambda s: (len(s), sorted(s)))
-    bits = np.zeros((len(order), n), bool)
-    for r, s in enumerate(order):
-        bits[r, list(s)] = True
+    bits = random_ideal_bits(n, seed=1, limit=1500)
     lat = ideals.Lattice(bits)
     packed, sizes = ideals._pack(bits), bits.sum(axis=1)
     monkeypatch.setattr(ideals, "_PAIR_BLOCK", 64)
