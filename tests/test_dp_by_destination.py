@@ -183,3 +183,26 @@ def test_infinite_edges_kept_give_the_compacted_plan(case, monkeypatch):
     assert ideals.shortest_plan(cm, lat, kept) == ideals.shortest_plan(cm, lat, compact)
     for limit in (1, 2, 3):
         assert ideals.shortest_plan(cm, lat, kept, limit) == ideals.shortest_plan(cm, lat, compact, limit)
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_tight_edges_found_when_asked_equal_every_ideals_first(case):
+    """:class:`ideals._RunTightEdges` (the first tight edge of an ideal's run, found when the
+    walk back asks) gives, for every ideal, the first edge into it achieving its distance over
+    all edges (``_first_tight_edge``), -1 where none does, infinite edges kept or not."""
+    graph, system = list(_small_sram_cases())[case]
+    cm = CostModel(graph, load_system(system) if isinstance(system, str) else system)
+    lat = ideals.enumerate_ideals(cm)
+    for share in (0.0, 1.0):
+        ideals._INF_EDGES_KEPT_SHARE, before = share, ideals._INF_EDGES_KEPT_SHARE
+        try:
+            e = ideals.transitions(cm, lat)
+        finally:
+            ideals._INF_EDGES_KEPT_SHARE = before
+        if e.src.size == 0:
+            continue
+        dist, pred = ideals._settle_by_destination(lat, e.src, e.dst, e.cost_s)
+        want = ideals._first_tight_edge(e.src, e.dst, e.cost_s, dist, lat.size)
+        reachable = np.flatnonzero(np.isfinite(dist))
+        assert reachable.size > 1
+        assert [pred[int(i)] for i in reachable] == want[reachable].tolist()
