@@ -149,3 +149,60 @@ def test_ideals_by_size_equal_the_depth_first_walk():
             except algorithms.TooLarge:
                 outcomes.append("too large")
         assert outcomes[0] == outcomes[1]
+
+
+
+def _small_sram_cases():
+    """The cases of :func:`_cases`, and the dragonfly forward at 30 % and 10 % of its SRAM: pairs
+    the SRAM screen or every option drops (the latter: no plan at all)."""
+    yield from _cases()
+    layer = build_graphs(load_workload("gpt3_13b"), batch=1).layer
+    fwd = layer.subgraph([k.name for k in layer.kernels if k.phase == Phase.forward], name="fwd")
+    base = load_system("dragonfly")
+    for share in (0.3, 0.1):
+        chip = base.chip.model_copy(update={"sram_bytes": base.chip.sram_bytes * share})
+        yield fwd, base.model_copy(update={"chip": chip})
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_infinite_edges_kept_give_the_compacted_plan(case, monkeypatch):
+    """:func:`ideals.transitions` keeps the infeasible edges at an infinite cost where they are
+    few (:data:`ideals._INF_EDGES_KEPT_SHARE`): the finite edges are the compacted list's, in
+    its order, and the plan and time are the same (None where no plan fits)."""
+    graph, system = list(_small_sram_cases())[case]
+    cm = CostModel(graph, load_system(system) if isinstance(system, str) else system)
+    lat = ideals.enumerate_ideals(cm)
+    monkeypatch.setattr(ideals, "_INF_EDGES_KEPT_SHARE", 1.0)
+    kept = ideals.transitions(cm, lat)
+    monkeypatch.setattr(ideals, "_INF_EDGES_KEPT_SHARE", 0.0)
+    compact = ideals.transitions(cm, lat)
+    finite = np.isfinite(kept.cost_s)
+    assert np.all(np.isfinite(compact.cost_s)) and (case < 5 or not finite.all())
+    assert np.array_equal(kept.src[finite], compact.src) and np.array_equal(kept.dst[finite], compact.dst)
+    assert np.array_equal(kept.cost_s[finite], compact.cost_s)
+    assert ideals.shortest_plan(cm, lat, kept) == ideals.shortest_plan(cm, lat, compact)
+    for limit in (1, 2, 3):
+        assert ideals.shortest_plan(cm, lat, kept, limit) == ideals.shortest_plan(cm, lat, compact, limit)
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_tight_edges_found_when_asked_equal_every_ideals_first(case):
+    """:class:`ideals._RunTightEdges` (the first tight edge of an ideal's run, found when the
+    walk back asks) gives, for every ideal, the first edge into it achieving its distance over
+    all edges (``_first_tight_edge``), -1 where none does, infinite edges kept or not."""
+    graph, system = list(_small_sram_cases())[case]
+    cm = CostModel(graph, load_system(system) if isinstance(system, str) else system)
+    lat = ideals.enumerate_ideals(cm)
+    for share in (0.0, 1.0):
+        ideals._INF_EDGES_KEPT_SHARE, before = share, ideals._INF_EDGES_KEPT_SHARE
+        try:
+            e = ideals.transitions(cm, lat)
+        finally:
+            ideals._INF_EDGES_KEPT_SHARE = before
+        if e.src.size == 0:
+            continue
+        dist, pred = ideals._settle_by_destination(lat, e.src, e.dst, e.cost_s)
+        want = ideals._first_tight_edge(e.src, e.dst, e.cost_s, dist, lat.size)
+        reachable = np.flatnonzero(np.isfinite(dist))
+        assert reachable.size > 1
+        assert [pred[int(i)] for i in reachable] == want[reachable].tolist()

@@ -153,10 +153,11 @@ class PlanFloor:
         return self._memo["order"]
 
     @property
-    def _sorted_sets(self) -> np.ndarray:
-        """The set index of each edge in :attr:`_order`'s order (``inverse[order]``, once)."""
+    def _sorted_sets(self) -> list:
+        """The set index of each edge in :attr:`_order`'s order (``inverse[order]``), split per
+        level (:meth:`_LevelOrder.level_sets`), once."""
         if "sorted_sets" not in self._memo:
-            self._memo["sorted_sets"] = self.inverse[self._order.order]
+            self._memo["sorted_sets"] = self._order.level_sets(self.inverse[self._order.order])
         return self._memo["sorted_sets"]
 
     def _option_floor(self, C: np.ndarray, mem: np.ndarray, k: int, s_per_byte: float, overlap: bool,
@@ -202,15 +203,23 @@ class _LevelOrder:
             starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
             self.levels.append((d[starts], starts, slice(a, b), self.src[a:b]))
 
-    def shortest_s(self, set_cost: np.ndarray, sorted_sets: np.ndarray) -> float:
-        """Shortest path with edge ``e`` (in this order) costing ``set_cost[sorted_sets[e]]``. Every
+    def level_sets(self, sorted_sets: np.ndarray) -> list:
+        """``sorted_sets`` (a set index per edge, in this order) as one array per level: each
+        level's edge costs are then one gather from the sets' costs, not a slice of a gather
+        over every edge (30 % of :meth:`shortest_s` on DeepSeek-V3's 2,669-ideal lattice)."""
+        return [sorted_sets[sl] for _, _, sl, _ in self.levels]
+
+    def shortest_s(self, set_cost: np.ndarray, sorted_sets) -> float:
+        """Shortest path with edge ``e`` (in this order) costing ``set_cost[sorted_sets[e]]``
+        (``sorted_sets`` as an array, or split per level by :meth:`level_sets`). Every
         edge into an ideal lies in that ideal's level, so each ideal is relaxed once, from inf:
         the run minimum is its distance (the same minima as ``minimum(dist, run minimum)``)."""
+        if isinstance(sorted_sets, np.ndarray):
+            sorted_sets = self.level_sets(sorted_sets)
         dist = np.full(self.size, np.inf)
         dist[0] = 0.0
-        cost = set_cost[sorted_sets]
-        for dsts, starts, sl, src in self.levels:
-            dist[dsts] = np.minimum.reduceat(dist[src] + cost[sl], starts)
+        for (dsts, starts, _, src), sets in zip(self.levels, sorted_sets):
+            dist[dsts] = np.minimum.reduceat(dist[src] + set_cost.take(sets), starts)
         return float(dist[-1])
 
 

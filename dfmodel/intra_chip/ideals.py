@@ -146,41 +146,69 @@ def transitions(
         max_size = 1
     weights = cm.min_sram_bytes(lat.bits) if cm.dataflow else np.zeros(lat.size)
     st = pair_structure(lat, max_size, max_pairs)
-    at = None  # the screened pairs' positions in (src, dst) (None: all of them)
+    screen = None  # the pairs the SRAM screen keeps (None: all of them)
     if st is None:  # too many structural pairs to keep: screen row by row (no reuse)
         src, dst, sets, inverse = _pairs_screened(cm, lat, max_size, weights, max_pairs)
     else:
-        # (positions, not masks: each array is gathered once, at the end, for the edges kept)
         sets = st[2]
         src, dst, inverse = _by_destination(st, lat) or (st[0], st[1], st[3])
-        at = np.flatnonzero(weights[dst] - weights[src] <= cm.sram_bytes * (1 + 1e-12))
-        if at.size > max_pairs:
+        screen = weights[dst] - weights[src] <= cm.sram_bytes * (1 + 1e-12)
+        kept = int(np.count_nonzero(screen))
+        if kept > max_pairs:
             raise TooLarge(f"more than {max_pairs} (ideal, superset) pairs")
-        inverse = inverse.take(at)
-    if inverse.size == 0:
+        if kept == screen.size:
+            screen = None
+    if inverse.size == 0 or (screen is not None and not screen.any()):
         return Edges(np.zeros(0, int), np.zeros(0, int), np.zeros(0))
-    needed = np.zeros(sets.shape[0], dtype=bool)
-    needed[inverse] = True
-    idx = np.flatnonzero(needed)
-    feasible = np.zeros(sets.shape[0], dtype=bool)
-    cost = np.zeros(sets.shape[0])
+    cost = _set_costs(cm, sets, None if screen is None else inverse[screen])
+    edge_cost = cost.take(inverse)
+    if screen is not None:
+        edge_cost[~screen] = np.inf
+    if cm.dram_check:  # lifetimes depend on the pair, not only on the set
+        at = np.flatnonzero(np.isfinite(edge_cost))
+        for a in range(0, at.size, _CHUNK):
+            pos = at[a : a + _CHUNK]
+            fits = cm.dram_fits(cm.live_bytes(lat.bits[src.take(pos)], lat.bits[dst.take(pos)]))
+            edge_cost[pos[~fits]] = np.inf
+    return _finite_edges(src, dst, edge_cost, by_destination=st is not None and dst is not st[1])
+
+
+#: an edge list keeps its infeasible edges (at an infinite cost) when at most this share of
+#: them is infeasible: gathering the kept ones out of the pair structure's millions was half of
+#: the transitions of DeepSeek-V3 / 512 dragonfly, where the SRAM screen keeps ~all pairs
+_INF_EDGES_KEPT_SHARE = 0.5
+
+
+def _finite_edges(src: np.ndarray, dst: np.ndarray, cost: np.ndarray, by_destination: bool) -> Edges:
+    """:class:`Edges` of the finite-cost edges. Where most are finite the infinite ones stay in,
+    the structure's arrays shared (no copy): :func:`shortest_plan` finds the same distances and
+    plan with them (an infinite edge lowers no distance and is tight into no reachable ideal,
+    and the finite edges keep their order) and only pays for relaxing them."""
+    finite = np.isfinite(cost)
+    n_finite = int(np.count_nonzero(finite))
+    if n_finite >= cost.size * (1 - _INF_EDGES_KEPT_SHARE):
+        return Edges(src, dst, cost, by_destination=by_destination)
+    pos = np.flatnonzero(finite)
+    return Edges(src.take(pos), dst.take(pos), cost.take(pos), by_destination=by_destination)
+
+
+def _set_costs(cm: CostModel, sets: np.ndarray, used: np.ndarray | None) -> np.ndarray:
+    """Per distinct set: its time at its fastest fitting option (:meth:`CostModel.evaluate`),
+    inf where none fits or where no pair of ``used`` (set indices; None: every set, each
+    being some pair's) needs it (not costed)."""
+    if used is None:
+        idx = np.arange(sets.shape[0])
+    else:
+        needed = np.zeros(sets.shape[0], dtype=bool)
+        needed[used] = True
+        idx = np.flatnonzero(needed)
+    cost = np.full(sets.shape[0], np.inf)
     for a in range(0, idx.size, _CHUNK):
         check_deadline()
         rows = idx[a : a + _CHUNK]
         ev = cm.evaluate(sets[rows])
-        feasible[rows] = ev["feasible"]
-        cost[rows] = ev["time_s"]
-    keep = feasible[inverse]
-    if cm.dram_check:  # lifetimes depend on the pair, not only on the set
-        s_at, d_at = (src, dst) if at is None else (src.take(at), dst.take(at))
-        for a in range(0, s_at.size, _CHUNK):
-            sl = slice(a, a + _CHUNK)
-            I, J = lat.bits[s_at[sl]], lat.bits[d_at[sl]]
-            keep[sl] &= cm.dram_fits(cm.live_bytes(I, J))
-    kept = np.flatnonzero(keep)
-    pos = kept if at is None else at.take(kept)
-    return Edges(src.take(pos), dst.take(pos), cost.take(inverse.take(kept)),
-                 by_destination=st is not None and dst is not st[1])
+        cost[rows] = np.where(ev["feasible"], ev["time_s"], np.inf)
+    return cost
 
 
 #: :func:`_by_destination`'s reordered pairs of recent structures, keyed by the id of their
@@ -481,18 +509,40 @@ def shortest_plan(
     return plan, total
 
 
+class _RunTightEdges:
+    """``pred[ideal]``: the first edge of the ideal's run (edges grouped by destination) that
+    achieves its settled distance (``dist[src] + cost == dist[ideal]``), -1 where none does,
+    found when asked: the walk back of :func:`shortest_plan` asks it of the plan's ideals only
+    (tens), where finding it for every ideal took a pass over the millions of edges of a large
+    lattice (40 % of :func:`_settle_by_destination` on DeepSeek-V3 / 512 dragonfly)."""
+
+    def __init__(self, dist: np.ndarray, src: np.ndarray, cost: np.ndarray, heads: np.ndarray,
+                 starts: np.ndarray, ends: np.ndarray):
+        self.dist, self.src, self.cost, self.starts, self.ends = dist, src, cost, starts, ends
+        self.run_of = np.full(dist.size, -1, dtype=np.int64)
+        self.run_of[heads] = np.arange(heads.size)
+
+    def __getitem__(self, ideal: int) -> int:
+        r = int(self.run_of[ideal])
+        if r < 0:
+            return -1
+        a, b = int(self.starts[r]), int(self.ends[r])
+        tight = np.flatnonzero(self.dist[self.src[a:b]] + self.cost[a:b] == self.dist[ideal])
+        return a + int(tight[0]) if tight.size else -1
+
+
 def _settle_by_destination(lat: Lattice, src: np.ndarray, dst: np.ndarray,
-                           cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                           cost: np.ndarray) -> tuple[np.ndarray, "np.ndarray | _RunTightEdges"]:
     """(distance of every ideal from the empty one, its first tight edge) over edges grouped by
     destination (:attr:`Edges.by_destination`): a destination's distance is the minimum over
     its run of edges (``minimum.reduceat``; every source lies on a lower size, settled before),
-    and its first tight edge the first of its run achieving it: the values and edges of the
-    sorted relaxation with ``minimum.at`` and :func:`_first_tight_edge`."""
+    and its first tight edge the first of its run achieving it (:class:`_RunTightEdges`, found
+    when asked): the values and edges of the sorted relaxation with ``minimum.at`` and
+    :func:`_first_tight_edge`."""
     dist = np.full(lat.size, np.inf)
     dist[0] = 0.0
-    pred = np.full(lat.size, -1, dtype=np.int64)
     if dst.size == 0:
-        return dist, pred
+        return dist, np.full(lat.size, -1, dtype=np.int64)
     starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
     ends = np.r_[starts[1:], dst.size]
     heads = dst[starts]
@@ -505,11 +555,7 @@ def _settle_by_destination(lat: Lattice, src: np.ndarray, dst: np.ndarray,
             continue
         a, b = int(starts[r0]), int(ends[r1 - 1])
         dist[heads[r0:r1]] = np.minimum.reduceat(dist[src[a:b]] + cost[a:b], starts[r0:r1] - a)
-    tight = np.flatnonzero(dist[src] + cost == dist[dst])
-    d = dst[tight]
-    first = np.flatnonzero(np.r_[True, d[1:] != d[:-1]]) if d.size else np.zeros(0, np.int64)
-    pred[d[first]] = tight[first]
-    return dist, pred
+    return dist, _RunTightEdges(dist, src, cost, heads, starts, ends)
 
 
 def _first_tight_edge(src: np.ndarray, dst: np.ndarray, cost: np.ndarray, dist: np.ndarray, n: int) -> np.ndarray:
