@@ -254,10 +254,10 @@ def test_level_order_equals_the_masked_relaxation(seed):
         cost[rng.uniform(size=cost.size) < 0.3] = np.inf
         want = ff._shortest_s(pf.level, pf.src, pf.dst, cost)
         lo = ff._LevelOrder(pf.level, pf.src, pf.dst)
-        assert lo.shortest_s(cost, lo.order) == want  # (edge e in sorted order costs cost[order[e]])
+        assert lo.shortest_s(cost, lo.level_sets(lo.order)) == want  # (edge e in sorted order costs cost[order[e]])
         # per set, as best_s asks it: the shared order of the same structure, the same path
         set_cost = rng.uniform(0.0, 1.0, int(pf.inverse.max()) + 1)
-        assert (ff._level_order(pf.level, pf.src, pf.dst).shortest_s(set_cost, pf.inverse[lo.order])
+        assert (ff._level_order(pf.level, pf.src, pf.dst).shortest_s(set_cost, lo.level_sets(pf.inverse[lo.order]))
                 == ff._shortest_s(pf.level, pf.src, pf.dst, set_cost[pf.inverse]))
 
 

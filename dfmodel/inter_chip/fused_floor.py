@@ -209,16 +209,14 @@ class _LevelOrder:
         over every edge (30 % of :meth:`shortest_s` on DeepSeek-V3's 2,669-ideal lattice)."""
         return [sorted_sets[sl] for _, _, sl, _ in self.levels]
 
-    def shortest_s(self, set_cost: np.ndarray, sorted_sets) -> float:
-        """Shortest path with edge ``e`` (in this order) costing ``set_cost[sorted_sets[e]]``
-        (``sorted_sets`` as an array, or split per level by :meth:`level_sets`). Every
+    def shortest_s(self, set_cost: np.ndarray, level_sets: list) -> float:
+        """Shortest path with edge ``e`` (in this order) costing ``set_cost[sorted_sets[e]]``,
+        ``sorted_sets`` given split per level (``level_sets``: :meth:`level_sets`). Every
         edge into an ideal lies in that ideal's level, so each ideal is relaxed once, from inf:
         the run minimum is its distance (the same minima as ``minimum(dist, run minimum)``)."""
-        if isinstance(sorted_sets, np.ndarray):
-            sorted_sets = self.level_sets(sorted_sets)
         dist = np.full(self.size, np.inf)
         dist[0] = 0.0
-        for (dsts, starts, _, src), sets in zip(self.levels, sorted_sets):
+        for (dsts, starts, _, src), sets in zip(self.levels, level_sets):
             dist[dsts] = np.minimum.reduceat(dist[src] + set_cost.take(sets), starts)
         return float(dist[-1])
 
