@@ -399,3 +399,19 @@ def test_cli_validate_reads_family_case_files(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dfmodel.cli", "validate", str(fam)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "1/1 cases" in proc.stdout
+
+
+def test_a_shared_act_memo_gives_every_knob_setting_its_own_memory():
+    """llm_memory_per_chip keeps each knob setting's per-mapping terms in the caller's act_memo
+    (_StageSetup): one memo shared across settings and splits must give exactly what a fresh
+    computation gives (a knob missing from the memo key would hand one setting another's terms)."""
+    w = llm(h=256, a=8, s=512, vocab=32000)
+    shared: dict = {}
+    settings = itertools.product((1, 2), (2, 4), (1, 2), ("none", "selective", "full"), (True, False),
+                                 (None, 1, 3), (1, 2))
+    for tp, pp, mb, rc, sp, zero, cp in settings:
+        for layers in ([4] + [0] * (pp - 1), [1] * pp, [0] * (pp - 1) + [3]):
+            kw = dict(tp=tp, pp=pp, micro_batch=mb, recompute=rc, sequence_parallel=sp, zero_stage=zero, cp=cp,
+                      layers_per_stage=layers, first_params=1e5, last_params=2e5, num_micro_batches=8)
+            assert _stage_memory(w, act_memo=shared, **kw) == _stage_memory(w, **kw)
+    assert sum(1 for k in shared if k[0] == "stage setup") == 2 * 2 * 2 * 3 * 2 * 3 * 2

@@ -725,6 +725,63 @@ def llm_layer_activation_bytes(*, model, training, attention: str, tp: int, cp: 
         recompute=recompute, linear_input_bytes=common["linear_input_bytes"], experts_gathered=experts_gathered)
 
 
+class _StageSetup:
+    """What :func:`llm_memory_per_chip` reads of a mapping's knobs alone, not of its layer split or
+    parameter counts: per-layer activations, bytes per parameter, shard counts, the embedding's
+    and head's activations, micro-batches in flight per stage. The search asks the memory of
+    tens of thousands of splits of a few thousand knob settings (DeepSeek-V3 on 512 H100s: 78k
+    calls), so these are computed once per setting (kept in the caller's ``act_memo``)."""
+
+    def __init__(self, model, training, attention, tp, pp, dp, micro_batch, num_micro_batches, interleave,
+                 recompute, sequence_parallel, distributed_optimizer, cp, zero_stage, ep, experts_gathered,
+                 act_memo):
+        m = model
+        self._args = (model, training, attention, tp, cp, micro_batch, sequence_parallel, experts_gathered)
+        self._act_memo = act_memo if act_memo is not None else {}
+        self._in_flight = (pp, num_micro_batches, interleave, {})
+        self.e = e = training.activation_bytes
+        s_local = m.seq_len // cp
+        self.act_layer = self.layer_act(False, recompute)
+        fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
+        rem = getattr(training, "param_remainders", False)
+        layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
+                                            optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True,
+                                            param_remainders=rem, fp8_recipe=training.fp8.recipe)
+        other_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
+                                            optimizer=training.optimizer, linear=False, param_remainders=rem)
+        sbt = s_local * micro_batch
+        self.emb_act = TOKEN_ID_BYTES * sbt + embedding_activation_bytes(
+            seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden, tp=tp, sequence_parallel=sequence_parallel,
+            dropout=getattr(m, "dropout", True))
+        self.head_act = head_activation_bytes(seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden,
+                                              vocab=m.vocab_size, tp=tp, sequence_parallel=sequence_parallel,
+                                              bytes_per_element=e) if m.vocab_size else 0.0
+        self.shards = state_shards(dp=dp, distributed_optimizer=distributed_optimizer, zero_stage=zero_stage)
+        self.expert_shards = state_shards(dp=max(1, dp // ep), distributed_optimizer=distributed_optimizer,
+                                          zero_stage=zero_stage)
+        self.layer_bytes = (layer_state.weights, layer_state.gradients, layer_state.optimizer)
+        self.other_bytes = (other_state.weights, other_state.gradients, other_state.optimizer)
+
+    def layer_act(self, dense: bool, rc) -> float:
+        """:func:`llm_layer_activation_bytes` of a dense or MoE layer at recompute ``rc``."""
+        model, training, attention, t, cp, micro_batch, sequence_parallel, experts_gathered = self._args
+        key = (dense, attention, t, cp, micro_batch, sequence_parallel, rc, experts_gathered)
+        memo = self._act_memo
+        if key not in memo:
+            memo[key] = llm_layer_activation_bytes(
+                model=model.model_copy(update={"moe": None}) if dense else model, training=training,
+                attention=attention, tp=t, cp=cp, micro_batch=micro_batch, sequence_parallel=sequence_parallel,
+                recompute=rc, experts_gathered=experts_gathered)
+        return memo[key]
+
+    def in_flight(self, stage: int) -> float:
+        """:func:`in_flight_micro_batches` of ``stage``."""
+        pp, m, v, memo = self._in_flight
+        if stage not in memo:
+            memo[stage] = in_flight_micro_batches(pp, stage, m, v)
+        return memo[stage]
+
+
 def llm_memory_per_chip(
     *,
     model,
@@ -784,52 +841,27 @@ def llm_memory_per_chip(
     ``act_memo``: a dict the caller keeps per (model, training) in which the per-layer
     activation bytes are memoised (the search asks for the same layer shapes many times).
     """
-    m, t = model, tp
-    e = training.activation_bytes
-    s_local = m.seq_len // cp
-    def layer_act(dense: bool, rc):
-        key = (dense, attention, t, cp, micro_batch, sequence_parallel, rc, experts_gathered)
-        if act_memo is not None and key in act_memo:
-            return act_memo[key]
-        value = llm_layer_activation_bytes(model=m.model_copy(update={"moe": None}) if dense else m, training=training,
-                                           attention=attention, tp=t, cp=cp, micro_batch=micro_batch,
-                                           sequence_parallel=sequence_parallel, recompute=rc,
-                                           experts_gathered=experts_gathered)
+    knobs = (attention, tp, pp, dp, micro_batch, num_micro_batches, interleave, recompute, sequence_parallel,
+             distributed_optimizer, cp, zero_stage, ep, experts_gathered)
+    setup = act_memo.get(("stage setup",) + knobs) if act_memo is not None else None
+    if setup is None:
+        setup = _StageSetup(model, training, *knobs, act_memo=act_memo)
         if act_memo is not None:
-            act_memo[key] = value
-        return value
+            act_memo[("stage setup",) + knobs] = setup
+    act_layer, e, emb_act, head_act = setup.act_layer, setup.e, setup.emb_act, setup.head_act
+    shards, expert_shards, layer_bytes, other_bytes = setup.shards, setup.expert_shards, setup.layer_bytes, setup.other_bytes
 
     def working_of(dense: bool, params):
         """One layer's working buffer: its activations rebuilt under full recompute, ZeRO-3's gathers."""
-        return ((layer_act(dense, "none") if recompute == "full" else 0.0)
+        return ((setup.layer_act(dense, "none") if recompute == "full" else 0.0)
                 + (3 * params * e if zero_stage == 3 else 0.0))
 
-    act_layer = layer_act(False, recompute)
     working_moe = working_of(False, layer_params_per_chip)
     dense_n = dense_layers_per_stage or [0] * len(layers_per_stage)
     act_dense = working_dense = 0.0
-    if any(dense_n):  # (an MoE model's dense layers: the model without its moe block)
-        act_dense, working_dense = layer_act(True, recompute), working_of(True, dense_layer_params_per_chip)
-    fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
-    rem = getattr(training, "param_remainders", False)
-    layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
-                                        optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True,
-                                        param_remainders=rem, fp8_recipe=training.fp8.recipe)
-    other_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
-                                        optimizer=training.optimizer, linear=False, param_remainders=rem)
-    sbt = s_local * micro_batch
-    emb_act = TOKEN_ID_BYTES * sbt + embedding_activation_bytes(
-        seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden, tp=t, sequence_parallel=sequence_parallel,
-        dropout=getattr(m, "dropout", True))
-    head_act = head_activation_bytes(seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden,
-                                     vocab=m.vocab_size, tp=t, sequence_parallel=sequence_parallel,
-                                     bytes_per_element=e) if m.vocab_size else 0.0
-    # (model_state_bytes per stage, its shard counts and bytes per parameter computed once)
-    shards = state_shards(dp=dp, distributed_optimizer=distributed_optimizer, zero_stage=zero_stage)
-    expert_shards = state_shards(dp=max(1, dp // ep), distributed_optimizer=distributed_optimizer,
-                                 zero_stage=zero_stage)
-    layer_bytes = (layer_state.weights, layer_state.gradients, layer_state.optimizer)
-    other_bytes = (other_state.weights, other_state.gradients, other_state.optimizer)
+    has_dense = any(dense_n)
+    if has_dense:  # (an MoE model's dense layers: the model without its moe block)
+        act_dense, working_dense = setup.layer_act(True, recompute), working_of(True, dense_layer_params_per_chip)
     worst, host = None, 0.0
     # stages alike in what the terms read (layers, dense layers, the ends' extras and, when it
     # multiplies anything, the micro-batches in flight) have the same breakdown: computed once
@@ -850,13 +882,12 @@ def llm_memory_per_chip(
         extra_params = (first_params if stage == 0 else 0.0) + (last_params if stage == pp - 1 else 0.0)
         extra_act = (emb_act if stage == 0 else 0.0) + (head_act if stage == pp - 1 else 0.0)
         alike = (layers, dense, extra_params, extra_act,
-                 in_flight_micro_batches(pp, stage, num_micro_batches, interleave)
-                 if layers or dense or extra_act else None)  # (offload moves only layers' activations)
+                 setup.in_flight(stage) if layers or dense or extra_act else None)  # (offload moves only layers' activations)
         if alike in seen:
             continue
         seen.add(alike)
         # the largest working buffer among the layer kinds this stage runs
-        working = (max(working_moe if layers else 0.0, working_dense if dense else 0.0) if any(dense_n)
+        working = (max(working_moe if layers else 0.0, working_dense if dense else 0.0) if has_dense
                    else working_moe)
         own = layers * (layer_params_per_chip - layer_expert_params_per_chip) + dense * dense_layer_params_per_chip
         if min(own, layers * layer_expert_params_per_chip, extra_params) < 0:
