@@ -18,7 +18,7 @@ heads, ``t`` tensor-parallel degree, ``f`` FFN hidden size, ``e`` bytes per acti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from dfmodel.cli_format import fmt_bytes
@@ -863,6 +863,7 @@ def llm_memory_per_chip(
     if has_dense:  # (an MoE model's dense layers: the model without its moe block)
         act_dense, working_dense = setup.layer_act(True, recompute), working_of(True, dense_layer_params_per_chip)
     worst, host = None, 0.0
+    capacity, reserve = float(capacity_bytes), float(reserve_bytes)
     # stages alike in what the terms read (layers, dense layers, the ends' extras and, when it
     # multiplies anything, the micro-batches in flight) have the same breakdown: computed once
     # (a search's memory floors put all layers on one stage of up to ~100: the rest are alike)
@@ -892,29 +893,32 @@ def llm_memory_per_chip(
         own = layers * (layer_params_per_chip - layer_expert_params_per_chip) + dense * dense_layer_params_per_chip
         if min(own, layers * layer_expert_params_per_chip, extra_params) < 0:
             raise ValueError(f"params_per_chip must be >= 0, got {min(own, extra_params)}")
-        state = sharded_state(own, shards, *layer_bytes)
+        # the layers' state (sharded_state's arithmetic written out: ~750k calls in a search)
+        lw, lg, lo = layer_bytes
+        sw, sg, so = own * lw / shards[0], own * lg / shards[1], own * lo / shards[2]
         if layer_expert_params_per_chip:
             # MoE experts (already split by ep): their state is sharded over the expert data
             # parallel ranks, dp x cp / ep (Megatron-Core expert_data_parallel group)
-            xs = sharded_state(layers * layer_expert_params_per_chip, expert_shards, *layer_bytes)
-            state = ModelState(weights_bytes=state.weights_bytes + xs.weights_bytes,
-                               gradients_bytes=state.gradients_bytes + xs.gradients_bytes,
-                               optimizer_bytes=state.optimizer_bytes + xs.optimizer_bytes)
-        extra = sharded_state(extra_params, shards, *other_bytes)
+            xp = layers * layer_expert_params_per_chip
+            sw, sg, so = (sw + xp * lw / expert_shards[0], sg + xp * lg / expert_shards[1],
+                          so + xp * lo / expert_shards[2])
+        ow, og, oo = other_bytes
         in_flight = alike[4] if alike[4] is not None else 1.0  # (None: it multiplies no activations)
         b = MemoryBreakdown(
-            weights_bytes=state.weights_bytes + extra.weights_bytes,
-            gradients_bytes=state.gradients_bytes + extra.gradients_bytes,
-            optimizer_bytes=state.optimizer_bytes + extra.optimizer_bytes,
+            weights_bytes=sw + extra_params * ow / shards[0],
+            gradients_bytes=sg + extra_params * og / shards[1],
+            optimizer_bytes=so + extra_params * oo / shards[2],
             activations_bytes=(act_layer * layers + act_dense * dense + extra_act) * in_flight + working,
-            capacity_bytes=float(capacity_bytes),
-            reserve_bytes=float(reserve_bytes),
+            capacity_bytes=capacity,
+            reserve_bytes=reserve,
         )
         if offload is not None:  # state moved to host DRAM (dfmodel.inter_chip.offload)
-            b = offload.stage_memory(b, layers=layers, layer_state=state, layer_act_bytes=act_layer,
+            b = offload.stage_memory(b, layers=layers, layer_state=ModelState(sw, sg, so), layer_act_bytes=act_layer,
                                      in_flight=in_flight, layer_params=layer_params_per_chip,
                                      fsdp_buffer=zero_stage == 3)
             host = max(host, b.host_bytes)
         if worst is None or b.total_bytes > worst.total_bytes:
             worst = b
-    return worst if offload is None else replace(worst, host_bytes=host)
+    if offload is not None:
+        worst.host_bytes = host  # (worst was built in this call: no one else holds it)
+    return worst
