@@ -264,3 +264,19 @@ def test_pack_by_packbits_equals_the_product(n):
         for b in (bits, np.asfortranarray(bits)):
             got, want = ideals._pack(b), ideals._pack_by_product(b)
             assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 22])
+def test_superset_pairs_in_small_blocks_reuse_the_test_buffers(block, monkeypatch):
+    """:func:`ideals._superset_pairs` with blocks of every size (the one-word test's buffers kept
+    across blocks of different shapes, grown when a block needs more): the pairs of testing
+    each ideal one by one, in (src, dst) order."""
+    from test_intra_chip import random_ideal_bits
+
+    monkeypatch.setattr(ideals, "_PAIR_BLOCK", block)
+    bits = random_ideal_bits(12, seed=3, limit=1200)
+    packed, sizes = ideals._pack(bits), bits.sum(axis=1)
+    want = [(i, j) for i in range(len(bits)) for j in range(i + 1, len(bits))
+            if sizes[i] < sizes[j] <= sizes[i] + 3 and not np.any(bits[i] & ~bits[j])]
+    src, dst = ideals._superset_pairs(packed, sizes, 3, 10**9)
+    assert list(zip(np.concatenate(src).tolist(), np.concatenate(dst).tolist())) == want
