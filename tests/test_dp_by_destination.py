@@ -280,3 +280,23 @@ def test_superset_pairs_in_small_blocks_reuse_the_test_buffers(block, monkeypatc
             if sizes[i] < sizes[j] <= sizes[i] + 3 and not np.any(bits[i] & ~bits[j])]
     src, dst = ideals._superset_pairs(packed, sizes, 3, 10**9)
     assert list(zip(np.concatenate(src).tolist(), np.concatenate(dst).tolist())) == want
+
+
+def test_runs_are_kept_only_for_edge_arrays_still_grouped(monkeypatch):
+    """:data:`ideals._RUNS` holds no edge array that :data:`ideals._BY_DESTINATION` has let go
+    (it would keep millions of pairs alive): after the grouped structures are evicted, the next
+    kept runs drop theirs."""
+    graph, system = list(_small_sram_cases())[0]
+    cm = CostModel(graph, load_system(system) if isinstance(system, str) else system)
+    lat = ideals.enumerate_ideals(cm)
+    e = ideals.transitions(cm, lat)
+    ideals._settle_by_destination(lat, e.src, e.dst, e.cost_s)
+    assert id(e.dst) in ideals._RUNS
+    monkeypatch.setattr(ideals, "_BY_DESTINATION", type(ideals._BY_DESTINATION)())
+    monkeypatch.setattr(ideals, "_STRUCTURES", type(ideals._STRUCTURES)())
+    other, system2 = list(_small_sram_cases())[2]
+    cm2 = CostModel(other, load_system(system2) if isinstance(system2, str) else system2)
+    lat2 = ideals.enumerate_ideals(cm2)
+    e2 = ideals.transitions(cm2, lat2)
+    ideals._settle_by_destination(lat2, e2.src, e2.dst, e2.cost_s)
+    assert id(e2.dst) in ideals._RUNS and id(e.dst) not in ideals._RUNS

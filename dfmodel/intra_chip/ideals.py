@@ -610,10 +610,11 @@ def _runs(lat: Lattice, dst: np.ndarray) -> tuple:
     run_of = np.full(lat.size, -1, dtype=np.int64)
     run_of[heads] = np.arange(heads.size)
     out = (starts, ends, heads, levels, run_of)
-    if any(v[1][1] is dst for v in _BY_DESTINATION.values()):  # (a compacted edge list is a solve's own)
+    shared = {id(v[1][1]) for v in _BY_DESTINATION.values()}
+    if id(dst) in shared:  # (a compacted edge list is a solve's own)
+        for key in [k for k in _RUNS if k not in shared]:  # (their arrays left _BY_DESTINATION: not kept alive here)
+            del _RUNS[key]
         _RUNS[id(dst)] = (dst, out)
-        while len(_RUNS) > _BY_DESTINATION_KEPT:
-            _RUNS.popitem(last=False)
     return out
 
 
