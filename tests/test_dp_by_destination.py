@@ -206,3 +206,97 @@ def test_tight_edges_found_when_asked_equal_every_ideals_first(case):
         reachable = np.flatnonzero(np.isfinite(dist))
         assert reachable.size > 1
         assert [pred[int(i)] for i in reachable] == want[reachable].tolist()
+
+
+def _settle_as_first_written(lat: ideals.Lattice, src, dst, cost) -> np.ndarray:
+    """:func:`ideals._settle_by_destination`'s distances as first written: the runs found per
+    solve, ``dist[src] + cost`` per level."""
+    dist = np.full(lat.size, np.inf)
+    dist[0] = 0.0
+    starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
+    ends = np.r_[starts[1:], dst.size]
+    heads = dst[starts]
+    level_of_run = lat.bits.sum(axis=1)[heads]
+    bounds = np.searchsorted(level_of_run, np.arange(int(level_of_run[-1]) + 2))
+    for lv in range(int(level_of_run[0]), int(level_of_run[-1]) + 1):
+        r0, r1 = int(bounds[lv]), int(bounds[lv + 1])
+        if r0 != r1:
+            a, b = int(starts[r0]), int(ends[r1 - 1])
+            dist[heads[r0:r1]] = np.minimum.reduceat(dist[src[a:b]] + cost[a:b], starts[r0:r1] - a)
+    return dist
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_runs_kept_per_shared_edges_give_the_same_distances(case):
+    """:func:`ideals._runs` keeps a shared edge array's runs (:func:`ideals._by_destination`'s)
+    across solves, never a compacted list's: cold, warm and compacted, the distances are the
+    per-solve runs' and the tight edges every ideal's first."""
+    graph, system = list(_small_sram_cases())[case]
+    cm = CostModel(graph, load_system(system) if isinstance(system, str) else system)
+    lat = ideals.enumerate_ideals(cm)
+    for share in (1.0, 0.0):
+        ideals._INF_EDGES_KEPT_SHARE, before = share, ideals._INF_EDGES_KEPT_SHARE
+        try:
+            e = ideals.transitions(cm, lat)
+        finally:
+            ideals._INF_EDGES_KEPT_SHARE = before
+        if e.src.size == 0:
+            continue
+        shared = any(v[1][1] is e.dst for v in ideals._BY_DESTINATION.values())
+        ideals._RUNS.clear()
+        want = _settle_as_first_written(lat, e.src, e.dst, e.cost_s)
+        for _ in range(2):  # (cold, then warm where shared)
+            dist, pred = ideals._settle_by_destination(lat, e.src, e.dst, e.cost_s)
+            assert np.array_equal(dist, want)
+            assert (id(e.dst) in ideals._RUNS) == shared
+        first = ideals._first_tight_edge(e.src, e.dst, e.cost_s, dist, lat.size)
+        reachable = np.flatnonzero(np.isfinite(dist))
+        assert [pred[int(i)] for i in reachable] == first[reachable].tolist()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 33, 63, 64, 65, 100, 128, 130])
+def test_pack_by_packbits_equals_the_product(n):
+    """:func:`ideals._pack` (by ``packbits``) gives the words, shape and dtype of the 64-fold
+    product it replaced, on C and Fortran ordered rows."""
+    rng = np.random.default_rng(n)
+    for m in (0, 1, 5, 300):
+        bits = rng.random((m, n)) < 0.5
+        for b in (bits, np.asfortranarray(bits)):
+            got, want = ideals._pack(b), ideals._pack_by_product(b)
+            assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 22])
+def test_superset_pairs_in_small_blocks_reuse_the_test_buffers(block, monkeypatch):
+    """:func:`ideals._superset_pairs` with blocks of every size (the one-word test's buffers kept
+    across blocks of different shapes, grown when a block needs more): the pairs of testing
+    each ideal one by one, in (src, dst) order."""
+    from test_intra_chip import random_ideal_bits
+
+    monkeypatch.setattr(ideals, "_PAIR_BLOCK", block)
+    bits = random_ideal_bits(12, seed=3, limit=1200)
+    packed, sizes = ideals._pack(bits), bits.sum(axis=1)
+    want = [(i, j) for i in range(len(bits)) for j in range(i + 1, len(bits))
+            if sizes[i] < sizes[j] <= sizes[i] + 3 and not np.any(bits[i] & ~bits[j])]
+    src, dst = ideals._superset_pairs(packed, sizes, 3, 10**9)
+    assert list(zip(np.concatenate(src).tolist(), np.concatenate(dst).tolist())) == want
+
+
+def test_runs_are_kept_only_for_edge_arrays_still_grouped(monkeypatch):
+    """:data:`ideals._RUNS` holds no edge array that :data:`ideals._BY_DESTINATION` has let go
+    (it would keep millions of pairs alive): after the grouped structures are evicted, the next
+    kept runs drop theirs."""
+    graph, system = list(_small_sram_cases())[0]
+    cm = CostModel(graph, load_system(system) if isinstance(system, str) else system)
+    lat = ideals.enumerate_ideals(cm)
+    e = ideals.transitions(cm, lat)
+    ideals._settle_by_destination(lat, e.src, e.dst, e.cost_s)
+    assert id(e.dst) in ideals._RUNS
+    monkeypatch.setattr(ideals, "_BY_DESTINATION", type(ideals._BY_DESTINATION)())
+    monkeypatch.setattr(ideals, "_STRUCTURES", type(ideals._STRUCTURES)())
+    other, system2 = list(_small_sram_cases())[2]
+    cm2 = CostModel(other, load_system(system2) if isinstance(system2, str) else system2)
+    lat2 = ideals.enumerate_ideals(cm2)
+    e2 = ideals.transitions(cm2, lat2)
+    ideals._settle_by_destination(lat2, e2.src, e2.dst, e2.cost_s)
+    assert id(e2.dst) in ideals._RUNS and id(e.dst) not in ideals._RUNS

@@ -112,3 +112,39 @@ def test_twins_are_dealt_to_the_workers_when_nothing_fits_on_the_chip():
     assert [a["iteration_time_s"] for a in par.alternatives] == [a["iteration_time_s"] for a in serial.alternatives]
     assert serial.solver.status == par.solver.status == "optimal"
     assert serial.parallelism.offload_optimizer != "none" or serial.parallelism.offload_weights
+
+
+def _micro_batch_floor_as_first_written(space, deg, mb, m, rcs, keys, sps) -> float:
+    """``LLMSpace._micro_batch_floor_bytes`` as first written: the activation floor per option key."""
+    model, out = space.model, float("inf")
+    for key in dict.fromkeys(k[:5] + (False,) for k in keys):
+        probes = [space._probe(deg, mb, m, 1, rcs[0], key, sp) for sp in sps]
+        acts = min(model.activation_floor_bytes(p, rc) for p in probes for rc in rcs)
+        out = min(out, max(model.memory_floor_bytes(probes[0]), acts))
+    return out
+
+
+@pytest.mark.parametrize("capacity", [None, "8 GB"])
+def test_micro_batch_floor_takes_the_activation_floor_once_per_offload(monkeypatch, capacity):
+    """A micro-batch group's memory floor computes the activation floor once per offload choice
+    (it reads no other option): the same value as per option key, on the groups of a small MoE
+    space with offloaded twins (offload on and off among the keys)."""
+    model = _moe_model(capacity)
+    space = LLMSpace(model, Knobs(micro_batch=1))
+    real = LLMSpace._micro_batch_floor_bytes
+    seen = []
+
+    def checked(self, deg, mb, m, rcs, keys, sps):
+        got = real(self, deg, mb, m, rcs, keys, sps)
+        assert got == _micro_batch_floor_as_first_written(self, deg, mb, m, rcs, keys, sps)
+        seen.append(len({k[3] for k in keys}))
+        return got
+
+    monkeypatch.setattr(LLMSpace, "_micro_batch_floor_bytes", checked)
+    roots = list(space.roots())
+    roots += [t for r in roots if r.relief is not None and (t := r.relief()) is not None]
+    for root in roots:
+        for group in root.expand():
+            if group.screen is not None:
+                group.screen()
+    assert seen and max(seen) == 2  # (groups whose option keys offload activations and keep them)

@@ -210,3 +210,17 @@ def test_pair_counts_are_right_for_option_lists_that_reuse_a_freed_list_id():
         assert space._pair_count(2, [False, True], opts, places_by) == want == 2 * n * len(places_by[0])
         del opts
         gc.collect()
+
+
+def test_mapping_group_is_the_placements_last_entry_of_that_name():
+    """``Placed.group`` (a reversed scan) gives what ``dict(placement).get(name, ())`` gave: the
+    last entry of that name, () for a name the placement lacks, duplicates included."""
+    from dfmodel.inter_chip.config import Mapping
+
+    placements = [(), (("tp", (("x", 8),)),),
+                  (("tp", (("x", 8),)), ("pp", (("y", 4),)), ("ep", (("x", 2), ("z", 8)))),
+                  (("tp", (("x", 2),)), ("dp", (("z", 4),)), ("tp", (("y", 4),)))]
+    for placement in placements:
+        m = Mapping(8, 4, 16, 1, 32, 1, "none", True, placement=placement)
+        for name in ("tp", "pp", "dp", "ep", "cp"):
+            assert m.group(name) == dict(placement).get(name, ())

@@ -659,10 +659,14 @@ class LLMSpace:
         512 dragonfly's serial search)."""
         model = self.model
         out = math.inf
+        acts_by_offload: dict[bool, float] = {}  # (the activation floor reads no other option: once per offload choice)
         for key in dict.fromkeys(k[:5] + (False,) for k in keys):
-            probes = [self._probe(deg, mb, m, 1, rcs[0], key, sp) for sp in sps]
-            acts = min(model.activation_floor_bytes(p, rc) for p in probes for rc in rcs)
-            out = min(out, max(model.memory_floor_bytes(probes[0]), acts))
+            oa = key[3]
+            if oa not in acts_by_offload:
+                probes = [self._probe(deg, mb, m, 1, rcs[0], key, sp) for sp in sps]
+                acts_by_offload[oa] = min(model.activation_floor_bytes(p, rc) for p in probes for rc in rcs)
+            floor = model.memory_floor_bytes(self._probe(deg, mb, m, 1, rcs[0], key, sps[0]))
+            out = min(out, max(floor, acts_by_offload[oa]))
         return out
 
     def _last_stage_min_s(self, deg, mb, m, vs, rcs, sps, keys, ep_stage_s: float) -> float:
