@@ -185,20 +185,29 @@ def test_infinite_edges_kept_give_the_compacted_plan(case, monkeypatch):
         assert ideals.shortest_plan(cm, lat, kept, limit) == ideals.shortest_plan(cm, lat, compact, limit)
 
 
+def _transitions_by_share(case: int, shares: tuple[float, ...]) -> tuple:
+    """The lattice of small-SRAM case ``case`` and its transitions with infinite edges kept
+    below each share of :data:`ideals._INF_EDGES_KEPT_SHARE` (0: always compacted, 1: always kept)."""
+    graph, system = list(_small_sram_cases())[case]
+    cm = CostModel(graph, load_system(system) if isinstance(system, str) else system)
+    lat = ideals.enumerate_ideals(cm)
+    out = []
+    for share in shares:
+        ideals._INF_EDGES_KEPT_SHARE, before = share, ideals._INF_EDGES_KEPT_SHARE
+        try:
+            out.append(ideals.transitions(cm, lat))
+        finally:
+            ideals._INF_EDGES_KEPT_SHARE = before
+    return lat, out
+
+
 @pytest.mark.parametrize("case", range(7))
 def test_tight_edges_found_when_asked_equal_every_ideals_first(case):
     """:class:`ideals._RunTightEdges` (the first tight edge of an ideal's run, found when the
     walk back asks) gives, for every ideal, the first edge into it achieving its distance over
     all edges (``_first_tight_edge``), -1 where none does, infinite edges kept or not."""
-    graph, system = list(_small_sram_cases())[case]
-    cm = CostModel(graph, load_system(system) if isinstance(system, str) else system)
-    lat = ideals.enumerate_ideals(cm)
-    for share in (0.0, 1.0):
-        ideals._INF_EDGES_KEPT_SHARE, before = share, ideals._INF_EDGES_KEPT_SHARE
-        try:
-            e = ideals.transitions(cm, lat)
-        finally:
-            ideals._INF_EDGES_KEPT_SHARE = before
+    lat, by_share = _transitions_by_share(case, (0.0, 1.0))
+    for e in by_share:
         if e.src.size == 0:
             continue
         dist, pred = ideals._settle_by_destination(lat, e.src, e.dst, e.cost_s)
@@ -231,15 +240,8 @@ def test_runs_kept_per_shared_edges_give_the_same_distances(case):
     """:func:`ideals._runs` keeps a shared edge array's runs (:func:`ideals._by_destination`'s)
     across solves, never a compacted list's: cold, warm and compacted, the distances are the
     per-solve runs' and the tight edges every ideal's first."""
-    graph, system = list(_small_sram_cases())[case]
-    cm = CostModel(graph, load_system(system) if isinstance(system, str) else system)
-    lat = ideals.enumerate_ideals(cm)
-    for share in (1.0, 0.0):
-        ideals._INF_EDGES_KEPT_SHARE, before = share, ideals._INF_EDGES_KEPT_SHARE
-        try:
-            e = ideals.transitions(cm, lat)
-        finally:
-            ideals._INF_EDGES_KEPT_SHARE = before
+    lat, by_share = _transitions_by_share(case, (1.0, 0.0))
+    for e in by_share:
         if e.src.size == 0:
             continue
         shared = any(v[1][1] is e.dst for v in ideals._BY_DESTINATION.values())
