@@ -274,6 +274,16 @@ def canonical_placement(placement: tuple, classes: list[list[str]]) -> tuple:
     return min(options)
 
 
+#: the stages of a micro-batch group's refine on dataflow chips, each ``(comm, plans)`` of
+#: ``LLMModel.pass_floor_s``, cheapest first: the group is re-queued under each stage's bound and
+#: asks the next one only if it reaches the top again below the cutoff. Without the TP
+#: collectives (comm False): one floor per recompute and SP instead of one per TP group, within
+#: 0.1 % of it on DeepSeek-V3 / 512 dragonfly, where 3/4 of the groups refined lie above the
+#: optimum on it. Without the plan floors' shortest paths first (plans False): it prunes 4133 of
+#: the 5452 groups the plan floors prune there
+_DATAFLOW_REFINES = ((False, False), (False, True), (True, True))
+
+
 def _pipeline_s(m: int, pp: int, v: int, stage_s: float, last_s: float = 0.0) -> float:
     """A group's 1F1B bound ``(M + (pp - 1) / v) T`` on its mean stage time ``T``, or with plain
     1F1B's last stage at least ``last_s`` (``pipeline_time = (M - 1) T* + sum T``, ``T* >=
@@ -562,12 +572,13 @@ class LLMSpace:
             return 0.0
         return min(self.model.offload_stage_floor_s(p) for p in (probes() if callable(probes) else probes))
 
-    def _pass_floor_min(self, deg, mb, m, rcs, sps, keys, comm: bool = True) -> float:
+    def _pass_floor_min(self, deg, mb, m, rcs, sps, keys, comm: bool = True, plans: bool = True) -> float:
         """Least ``LLMModel.pass_floor_s / pp`` (per-kernel traffic and forced TP collectives) over
         a group's recompute, sequence parallelism, expert TP and tp_comm_overlap choices: a
         stage's mean time of every mapping in the group is at least this. The floor grows with
         recompute (it only adds kernels) and drops the layer's TP collectives under
-        tp_comm_overlap, so the least recompute and overlap on (when offered) stand for all."""
+        tp_comm_overlap, so the least recompute and overlap on (when offered) stand for all.
+        ``comm``, ``plans``: as ``LLMModel.pass_floor_s``'s (False: weaker, cheaper floors)."""
         if self._bounds_off:
             return 0.0
         # (dataflow chips: full recompute may keep every layer's stash in SRAM where "none" keeps
@@ -580,7 +591,7 @@ class LLMSpace:
             for sp in sps:
                 for etp in dict.fromkeys(k[1] for k in keys):
                     pf = self.model.pass_floor_s(self._probe(deg, mb, m, 1, rc, (0, etp, "none", False, False, ub), bool(sp)),
-                                                 comm=comm)
+                                                 comm=comm, plans=plans)
                     if pf is None:
                         return 0.0
                     best = pf if best is None else min(best, pf)
@@ -628,18 +639,18 @@ class LLMSpace:
                  ("cp", cp), ("ep", deg["ep"]))
         capacity = self.system.chip.memory.capacity_bytes
 
-        def refine(comm: bool = True) -> float:  # (the floor first: a group that cannot fit is pruned, not refined)
+        def refine(stage: int = len(_DATAFLOW_REFINES) - 1) -> float:
+            # (the floor first: a group that cannot fit is pruned, not refined)
             if floor() > capacity:
                 return 0.0
-            if not comm:  # (the group's TP collectives, per TP group of every placement: when still below the cutoff)
-                node.refine = refine
-            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys, comm)),
+            if stage + 1 < len(_DATAFLOW_REFINES):  # (the next, costlier floor: when still below the cutoff)
+                node.refine = partial(refine, stage + 1)
+            comm, plans = _DATAFLOW_REFINES[stage]
+            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys, comm, plans)),
                               self._last_stage_min_s(deg, mb, m, vs, rcs, sps, keys, ep_s))
 
         # compute only until the group reaches the top: the per-kernel / TP floors then (refine);
-        # on dataflow chips first without the TP collectives (_pass_floor_min, comm=False): one
-        # floor per recompute and SP instead of one per TP group, within 0.1% of it on DeepSeek-V3 /
-        # 512 dragonfly, where 3/4 of the groups refined lie above the optimum on it
+        # on dataflow chips in the stages of _DATAFLOW_REFINES, cheapest first
         staged = self.model.system.chip.execution == "dataflow"
         node = SpaceNode(bound_with(compute_s), floor() if self._bounds_off else parent_floor_bytes,
                          len(vs) * per_leaf, fixed,
@@ -647,7 +658,7 @@ class LLMSpace:
                          screen=None if self._bounds_off else floor,
                          relief=partial(self._relief, self._micro_batch_node, deg, opts, deg, mb, m, vs, rcs, sps,
                                         places_by) if relief else None,
-                         refine=None if self._bounds_off else partial(refine, False) if staged else refine)
+                         refine=None if self._bounds_off else partial(refine, 0) if staged else refine)
         return node
 
     def _micro_batch_floor_bytes(self, deg, mb, m, rcs, keys, sps) -> float:
