@@ -389,9 +389,8 @@ def test_plan_floor_shared_by_content_equals_a_fresh_build(seed):
 @pytest.mark.parametrize("moe", [False, True])
 def test_staged_micro_batch_refine_below_the_full_one_and_every_leaf(moe):
     """On dataflow chips a micro-batch group refines in the stages of ``_DATAFLOW_REFINES``
-    (without the plan floors, then without the TP collectives, then both), each left for when
-    the group is still below the cutoff: each stage <= the next, the last is what one refine
-    gave before (the TP groups' floor: ``_pass_floor_min`` with both), all are below every leaf
+    (without the plan floors, then with them; neither with the TP collectives), each left for
+    when the group is still below the cutoff: each stage <= the next, all are below every leaf
     group's bound under it, and each later stage raises some group (else it would never be
     worth asking)."""
     from dfmodel.inter_chip.llm_space import _DATAFLOW_REFINES, LLMSpace, leaf_nodes

@@ -276,12 +276,13 @@ def canonical_placement(placement: tuple, classes: list[list[str]]) -> tuple:
 
 #: the stages of a micro-batch group's refine on dataflow chips, each ``(comm, plans)`` of
 #: ``LLMModel.pass_floor_s``, cheapest first: the group is re-queued under each stage's bound and
-#: asks the next one only if it reaches the top again below the cutoff. Without the TP
-#: collectives (comm False): one floor per recompute and SP instead of one per TP group, within
-#: 0.1 % of it on DeepSeek-V3 / 512 dragonfly, where 3/4 of the groups refined lie above the
-#: optimum on it. Without the plan floors' shortest paths first (plans False): it prunes 4133 of
-#: the 5452 groups the plan floors prune there
-_DATAFLOW_REFINES = ((False, False), (False, True), (True, True))
+#: asks the next one only if it reaches the top again below the cutoff. Without the plan floors'
+#: shortest paths first (plans False): on DeepSeek-V3 / 512 dragonfly it puts 4133 of the 6990
+#: groups refined above the optimum, the plan floors 5452. Never with the TP collectives (comm
+#: True, one floor per TP group of every placement): a third stage with them was 1.3-1.5 CPU s
+#: there and at 8192 for 72 and 89 groups pruned, which the sub groups' refines
+#: (:meth:`_sub_node`, with them, per recompute and SP) prune as well
+_DATAFLOW_REFINES = ((False, False), (False, True))
 
 
 def _pipeline_s(m: int, pp: int, v: int, stage_s: float, last_s: float = 0.0) -> float:
@@ -639,13 +640,13 @@ class LLMSpace:
                  ("cp", cp), ("ep", deg["ep"]))
         capacity = self.system.chip.memory.capacity_bytes
 
-        def refine(stage: int = len(_DATAFLOW_REFINES) - 1) -> float:
+        def refine(stage: int | None = None) -> float:  # (stage: of _DATAFLOW_REFINES; None: the full floor)
             # (the floor first: a group that cannot fit is pruned, not refined)
             if floor() > capacity:
                 return 0.0
-            if stage + 1 < len(_DATAFLOW_REFINES):  # (the next, costlier floor: when still below the cutoff)
+            if stage is not None and stage + 1 < len(_DATAFLOW_REFINES):  # (the next, costlier floor: when still below the cutoff)
                 node.refine = partial(refine, stage + 1)
-            comm, plans = _DATAFLOW_REFINES[stage]
+            comm, plans = (True, True) if stage is None else _DATAFLOW_REFINES[stage]
             return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys, comm, plans)),
                               self._last_stage_min_s(deg, mb, m, vs, rcs, sps, keys, ep_s))
 
