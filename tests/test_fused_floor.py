@@ -417,6 +417,37 @@ def test_staged_micro_batch_refine_below_the_full_one_and_every_leaf(moe):
     assert checked > 20 and all(raised), (checked, raised)
 
 
+@pytest.mark.parametrize("moe", [False, True])
+def test_staged_sub_group_refine_reaches_the_full_one_below_every_leaf(moe):
+    """On dataflow chips a sub group (recompute, SP, ...) refines in the stages of
+    ``_DATAFLOW_SUB_REFINES`` (without the TP collectives, then with them): each stage <= the
+    next, the last is the full refine (what one refine gave before, and still gives on GPUs),
+    all are below every leaf group's bound under it, and the collectives raise some group."""
+    from dfmodel.inter_chip.llm_space import _DATAFLOW_SUB_REFINES, LLMSpace, leaf_nodes
+    from test_moe_physics import moe_workload
+
+    w = load_workload(moe_workload(first_dense_layers=1) if moe else SMALL_LLM)
+    model = LLMModel(w, load_system(_few_tile_system(3, ib_bw="2 GB/s")))
+    space = LLMSpace(model, Knobs(micro_batch=1 if moe else None))
+    checked = raised = 0
+    for root in space.roots():
+        for group in root.expand():
+            for sub in group.expand():
+                full = sub.refine.func()  # (stage None: the full floor in one step)
+                stages = []
+                while sub.refine is not None:  # (as the search asks them: each stage sets the next)
+                    refine, sub.refine = sub.refine, None
+                    stages.append(refine())
+                assert len(stages) == len(_DATAFLOW_SUB_REFINES) and stages[-1] == full, (sub.knobs, stages)
+                assert stages[0] <= stages[1] * (1 + 1e-12), (sub.knobs, stages)
+                raised += stages[1] > stages[0] * (1 + 1e-9)
+                for leaf in leaf_nodes(sub):
+                    if leaf.bound_s > 0:
+                        assert full <= leaf.bound_s * (1 + 1e-12), (sub.knobs, leaf.knobs)
+                        checked += 1
+    assert checked > 20 and raised > 0, (checked, raised)
+
+
 def test_closed_form_pass_floor_below_the_plan_floors_one():
     """``pass_floor_s(plans=False)`` (every phase at its closed form, without the plan floors'
     shortest paths: the first stage of a dataflow group's refine) is a weaker floor: at most

@@ -283,6 +283,10 @@ def canonical_placement(placement: tuple, classes: list[list[str]]) -> tuple:
 #: there and at 8192 for 72 and 89 groups pruned, which the sub groups' refines
 #: (:meth:`_sub_node`, with them, per recompute and SP) prune as well
 _DATAFLOW_REFINES = ((False, False), (False, True))
+#: the stages of a sub group's refine (:meth:`LLMSpace._sub_node`) on dataflow chips, as
+#: :data:`_DATAFLOW_REFINES`: first its recompute's and SP's floor without the TP collectives
+#: (its micro-batch group's refine took it already: a memo look-up), then with them
+_DATAFLOW_SUB_REFINES = ((False, True), (True, True))
 
 
 def _pipeline_s(m: int, pp: int, v: int, stage_s: float, last_s: float = 0.0) -> float:
@@ -765,17 +769,23 @@ class LLMSpace:
                  ("ep", deg["ep"]))
         capacity = self.system.chip.memory.capacity_bytes
 
-        def refine() -> float:  # (the floor first: a group that cannot fit is pruned, not refined)
+        def refine(stage: int | None = None) -> float:  # (stage: of _DATAFLOW_SUB_REFINES; None: the full floor)
+            # (the floor first: a group that cannot fit is pruned, not refined)
             if floor() > capacity:
                 return 0.0
-            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys)),
+            if stage is not None and stage + 1 < len(_DATAFLOW_SUB_REFINES):
+                node.refine = partial(refine, stage + 1)
+            comm, plans = (True, True) if stage is None else _DATAFLOW_SUB_REFINES[stage]
+            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys, comm, plans)),
                               self._last_stage_min_s(deg, mb, m, vs, [rc], [spar], keys, ep_s))
 
-        return SpaceNode(bound_with(compute_s), floor() if self._bounds_off else parent_floor_bytes, count, fixed,
+        staged = self.model.system.chip.execution == "dataflow"
+        node = SpaceNode(bound_with(compute_s), floor() if self._bounds_off else parent_floor_bytes, count, fixed,
                          partial(self._expand_sub, deg, mb, m, vs, rc, spar, places_by, mine, relief),
                          screen=None if self._bounds_off else floor,
                          relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, ub, places_by, mine) if relief else None,
-                         refine=None if self._bounds_off else refine)
+                         refine=None if self._bounds_off else partial(refine, 0) if staged else refine)
+        return node
 
     def _expand_sub(self, deg, mb, m, vs, rc, spar, places_by, mine, relief) -> list[SpaceNode]:
         """One leaf group per (interleave, ZeRO stage / expert TP / offload)."""
@@ -833,8 +843,9 @@ class LLMSpace:
                 for oa in dict.fromkeys(o.get("offload_activations", False) for o in twins)]
         subs = [x for x in subs if x is not None]
         for x in subs:
-            if x.refine is not None:
-                x.bound_s, x.refine = max(x.bound_s, x.refine()), None
+            while x.refine is not None:  # (every stage of a staged refine)
+                refine, x.refine = x.refine, None
+                x.bound_s = max(x.bound_s, refine())
         return subs
 
     def _leaf(self, deg, mb, m, v, rc, key, spar, places_by, mine, relief) -> SpaceNode | None:
