@@ -388,12 +388,42 @@ def test_plan_floor_shared_by_content_equals_a_fresh_build(seed):
 
 @pytest.mark.parametrize("moe", [False, True])
 def test_staged_micro_batch_refine_below_the_full_one_and_every_leaf(moe):
-    """On dataflow chips a micro-batch group refines first without the TP collectives
-    (``_pass_floor_min(comm=False)``) and leaves the full refine for when it is still below the
-    cutoff: stage 1 <= stage 2, stage 2 is what one refine gave before (the TP groups' floor),
-    both are below every leaf group's bound under it, and the collectives raise some group
-    (else stage 2 would never be worth asking)."""
-    from dfmodel.inter_chip.llm_space import LLMSpace, leaf_nodes
+    """On dataflow chips a micro-batch group refines in the stages of ``_DATAFLOW_REFINES``
+    (without the plan floors, then with them; neither with the TP collectives), each left for
+    when the group is still below the cutoff: each stage <= the next, all are below every leaf
+    group's bound under it, and each later stage raises some group (else it would never be
+    worth asking)."""
+    from dfmodel.inter_chip.llm_space import _DATAFLOW_REFINES, LLMSpace, leaf_nodes
+    from test_moe_physics import moe_workload
+
+    w = load_workload(moe_workload(first_dense_layers=1) if moe else SMALL_LLM)
+    model = LLMModel(w, load_system(_few_tile_system(3, ib_bw="2 GB/s")))
+    space = LLMSpace(model, Knobs(micro_batch=1 if moe else None))
+    checked, raised = 0, [0] * (len(_DATAFLOW_REFINES) - 1)
+    for root in space.roots():
+        for group in root.expand():
+            stages = []
+            while group.refine is not None:  # (as the search asks them: each stage sets the next)
+                refine, group.refine = group.refine, None
+                stages.append(refine())
+            assert len(stages) == len(_DATAFLOW_REFINES), group.knobs
+            for i, (lo, hi) in enumerate(zip(stages, stages[1:])):
+                assert lo <= hi * (1 + 1e-12), (group.knobs, stages)
+                raised[i] += hi > lo * (1 + 1e-9)
+            for leaf in leaf_nodes(group):
+                if leaf.bound_s > 0:  # (a leaf's own bound: the model's lower_bound_s)
+                    assert stages[-1] <= leaf.bound_s * (1 + 1e-12), (group.knobs, leaf.knobs)
+                    checked += 1
+    assert checked > 20 and all(raised), (checked, raised)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_staged_sub_group_refine_reaches_the_full_one_below_every_leaf(moe):
+    """On dataflow chips a sub group (recompute, SP, ...) refines in the stages of
+    ``_DATAFLOW_SUB_REFINES`` (without the TP collectives, then with them): each stage <= the
+    next, the last is the full refine (what one refine gave before, and still gives on GPUs),
+    all are below every leaf group's bound under it, and the collectives raise some group."""
+    from dfmodel.inter_chip.llm_space import _DATAFLOW_SUB_REFINES, LLMSpace, leaf_nodes
     from test_moe_physics import moe_workload
 
     w = load_workload(moe_workload(first_dense_layers=1) if moe else SMALL_LLM)
@@ -402,16 +432,36 @@ def test_staged_micro_batch_refine_below_the_full_one_and_every_leaf(moe):
     checked = raised = 0
     for root in space.roots():
         for group in root.expand():
-            first = group.refine()
-            assert group.refine is not None  # (the full stage, left for the search)
-            second = group.refine()
-            assert first <= second * (1 + 1e-12), group.knobs
-            raised += second > first * (1 + 1e-9)
-            for leaf in leaf_nodes(group):
-                if leaf.bound_s > 0:  # (a leaf's own bound: the model's lower_bound_s)
-                    assert second <= leaf.bound_s * (1 + 1e-12), (group.knobs, leaf.knobs)
-                    checked += 1
+            for sub in group.expand():
+                full = sub.refine.func()  # (stage None: the full floor in one step)
+                stages = []
+                while sub.refine is not None:  # (as the search asks them: each stage sets the next)
+                    refine, sub.refine = sub.refine, None
+                    stages.append(refine())
+                assert len(stages) == len(_DATAFLOW_SUB_REFINES) and stages[-1] == full, (sub.knobs, stages)
+                assert stages[0] <= stages[1] * (1 + 1e-12), (sub.knobs, stages)
+                raised += stages[1] > stages[0] * (1 + 1e-9)
+                for leaf in leaf_nodes(sub):
+                    if leaf.bound_s > 0:
+                        assert full <= leaf.bound_s * (1 + 1e-12), (sub.knobs, leaf.knobs)
+                        checked += 1
     assert checked > 20 and raised > 0, (checked, raised)
+
+
+def test_closed_form_pass_floor_below_the_plan_floors_one():
+    """``pass_floor_s(plans=False)`` (every phase at its closed form, without the plan floors'
+    shortest paths: the first stage of a dataflow group's refine) is a weaker floor: at most
+    the full one on every candidate of a few-tile chip, with and without the TP collectives,
+    and below it on some (else the plan floors would prune nothing more)."""
+    w = load_workload(SMALL_LLM)
+    model = LLMModel(w, load_system(_few_tile_system(3, ib_bw="2 GB/s")))
+    lower = 0
+    for m in [m for i, m in enumerate(llm_candidates_of(model)) if i % 7 == 0][:300]:
+        for comm in (False, True):
+            closed, full = model.pass_floor_s(m, comm=comm, plans=False), model.pass_floor_s(m, comm=comm)
+            assert closed <= full * (1 + 1e-12), m
+            lower += closed < full * (1 - 1e-9)
+    assert lower > 0
 
 
 @pytest.mark.parametrize("moe", [False, True])

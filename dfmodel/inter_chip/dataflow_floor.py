@@ -94,11 +94,14 @@ class PhaseFloor:
         busy, overhead_s = self.busy_s(k, s_per_byte, overhead_s, overlap)
         return with_network_s(busy, overhead_s, overlap, network_s, hidden)
 
-    def busy_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool) -> tuple[float, float]:
+    def busy_s(self, k: int, s_per_byte: float, overhead_s: float, overlap: bool,
+               plans: bool = True) -> tuple[float, float]:
         """The phase's floor at micro-batch ``k`` before its TP collectives: (compute and memory
         busy seconds, overheads). Memoised: the search asks it again for every TP group and
-        Pareto pair of collectives (:func:`_block_pass_pairs`), which only change the network."""
-        key = (k, s_per_byte, overhead_s, overlap)
+        Pareto pair of collectives (:func:`_block_pass_pairs`), which only change the network.
+        ``plans=False``: without the plan floor's shortest path (:attr:`plan`), the closed form
+        alone: a weaker floor (the plan's only raises it), several times cheaper."""
+        key = (k, s_per_byte, overhead_s, overlap, plans)
         hit = self._busy_memo.get(key)
         if hit is None:
             c = k * self.compute_s
@@ -107,7 +110,8 @@ class PhaseFloor:
                 m += self.stream.extra_bytes(k, self.tp, self.sram_bytes) * s_per_byte
             busy = max(c, m) if overlap else c + m
             if self.plan is not None:  # sum_p max(c_p, m_p) over the best relaxed plan, its partitions
-                busy = max(busy, self.plan.best_s(k, s_per_byte, overlap, self.tp, self.sram_bytes) / self.tp)
+                if plans:
+                    busy = max(busy, self.plan.best_s(k, s_per_byte, overlap, self.tp, self.sram_bytes) / self.tp)
                 overhead_s *= max(1, self.plan.min_partitions)
             hit = self._busy_memo[key] = (busy, overhead_s)
         return hit
@@ -175,17 +179,18 @@ class DataflowBlockFloor:
         return self.pair_arrays_by_recompute(k, (recompute,), nets, hidden, also)[recompute]
 
     def pair_arrays_by_recompute(self, k: int, recomputes, nets, hidden: bool = False,
-                                 also: "tuple[DataflowBlockFloor, int] | None" = None) -> dict[str, tuple]:
+                                 also: "tuple[DataflowBlockFloor, int] | None" = None,
+                                 plans: bool = True) -> dict[str, tuple]:
         """:meth:`pair_arrays` for each recompute of ``recomputes``, each phase's array built
         once for all of them (the same operations per recompute: the search's group floors ask
-        every recompute of a block at once)."""
+        every recompute of a block at once). ``plans``: as :meth:`PhaseFloor.busy_s`."""
         net = np.asarray(nets, dtype=float).reshape(-1, 2)
         nf, nb = net[:, 0], net[:, 1]
         floors = [(self, k)] + ([also] if also is not None else [])
 
         def at(which: str, n, hid: bool):
-            return np.maximum.reduce([fl._phase_arr(getattr(fl, which) or getattr(fl, which.split("_")[0]), kk, n, hid)
-                                      for fl, kk in floors])
+            return np.maximum.reduce([fl._phase_arr(getattr(fl, which) or getattr(fl, which.split("_")[0]), kk, n, hid,
+                                                    plans) for fl, kk in floors])
 
         core = at("core", np.zeros(nf.shape), False) if "selective" in recomputes else None
         out: dict[str, list] = {rc: [] for rc in recomputes}
@@ -196,12 +201,12 @@ class DataflowBlockFloor:
                 out[rc].append(f + b + extra)
         return {rc: (kept, dram) for rc, (kept, dram) in out.items()}
 
-    def _phase_arr(self, phase: PhaseFloor, k: int, n: np.ndarray, hid: bool) -> np.ndarray:
+    def _phase_arr(self, phase: PhaseFloor, k: int, n: np.ndarray, hid: bool, plans: bool = True) -> np.ndarray:
         """:func:`with_network_s` of ``phase`` at micro-batch ``k`` over the network seconds ``n``
-        (0 s for an empty phase)."""
+        (0 s for an empty phase; ``plans``: as :meth:`PhaseFloor.busy_s`)."""
         if not phase.kernels:
             return np.zeros(n.shape)
-        busy, overhead_s = phase.busy_s(k, self.s_per_byte, self.overhead_s, self.overlap)
+        busy, overhead_s = phase.busy_s(k, self.s_per_byte, self.overhead_s, self.overlap, plans)
         if hid:
             return np.maximum(busy + overhead_s, n)
         return (np.maximum(busy, n) if self.overlap else busy + n) + overhead_s
@@ -339,7 +344,8 @@ EMPTY_PHASE = PhaseFloor(0.0, 0.0, 0.0, 0)
 __all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
 
 
-def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None, layer_nets: tuple | None = None) -> float:
+def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None, layer_nets: tuple | None = None,
+                 plans: bool = True) -> float:
     """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
     block on one dataflow chip (``LLMModel.pass_floor_s`` on ``execution: dataflow``; ``is_core``
     picks selective recompute's kernels): each
@@ -350,13 +356,15 @@ def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None
     pay the DRAM floor. ``layer_nets``: the (forward, backward) network seconds of the (MoE)
     layer as sharded on ``m``'s own TP group (``LLMModel.layer_nets_s``: every collective of the
     layouts it runs, not only the forced reductions), with ``tp_groups`` that one group.
-    Memoised per block key on ``model``."""
+    ``plans=False``: every phase at its closed form, without its plan floor
+    (:meth:`PhaseFloor.busy_s`): weaker, cheaper. Memoised per block key on ``model``."""
     if tp_groups and m.tp > 1:
-        return min(_pass_floor_on_s(model, m, is_core, tuple(g), stash_cap, layer_nets) for g in tp_groups)
-    return _pass_floor_on_s(model, m, is_core, None, stash_cap)
+        return min(_pass_floor_on_s(model, m, is_core, tuple(g), stash_cap, layer_nets, plans) for g in tp_groups)
+    return _pass_floor_on_s(model, m, is_core, None, stash_cap, plans=plans)
 
 
-def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, layer_nets: tuple | None = None) -> float:
+def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, layer_nets: tuple | None = None,
+                     plans: bool = True) -> float:
     """:func:`pass_floor_s` on one TP group (None: without the TP collectives). Under
     ``model.sharded_floor_stage`` ``none`` (:meth:`LLMModel.nets_only`) the (MoE) layer with
     ``layer_nets`` skips its sharded floor (:func:`sharded_layer_floor`): a weaker bound, without
@@ -368,7 +376,7 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
         () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + (
         (sp, m.num_micro_batches) if dense else ()) + (() if stash_cap is None else ("cap", stash_cap)) + (
-        () if layer_nets is None else ("nets", layer_nets, stage))
+        () if layer_nets is None else ("nets", layer_nets, stage)) + (() if plans else ("closed",))
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
@@ -394,7 +402,8 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
         # and the sharded one cost Llama-3 70B on 512 dragonfly chips 10 % more CPU for nothing)
         also = (None if nets is None or dense or stage == "none" else
                 (sharded_layer_floor(model, m, is_core, forward_only=stage == "forward"), 1))
-        pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub, nets, also, stage if also else None)
+        pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub, nets, also, stage if also else None,
+                                  plans)
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
             if dense:  # each stage's own in-flight micro-batches (plain 1F1B's: interleaving adds)
                 in_flight = tuple(in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
@@ -428,7 +437,8 @@ def _times(n: int, floor_s: float) -> float:
 
 
 def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m, rc: str, ep: int, group, ub: bool,
-                      nets_s: tuple | None = None, also: tuple | None = None, also_stage: str | None = None) -> tuple:
+                      nets_s: tuple | None = None, also: tuple | None = None, also_stage: str | None = None,
+                      plans: bool = True) -> tuple:
     """Per Pareto pair of the block's forced TP collectives on ``group`` (None: none), the block's
     (stash kept on chip, stash through DRAM) floors at ``m``'s micro-batch and recompute ``rc``.
     Memoised on what they read (the block floor's key, the TP floor's knobs, the micro-batch, the
@@ -437,9 +447,10 @@ def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m,
     (every phase plan pays all of them: a partition's network is the sum of its kernels'),
     instead of the forced reductions' Pareto pairs; ``also``: the block's floor as sharded on
     ``group`` (:func:`sharded_layer_floor`, with ``nets_s``), each phase at the larger floor, of
-    the stage ``also_stage`` (:attr:`LLMModel.sharded_floor_stage`: which floor of the group it is)."""
+    the stage ``also_stage`` (:attr:`LLMModel.sharded_floor_stage`: which floor of the group it is).
+    ``plans``: as :func:`pass_floor_s`."""
     whole = m.whole_experts and which == "layer"
-    key = bkey + (m.sequence_parallel, whole, m.micro_batch, group, ub, nets_s, also_stage)
+    key = bkey + (m.sequence_parallel, whole, m.micro_batch, group, ub, nets_s, also_stage, plans)
     memo = model.__dict__.setdefault("_dataflow_pair_memo", {})
     by_rc = memo.get(key)
     if by_rc is not None and rc in by_rc:
@@ -451,7 +462,7 @@ def _block_pass_pairs(model, fl: DataflowBlockFloor, bkey: tuple, which: str, m,
         nets = nets or [(0.0, 0.0)]
     # (a layer's every recompute at once: the group floors ask them all; the embedding and head "none" only)
     rcs = RECOMPUTE if which in ("layer", "dense_layer") else (rc,)
-    memo[key] = by_rc = {**(by_rc or {}), **fl.pair_arrays_by_recompute(m.micro_batch, rcs, nets, hidden, also)}
+    memo[key] = by_rc = {**(by_rc or {}), **fl.pair_arrays_by_recompute(m.micro_batch, rcs, nets, hidden, also, plans)}
     return by_rc[rc]
 
 

@@ -1304,7 +1304,7 @@ class LLMModel:
         return memo[key]
 
     def pass_floor_s(self, m: Mapping, tp_groups=None, comm: bool = True, stash_cap: int | None = None,
-                     layer_nets: tuple | None = None) -> float | None:
+                     layer_nets: tuple | None = None, plans: bool = True) -> float | None:
         """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
         block on one chip (layers, embedding, head), before any exposed communication of other
         dimensions: each block's :func:`~dfmodel.inter_chip.block_floor.block_floor` (per-kernel
@@ -1312,11 +1312,12 @@ class LLMModel:
         of ``tp_groups`` (default: every TP group a placement of these degrees can take, so
         the bound reads no placement; ``comm=False``: without them, a cheaper, weaker floor).
         On dataflow chips (kernels fuse there): :func:`.dataflow_floor.pass_floor_s` (compute and
-        the DRAM traffic no partition plan avoids: weights, block inputs and outputs)."""
+        the DRAM traffic no partition plan avoids: weights, block inputs and outputs; ``plans=False``:
+        without the phases' plan floors, a cheaper, weaker floor)."""
         if self.system.chip.execution == "dataflow":
             groups = (self._tp_groups(m) if tp_groups is None else tp_groups) if comm and m.tp > 1 else None
             return dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups, stash_cap,
-                                               layer_nets if groups else None)
+                                               layer_nets if groups else None, plans)
         ub = m.tp_comm_overlap and m.tp > 1
         key = (m.micro_batch, m.recompute, m.tp, m.cp, m.pp, m.dp, m.ep, m.etp, m.sequence_parallel and m.tp > 1, ub, comm)
         memo = self.__dict__.setdefault("_pass_floor_memo", {})

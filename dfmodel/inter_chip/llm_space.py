@@ -274,6 +274,21 @@ def canonical_placement(placement: tuple, classes: list[list[str]]) -> tuple:
     return min(options)
 
 
+#: the stages of a micro-batch group's refine on dataflow chips, each ``(comm, plans)`` of
+#: ``LLMModel.pass_floor_s``, cheapest first: the group is re-queued under each stage's bound and
+#: asks the next one only if it reaches the top again below the cutoff. Without the plan floors'
+#: shortest paths first (plans False): on DeepSeek-V3 / 512 dragonfly it puts 4133 of the 6990
+#: groups refined above the optimum, the plan floors 5452. Never with the TP collectives (comm
+#: True, one floor per TP group of every placement): a third stage with them was 1.3-1.5 CPU s
+#: there and at 8192 for 72 and 89 groups pruned, which the sub groups' refines
+#: (:meth:`_sub_node`, with them, per recompute and SP) prune as well
+_DATAFLOW_REFINES = ((False, False), (False, True))
+#: the stages of a sub group's refine (:meth:`LLMSpace._sub_node`) on dataflow chips, as
+#: :data:`_DATAFLOW_REFINES`: first its recompute's and SP's floor without the TP collectives
+#: (its micro-batch group's refine took it already: a memo look-up), then with them
+_DATAFLOW_SUB_REFINES = ((False, True), (True, True))
+
+
 def _pipeline_s(m: int, pp: int, v: int, stage_s: float, last_s: float = 0.0) -> float:
     """A group's 1F1B bound ``(M + (pp - 1) / v) T`` on its mean stage time ``T``, or with plain
     1F1B's last stage at least ``last_s`` (``pipeline_time = (M - 1) T* + sum T``, ``T* >=
@@ -562,12 +577,13 @@ class LLMSpace:
             return 0.0
         return min(self.model.offload_stage_floor_s(p) for p in (probes() if callable(probes) else probes))
 
-    def _pass_floor_min(self, deg, mb, m, rcs, sps, keys, comm: bool = True) -> float:
+    def _pass_floor_min(self, deg, mb, m, rcs, sps, keys, comm: bool = True, plans: bool = True) -> float:
         """Least ``LLMModel.pass_floor_s / pp`` (per-kernel traffic and forced TP collectives) over
         a group's recompute, sequence parallelism, expert TP and tp_comm_overlap choices: a
         stage's mean time of every mapping in the group is at least this. The floor grows with
         recompute (it only adds kernels) and drops the layer's TP collectives under
-        tp_comm_overlap, so the least recompute and overlap on (when offered) stand for all."""
+        tp_comm_overlap, so the least recompute and overlap on (when offered) stand for all.
+        ``comm``, ``plans``: as ``LLMModel.pass_floor_s``'s (False: weaker, cheaper floors)."""
         if self._bounds_off:
             return 0.0
         # (dataflow chips: full recompute may keep every layer's stash in SRAM where "none" keeps
@@ -580,7 +596,7 @@ class LLMSpace:
             for sp in sps:
                 for etp in dict.fromkeys(k[1] for k in keys):
                     pf = self.model.pass_floor_s(self._probe(deg, mb, m, 1, rc, (0, etp, "none", False, False, ub), bool(sp)),
-                                                 comm=comm)
+                                                 comm=comm, plans=plans)
                     if pf is None:
                         return 0.0
                     best = pf if best is None else min(best, pf)
@@ -628,18 +644,18 @@ class LLMSpace:
                  ("cp", cp), ("ep", deg["ep"]))
         capacity = self.system.chip.memory.capacity_bytes
 
-        def refine(comm: bool = True) -> float:  # (the floor first: a group that cannot fit is pruned, not refined)
+        def refine(stage: int | None = None) -> float:  # (stage: of _DATAFLOW_REFINES; None: the full floor)
+            # (the floor first: a group that cannot fit is pruned, not refined)
             if floor() > capacity:
                 return 0.0
-            if not comm:  # (the group's TP collectives, per TP group of every placement: when still below the cutoff)
-                node.refine = refine
-            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys, comm)),
+            if stage is not None and stage + 1 < len(_DATAFLOW_REFINES):  # (the next, costlier floor: when still below the cutoff)
+                node.refine = partial(refine, stage + 1)
+            comm, plans = (True, True) if stage is None else _DATAFLOW_REFINES[stage]
+            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys, comm, plans)),
                               self._last_stage_min_s(deg, mb, m, vs, rcs, sps, keys, ep_s))
 
         # compute only until the group reaches the top: the per-kernel / TP floors then (refine);
-        # on dataflow chips first without the TP collectives (_pass_floor_min, comm=False): one
-        # floor per recompute and SP instead of one per TP group, within 0.1% of it on DeepSeek-V3 /
-        # 512 dragonfly, where 3/4 of the groups refined lie above the optimum on it
+        # on dataflow chips in the stages of _DATAFLOW_REFINES, cheapest first
         staged = self.model.system.chip.execution == "dataflow"
         node = SpaceNode(bound_with(compute_s), floor() if self._bounds_off else parent_floor_bytes,
                          len(vs) * per_leaf, fixed,
@@ -647,7 +663,7 @@ class LLMSpace:
                          screen=None if self._bounds_off else floor,
                          relief=partial(self._relief, self._micro_batch_node, deg, opts, deg, mb, m, vs, rcs, sps,
                                         places_by) if relief else None,
-                         refine=None if self._bounds_off else partial(refine, False) if staged else refine)
+                         refine=None if self._bounds_off else partial(refine, 0) if staged else refine)
         return node
 
     def _micro_batch_floor_bytes(self, deg, mb, m, rcs, keys, sps) -> float:
@@ -753,17 +769,23 @@ class LLMSpace:
                  ("ep", deg["ep"]))
         capacity = self.system.chip.memory.capacity_bytes
 
-        def refine() -> float:  # (the floor first: a group that cannot fit is pruned, not refined)
+        def refine(stage: int | None = None) -> float:  # (stage: of _DATAFLOW_SUB_REFINES; None: the full floor)
+            # (the floor first: a group that cannot fit is pruned, not refined)
             if floor() > capacity:
                 return 0.0
-            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys)),
+            if stage is not None and stage + 1 < len(_DATAFLOW_SUB_REFINES):
+                node.refine = partial(refine, stage + 1)
+            comm, plans = (True, True) if stage is None else _DATAFLOW_SUB_REFINES[stage]
+            return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys, comm, plans)),
                               self._last_stage_min_s(deg, mb, m, vs, [rc], [spar], keys, ep_s))
 
-        return SpaceNode(bound_with(compute_s), floor() if self._bounds_off else parent_floor_bytes, count, fixed,
+        staged = self.model.system.chip.execution == "dataflow"
+        node = SpaceNode(bound_with(compute_s), floor() if self._bounds_off else parent_floor_bytes, count, fixed,
                          partial(self._expand_sub, deg, mb, m, vs, rc, spar, places_by, mine, relief),
                          screen=None if self._bounds_off else floor,
                          relief=partial(self._relief_sub, deg, mb, m, vs, rc, spar, ub, places_by, mine) if relief else None,
-                         refine=None if self._bounds_off else refine)
+                         refine=None if self._bounds_off else partial(refine, 0) if staged else refine)
+        return node
 
     def _expand_sub(self, deg, mb, m, vs, rc, spar, places_by, mine, relief) -> list[SpaceNode]:
         """One leaf group per (interleave, ZeRO stage / expert TP / offload)."""
@@ -821,8 +843,9 @@ class LLMSpace:
                 for oa in dict.fromkeys(o.get("offload_activations", False) for o in twins)]
         subs = [x for x in subs if x is not None]
         for x in subs:
-            if x.refine is not None:
-                x.bound_s, x.refine = max(x.bound_s, x.refine()), None
+            while x.refine is not None:  # (every stage of a staged refine)
+                refine, x.refine = x.refine, None
+                x.bound_s = max(x.bound_s, refine())
         return subs
 
     def _leaf(self, deg, mb, m, v, rc, key, spar, places_by, mine, relief) -> SpaceNode | None:
