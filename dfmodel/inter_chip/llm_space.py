@@ -289,6 +289,17 @@ _DATAFLOW_REFINES = ((False, False), (False, True))
 _DATAFLOW_SUB_REFINES = ((False, True), (True, True))
 
 
+def _refine_stage(node, refine, stages: tuple, stage: int | None) -> tuple[bool, bool]:
+    """The ``(comm, plans)`` floor flags of a group's refine at ``stage`` of ``stages`` (None: the
+    full floor in one step, as on GPUs), leaving the next, costlier stage as ``node.refine`` for
+    when the group reaches the top again below the cutoff."""
+    if stage is None:
+        return True, True
+    if stage + 1 < len(stages):
+        node.refine = partial(refine, stage + 1)
+    return stages[stage]
+
+
 def _pipeline_s(m: int, pp: int, v: int, stage_s: float, last_s: float = 0.0) -> float:
     """A group's 1F1B bound ``(M + (pp - 1) / v) T`` on its mean stage time ``T``, or with plain
     1F1B's last stage at least ``last_s`` (``pipeline_time = (M - 1) T* + sum T``, ``T* >=
@@ -648,9 +659,7 @@ class LLMSpace:
             # (the floor first: a group that cannot fit is pruned, not refined)
             if floor() > capacity:
                 return 0.0
-            if stage is not None and stage + 1 < len(_DATAFLOW_REFINES):  # (the next, costlier floor: when still below the cutoff)
-                node.refine = partial(refine, stage + 1)
-            comm, plans = (True, True) if stage is None else _DATAFLOW_REFINES[stage]
+            comm, plans = _refine_stage(node, refine, _DATAFLOW_REFINES, stage)
             return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, rcs, sps, keys, comm, plans)),
                               self._last_stage_min_s(deg, mb, m, vs, rcs, sps, keys, ep_s))
 
@@ -773,9 +782,7 @@ class LLMSpace:
             # (the floor first: a group that cannot fit is pruned, not refined)
             if floor() > capacity:
                 return 0.0
-            if stage is not None and stage + 1 < len(_DATAFLOW_SUB_REFINES):
-                node.refine = partial(refine, stage + 1)
-            comm, plans = (True, True) if stage is None else _DATAFLOW_SUB_REFINES[stage]
+            comm, plans = _refine_stage(node, refine, _DATAFLOW_SUB_REFINES, stage)
             return bound_with(max(compute_s, self._pass_floor_min(deg, mb, m, [rc], [spar], keys, comm, plans)),
                               self._last_stage_min_s(deg, mb, m, vs, [rc], [spar], keys, ep_s))
 

@@ -348,9 +348,21 @@ def sharded_state(params: float, shards: tuple[int, int, int], bytes_per_param_w
                   bytes_per_param_grads: float, bytes_per_param_optimizer: float) -> ModelState:
     """:func:`model_state_bytes` of ``params`` parameters with the shard counts of
     :func:`state_shards` (computed once by a caller that asks for many parameter counts)."""
-    return ModelState(weights_bytes=params * bytes_per_param_weights / shards[0],
-                      gradients_bytes=params * bytes_per_param_grads / shards[1],
-                      optimizer_bytes=params * bytes_per_param_optimizer / shards[2])
+    return ModelState(*sharded_bytes(params, shards, (bytes_per_param_weights, bytes_per_param_grads,
+                                                      bytes_per_param_optimizer)))
+
+
+def sharded_bytes(params: float, shards: tuple[int, int, int], bytes_per_param: tuple[float, float, float]
+                  ) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes of ``params`` parameters at ``bytes_per_param`` each,
+    over the shard counts of :func:`state_shards`: :func:`sharded_state` without building a
+    :class:`ModelState` (the memory screen asks it ~750k times a search).
+
+    >>> sharded_bytes(10.0, (1, 2, 4), (2.0, 4.0, 8.0))
+    (20.0, 20.0, 20.0)
+    """
+    return (params * bytes_per_param[0] / shards[0], params * bytes_per_param[1] / shards[1],
+            params * bytes_per_param[2] / shards[2])
 
 
 @dataclass
@@ -893,21 +905,18 @@ def llm_memory_per_chip(
         own = layers * (layer_params_per_chip - layer_expert_params_per_chip) + dense * dense_layer_params_per_chip
         if min(own, layers * layer_expert_params_per_chip, extra_params) < 0:
             raise ValueError(f"params_per_chip must be >= 0, got {min(own, extra_params)}")
-        # the layers' state (sharded_state's arithmetic written out: ~750k calls in a search)
-        lw, lg, lo = layer_bytes
-        sw, sg, so = own * lw / shards[0], own * lg / shards[1], own * lo / shards[2]
+        sw, sg, so = sharded_bytes(own, shards, layer_bytes)
         if layer_expert_params_per_chip:
             # MoE experts (already split by ep): their state is sharded over the expert data
             # parallel ranks, dp x cp / ep (Megatron-Core expert_data_parallel group)
-            xp = layers * layer_expert_params_per_chip
-            sw, sg, so = (sw + xp * lw / expert_shards[0], sg + xp * lg / expert_shards[1],
-                          so + xp * lo / expert_shards[2])
-        ow, og, oo = other_bytes
+            xw, xg, xo = sharded_bytes(layers * layer_expert_params_per_chip, expert_shards, layer_bytes)
+            sw, sg, so = sw + xw, sg + xg, so + xo
+        ew, eg, eo = sharded_bytes(extra_params, shards, other_bytes)
         in_flight = alike[4] if alike[4] is not None else 1.0  # (None: it multiplies no activations)
         b = MemoryBreakdown(
-            weights_bytes=sw + extra_params * ow / shards[0],
-            gradients_bytes=sg + extra_params * og / shards[1],
-            optimizer_bytes=so + extra_params * oo / shards[2],
+            weights_bytes=sw + ew,
+            gradients_bytes=sg + eg,
+            optimizer_bytes=so + eo,
             activations_bytes=(act_layer * layers + act_dense * dense + extra_act) * in_flight + working,
             capacity_bytes=capacity,
             reserve_bytes=reserve,
