@@ -22,7 +22,8 @@ from collections import defaultdict
 from dfmodel.validate import Case, load_cases, resolve_cases
 
 #: the LLM datasets (other_families.yaml holds DLRM / HPL / FFT records of another schema)
-DATASETS = ("h100_training", "h100_holdout", "megatron_core_h100", "moe_training", "megatron_a100")
+DATASETS = ("h100_training", "h100_holdout", "megatron_core_h100", "megatron_bridge_h100", "moe_training",
+            "megatron_a100")
 
 
 def config_key(c: Case) -> tuple:

@@ -334,7 +334,7 @@ def solve(
 @guarded
 def validate(
     cases: str = typer.Argument(
-        ..., help="A shipped data set (megatron_a100, h100_training, moe_training, other_families; h100_holdout, megatron_core_h100: runs never fitted) or a cases YAML file."
+        ..., help="A shipped data set (megatron_a100, h100_training, moe_training, other_families; h100_holdout, megatron_core_h100, megatron_bridge_h100: runs never fitted) or a cases YAML file."
     ),
     system: str = typer.Option("auto", "--system", "-s",
                                help="System YAML or preset name; auto = the preset of each case's chip."),
