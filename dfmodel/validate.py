@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dfmodel.errors import DFModelError, InputError
 from dfmodel.graph.fp8 import RecipeName
@@ -75,6 +75,17 @@ class CaseTraining(Strict):
     #: key into TransformerConfig): workload ``training.cross_entropy`` megatron_fused (true) or
     #: unfused (false); None: the system's default (unfused on GPUs, Megatron-Core's default)
     cross_entropy_loss_fusion: bool | None = None
+    #: the run's Megatron-Core ``cross_entropy_fusion_impl`` (read only with the fusion on):
+    #: ``native`` (megatron/core/fusions/fused_cross_entropy.py: workload ``megatron_fused``) or
+    #: ``te`` (Transformer Engine's ``parallel_cross_entropy``: workload ``te``); None: native
+    cross_entropy_fusion_impl: Literal["native", "te"] | None = None
+
+    @model_validator(mode="after")
+    def _impl_needs_fusion(self) -> "CaseTraining":
+        if self.cross_entropy_fusion_impl is not None and self.cross_entropy_loss_fusion is not True:
+            raise ValueError("cross_entropy_fusion_impl is read only with cross_entropy_loss_fusion: true "
+                             "(Megatron-Core ignores it otherwise); set both, or neither")
+        return self
 
 
 class CaseSystem(Strict):
@@ -288,7 +299,8 @@ def workload_of(case: Case) -> dict[str, Any]:
     if case.training.userbuffers_sms is not None:
         training["userbuffers_sms"] = case.training.userbuffers_sms
     if case.training.cross_entropy_loss_fusion is not None:
-        training["cross_entropy"] = "megatron_fused" if case.training.cross_entropy_loss_fusion else "unfused"
+        fused = "te" if case.training.cross_entropy_fusion_impl == "te" else "megatron_fused"
+        training["cross_entropy"] = fused if case.training.cross_entropy_loss_fusion else "unfused"
     if precision == "fp8":
         fp8 = {"fp8_weights": case.training.fp8_weights, "recipe": fp8_recipe_of(case)}
         training["fp8"] = {k: v for k, v in fp8.items() if v is not None}

@@ -64,6 +64,45 @@ def test_megatron_fused_cross_entropy_bytes_per_logit_bf16():
     assert _extra(g, "fwd.loss") == 20 * T * V and _extra(g, "bwd.loss") == 6 * T * V
 
 
+def test_te_fused_cross_entropy_bytes_per_logit_bf16():
+    # cross_entropy_fusion_impl te (TE's Triton kernels): forward online softmax reads 2, the loss
+    # kernel reads 2 and writes the gradient in place 2 = 6 B (the edge reads 2); backward the
+    # element-wise scale reads and writes it, 2 + 2 = 4 B (the edges 4): below Megatron's own fused
+    # form, above one pass each way
+    T, V = 2 * 512, 1024
+    g = build_llm_head(_w(ce="te"), 2)
+    assert _extra(g, "fwd.loss") == 4 * T * V and _extra(g, "bwd.loss") == 0
+    nat, one = build_llm_head(_w(ce="megatron_fused"), 2), build_llm_head(_w(ce="single_pass"), 2)
+    assert _extra(one, "fwd.loss") < _extra(g, "fwd.loss") < _extra(nat, "fwd.loss")
+
+
+def test_case_names_the_te_cross_entropy_only_with_the_fusion_on():
+    from dfmodel.errors import InputError
+    from dfmodel.validate import load_cases, workload_of
+
+    case = """- id: ce
+  source: test
+  model: {hidden: 1024, num_heads: 8, num_layers: 2, seq_len: 1024, vocab_size: 32000}
+  training: {global_batch: 8, %s}
+  system: {chip: H100-SXM5-80GB, num_chips: 8}
+  parallelism: {tp: 1, pp: 1, dp: 8}
+  measured: {iteration_time_s: 1.0}
+"""
+    import pathlib
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = pathlib.Path(d) / "c.yaml"
+        for fields, want in (("cross_entropy_loss_fusion: true, cross_entropy_fusion_impl: te", "te"),
+                             ("cross_entropy_loss_fusion: true, cross_entropy_fusion_impl: native", "megatron_fused"),
+                             ("cross_entropy_loss_fusion: true", "megatron_fused"),
+                             ("cross_entropy_loss_fusion: false", "unfused")):
+            path.write_text(case % fields)
+            assert workload_of(load_cases(path)[0])["training"]["cross_entropy"] == want, fields
+        path.write_text(case % "cross_entropy_fusion_impl: te")
+        with pytest.raises(InputError, match="cross_entropy_fusion_impl is read only with cross_entropy_loss_fusion"):
+            load_cases(path)
+
+
 def test_unfused_cross_entropy_under_fp8_training_reads_bf16_logits():
     # the output layer is not a TE layer: its logits are bf16 under FP8 training, same 36 / 10
     eager = build_llm_head(_w(ce="unfused", precision="fp8"), 1)

@@ -209,10 +209,12 @@ class Training(Strict):
     #: logits (``cross_entropy_loss_fusion: false``, the default of ModelParallelConfig in
     #: core_r0.8-r0.10, the versions NeMo 24.07 / 24.11 run); ``megatron_fused``: its
     #: ``cross_entropy_loss_fusion: true`` form (megatron/core/fusions/fused_cross_entropy.py: four
-    #: torch.compile regions); ``single_pass``: one fused pass each way. Default (null): unfused on
+    #: torch.compile regions); ``te``: its ``cross_entropy_fusion_impl: te`` form (Transformer
+    #: Engine's Triton kernels: two passes forward, one backward); ``single_pass``: one fused pass
+    #: each way. Default (null): unfused on
     #: kernel-by-kernel chips, single_pass on dataflow chips (their compiler fuses the element-wise
     #: chain); :func:`resolve_fusion`.
-    cross_entropy: Literal["unfused", "megatron_fused", "single_pass"] | None = None
+    cross_entropy: Literal["unfused", "megatron_fused", "te", "single_pass"] | None = None
     #: LLM: the FFN activation as one fused kernel (True) or as the eager PyTorch ops the framework
     #: writes (False; squared ReLU = ``torch.pow(F.relu(x), 2)``, NeMo utils.py ``squared_relu``).
     #: Default (null): on kernel-by-kernel chips True for gelu and swiglu (Megatron-Core

@@ -98,9 +98,23 @@ def cross_entropy_extra_bytes(mode: str | None, p: int) -> tuple[int, int]:
     (28, 0)
     >>> cross_entropy_extra_bytes("megatron_fused", 2)   # 22 - 2 forward, 10 - 4 backward
     (20, 6)
+
+    ``te`` (Megatron-Core ``cross_entropy_loss_fusion: true`` with ``cross_entropy_fusion_impl:
+    te``, Megatron Bridge's performance recipes: scripts/performance/utils/overrides.py
+    ``_set_common_perf_overrides``): Transformer Engine's Triton kernels over the p-byte logits
+    (TE 2.x transformer_engine/pytorch/triton/cross_entropy.py as of e6d97ffc7, 2026-03):
+    ``online_softmax_kernel`` reads them (p), ``cross_entropy_kernel`` reads them again and writes
+    the gradient in place (p + p); the backward's ``element_mul_kernel`` reads and writes it
+    (p + p), skipped only for a scalar gradient of 1.0, and Megatron-Core asks per-token losses
+    (language_module.py ``compute_language_model_loss``), so it runs.
+
     >>> cross_entropy_extra_bytes("single_pass", 2), cross_entropy_extra_bytes(None, 2)
     ((0, 0), (0, 0))
+    >>> cross_entropy_extra_bytes("te", 2)   # 3p forward, 2p backward
+    (4, 0)
     """
+    if mode == "te":
+        return 3 * p - p, 2 * p - 2 * p
     if mode == "unfused":
         cast_fwd, cast_bwd = (0, 0) if p == 4 else (p + 4, 4 + p)
         fwd = cast_fwd + 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4)
