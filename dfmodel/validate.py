@@ -43,6 +43,8 @@ class CaseModel(Strict):
     ffn_hidden: int | None = Field(default=None, gt=0)
     vocab_size: int = Field(default=0, ge=0)
     num_kv_heads: int | None = Field(default=None, gt=0)
+    #: a head's width when it is not hidden / num_heads (Megatron-Core ``kv_channels``)
+    head_dim: int | None = Field(default=None, gt=0)
     ffn_type: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
     attention: Literal["flash", "unfused"] | None = None
     dropout: bool | None = None

@@ -9,6 +9,7 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
     model:
       hidden: 12288                    # h
       num_heads: 96                    # a, must divide hidden (head dim d = h / a)
+      head_dim: null                   # d when it is not h / a (Qwen3: 128 at h 2048, a 32)
       num_kv_heads: 96                 # default num_heads; must divide num_heads (GQA / MQA)
       num_layers: 96
       seq_len: 2048
@@ -377,6 +378,10 @@ class LLMArchitecture(Strict):
     """Decoder-only transformer hyper-parameters (see the module doc for each field)."""
 
     hidden: PositiveInt
+    # width of one attention head (Megatron-Core ``kv_channels``, HF ``head_dim``); None: hidden /
+    # num_heads. Qwen3 (128 with hidden 2048 / 32 heads and 4096 / 64: 2x that) and GPT-OSS (64
+    # with hidden 2880 / 64 heads) set their own, which sizes Q, K, V, the attention and out_proj
+    head_dim: PositiveInt | None = None
     num_heads: PositiveInt
     num_layers: PositiveInt
     seq_len: PositiveInt
@@ -418,8 +423,8 @@ class LLMArchitecture(Strict):
     @classmethod
     def _heads_divide_hidden(cls, v: int, info: ValidationInfo) -> int:
         h = info.data.get("hidden")
-        if h is not None and h % v:
-            raise ValueError(f"must divide model.hidden ({h}), got {v}")
+        if h is not None and h % v and info.data.get("head_dim") is None:
+            raise ValueError(f"must divide model.hidden ({h}) unless model.head_dim is given, got {v}")
         return v
 
     @field_validator("num_kv_heads")
@@ -436,6 +441,9 @@ class LLMArchitecture(Strict):
         a, kv = info.data.get("num_heads"), info.data.get("num_kv_heads")
         if v is not None and a is not None and kv is not None and kv != a:
             raise ValueError(f"MLA gives every head its own keys and values: num_kv_heads must equal num_heads ({a}), got {kv}")
+        if v is not None and info.data.get("head_dim") is not None:
+            raise ValueError("MLA sets its own head widths (qk_nope_head_dim, qk_rope_head_dim, v_head_dim): "
+                             "leave model.head_dim out")
         return v
 
     @field_validator("moe")
@@ -447,8 +455,15 @@ class LLMArchitecture(Strict):
         return v
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.num_heads
+    def attention_dim(self) -> int:
+        """``num_heads x head_dim``: the width of Q and of the attention output (``hidden`` unless
+        the model sets its own ``head_dim``)."""
+        return self.num_heads * self.head_width
+
+    @property
+    def head_width(self) -> int:
+        """The head width the model runs: ``head_dim``, else ``hidden / num_heads``."""
+        return self.head_dim if self.head_dim is not None else self.hidden // self.num_heads
 
     @property
     def kv_heads(self) -> int:

@@ -2365,10 +2365,11 @@ class LLMModel:
 
     @cached_property
     def _kv_head_dim(self) -> float:
-        """Mean of the key and value head dims (K + V bytes = 2 x this per head): h / a, or
-        MLA's ``(qk_nope + qk_rope + v_head) / 2`` (it exchanges every head's full K and V)."""
+        """Mean of the key and value head dims (K + V bytes = 2 x this per head): the model's head
+        width (h / a unless it sets ``head_dim``), or MLA's ``(qk_nope + qk_rope + v_head) / 2``
+        (it exchanges every head's full K and V)."""
         mla = getattr(self.model, "mla", None)
-        return (mla.qk_head_dim + mla.v_head_dim) / 2 if mla else self.model.hidden // self.model.num_heads
+        return (mla.qk_head_dim + mla.v_head_dim) / 2 if mla else self.model.head_width
 
     def _expert_dp_group(self, m: Mapping):
         """Megatron-Core's expert data-parallel group: the ranks holding the same experts,

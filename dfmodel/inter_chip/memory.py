@@ -59,8 +59,12 @@ def activation_bytes_per_layer(
     attention: Literal["flash", "unfused"] = "unfused",
     key_len: int | None = None,
     linear_input_bytes: float | None = None,
+    head_dim: float | None = None,
 ) -> float:
     """Activation bytes one transformer layer keeps per chip for one micro-batch (until its backward).
+
+    ``head_dim`` (default ``h / a``): a head's width ``d``; Q and the attention output are
+    ``a d`` wide (``h`` unless the model sets its own, Qwen3's 2h), K and V ``h_kv = kv d``.
 
     ``key_len`` (default ``seq_len``) is the number of keys each query attends to: with context
     parallelism a rank holds ``seq_len = s / cp`` queries against all ``s`` keys, so the
@@ -128,12 +132,13 @@ def activation_bytes_per_layer(
         + g * sbh  # FC1 input
         + mask * sbh  # MLP dropout mask
     ) / sp
-    head_dim = h / a
+    d = h / a if head_dim is None else head_dim
     kv_heads_per_chip = max(kv / t, 1.0)  # with fewer KV heads than t, each chip keeps one
+    sbad = s * b * a * d  # Q's and the attention output's elements (sbh unless d != h / a)
     sharded = (
-        e * sbh / t  # Q
-        + 2 * e * s * b * head_dim * kv_heads_per_chip  # K and V
-        + g * sbh / t  # attention output (projection GEMM input)
+        e * sbad / t  # Q
+        + 2 * e * s * b * d * kv_heads_per_chip  # K and V
+        + g * sbad / t  # attention output (projection GEMM input)
         + (2 if gated_mlp else 1) * e * s * b * f / t  # activation-function input (FC1 output)
         + g * s * b * f / t  # FC2 input
     )
@@ -731,7 +736,7 @@ def llm_layer_activation_bytes(*, model, training, attention: str, tp: int, cp: 
                   num_heads=m.num_heads, tp=tp, sequence_parallel=sequence_parallel, ffn_hidden=m.ffn,
                   num_kv_heads=m.kv_heads, bytes_per_element=e, dropout=getattr(m, "dropout", True),
                   gated_mlp=m.ffn_type == "swiglu", attention=attention,
-                  linear_input_bytes=fp8_linear_input_bytes(training))
+                  linear_input_bytes=fp8_linear_input_bytes(training), head_dim=m.head_width)
     return activation_bytes_per_layer(recompute=recompute, **common) + moe_mla_activation_delta_bytes(
         m, seq_len=s_local, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, bytes_per_element=e,
         recompute=recompute, linear_input_bytes=common["linear_input_bytes"], experts_gathered=experts_gathered)

@@ -200,7 +200,7 @@ def _meta(w: LLMWorkload, batch: int, part: str) -> dict:
         "hidden": m.hidden,
         "num_heads": m.num_heads,
         "num_kv_heads": m.kv_heads,
-        "head_dim": m.head_dim,
+        "head_dim": m.head_width,
         "ffn_hidden": m.ffn,
         "ffn_type": m.ffn_type,
         "num_layers": m.num_layers,
@@ -269,7 +269,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     True
     """
     m = w.model
-    b, s, h, a, kv, d, f = batch, m.seq_len, m.hidden, m.num_heads, m.kv_heads, m.head_dim, m.ffn
+    b, s, h, a, kv, d, f = batch, m.seq_len, m.hidden, m.num_heads, m.kv_heads, m.head_width, m.ffn
     T, ba = b * s, batch * m.num_heads
     # query/key and value head dims (d for standard attention; MLA: nope + rope, and v_head_dim)
     mla = m.mla
