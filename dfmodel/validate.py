@@ -108,6 +108,11 @@ class CaseParallelism(Strict):
     sequence_parallel: bool | None = None
     virtual_pipeline: int | None = Field(default=None, gt=0)
     distributed_optimizer: bool | None = None
+    #: ZeRO stage as the run sharded its state over the dp x cp ranks: 1 Megatron's distributed
+    #: optimizer, 3 fully sharded data parallelism (Megatron FSDP, PyTorch FSDP, ZeRO-3: parameters,
+    #: gradients and optimizer state; the performance tables' "FSDP 1"); None: the optimizer picks
+    #: (from ``distributed_optimizer`` when that is given)
+    zero_stage: Literal[0, 1, 2, 3] | None = None
     #: Megatron's tp_comm_overlap (TE userbuffers) as the run set it; None: the optimizer picks
     tp_comm_overlap: bool | None = None
     #: whether the DP gradient reduction ran under the backward (Megatron-Core DDP
@@ -435,6 +440,13 @@ def knobs_of(case: Case) -> dict[str, Any]:
     }
     if p.cp != 1:
         knobs["cp"] = p.cp
+    if p.zero_stage is not None:
+        knobs["zero_stage"] = p.zero_stage
+        if p.distributed_optimizer is not None and p.distributed_optimizer != (p.zero_stage >= 1):
+            raise InputError(f"{case.id}: parallelism.distributed_optimizer {p.distributed_optimizer} contradicts "
+                             f"zero_stage {p.zero_stage} (the distributed optimizer is stage 1, implied by 2 and 3)",
+                             field="parallelism.zero_stage")
+        knobs["distributed_optimizer"] = p.zero_stage >= 1  # (what the stage implies: not an unknown)
     if p.tp_comm_overlap is not None:
         knobs["tp_comm_overlap"] = p.tp_comm_overlap
     if p.overlap_grad_reduce is not None:
@@ -499,6 +511,7 @@ def describe(parallelism, pipeline: dict | None = None) -> str:
     moved = pipeline and pipeline.get("split_moved")
     return (f"TP{p.tp} PP{p.pp}{f' CP{p.cp}' if getattr(p, 'cp', 1) > 1 else ''} DP{p.dp} mb{p.micro_batch}"
             f" v{p.interleave} {p.recompute}{' SP' if p.sequence_parallel else ''}"
+            f"{f' ZeRO{p.zero_stage}' if getattr(p, 'zero_stage', 0) >= 2 else ''}"
             f"{f' EP{p.ep}' if getattr(p, 'ep', 1) > 1 else ''}"
             f"{' ETP1' if getattr(p, 'etp', 0) == 1 and p.tp > 1 else ''}"
             f"{' a2a-overlap' if getattr(p, 'overlap_moe_expert_parallel_comm', False) else ''}"
@@ -511,7 +524,7 @@ def optimize_as_megatron(w: dict, system: Any, n: int, knobs: dict[str, Any]):
     ``distributed_optimizer`` is searched over those two values only."""
     from dfmodel.optimizer import optimize
 
-    if knobs.get("distributed_optimizer") is not None:
+    if knobs.get("distributed_optimizer") is not None or knobs.get("zero_stage") is not None:
         return optimize(w, system, num_chips=n, alternatives=0, **knobs)
     results, error = [], None
     for sharded in (False, True):
