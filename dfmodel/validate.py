@@ -45,6 +45,8 @@ class CaseModel(Strict):
     num_kv_heads: int | None = Field(default=None, gt=0)
     #: a head's width when it is not hidden / num_heads (Megatron-Core ``kv_channels``)
     head_dim: int | None = Field(default=None, gt=0)
+    #: Megatron-Core ``qk_layernorm`` (Qwen3): workload ``model.qk_norm``
+    qk_norm: bool | None = None
     ffn_type: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
     attention: Literal["flash", "unfused"] | None = None
     dropout: bool | None = None

@@ -77,3 +77,32 @@ def test_a_wider_headed_model_searches_and_runs_slower():
     wide = optimize(_w(128), "dgx_h100", num_chips=8)
     assert wide.solver.status == narrow.solver.status == "optimal"
     assert wide.iteration_time_s > narrow.iteration_time_s
+
+
+def _qwen3_like(qk_norm: bool):
+    model = {"hidden": 2048, "head_dim": 128, "num_heads": 32, "num_kv_heads": 4, "num_layers": 4, "seq_len": 4096,
+             "vocab_size": 4096, "ffn_type": "swiglu", "ffn_hidden": 6144, "qk_norm": qk_norm, "dropout": False}
+    return load_workload({"kind": "llm", "name": "q", "model": model, "training": {"global_batch": 16}})
+
+
+def test_qk_norm_costs_its_passes_over_q_and_k_on_gpus():
+    from dfmodel.inter_chip.llm import QK_NORM_KERNELS
+    from dfmodel.system.loader import load_system
+    from dfmodel.system.processor import memory_time_s
+
+    system = load_system("dgx_h100", num_chips=8)
+    knobs = dict(tp=1, pp=1, dp=8, micro_batch=1, recompute="none", sequence_parallel=False, interleave=1)
+    off = optimize(_qwen3_like(False), "dgx_h100", num_chips=8, **knobs)
+    on = optimize(_qwen3_like(True), "dgx_h100", num_chips=8, **knobs)
+    # per layer and micro-batch: forward 2 passes, backward 3 over the rank's Q and K (4096 tokens x
+    # (32 + 4) heads x 128), bf16, plus 2 x (1 + 2) launches; 4 layers, 2 micro-batches a rank
+    elements = 4096 * (32 + 4) * 128
+    chip = system.chip
+    per_layer = memory_time_s(chip, 5 * elements * 2) + 2 * sum(QK_NORM_KERNELS) * chip.efficiency.kernel_overhead_s
+    assert on.iteration_time_s - off.iteration_time_s == pytest.approx(4 * 2 * per_layer, rel=0.02)
+    # the un-normed Q and K are saved for the norms' backward
+    grow = on.memory_per_chip_bytes["activations"] - off.memory_per_chip_bytes["activations"]
+    assert grow == pytest.approx(4 * elements * 2, rel=0.01)
+    # a dataflow chip's compiler fuses the norms into their neighbours: no kernels of their own
+    from dfmodel.inter_chip.llm import _qk_norm_s
+    assert _qk_norm_s(None, load_system("sn30").chip, 2.0) == (0.0, 0.0)

@@ -10,6 +10,7 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       hidden: 12288                    # h
       num_heads: 96                    # a, must divide hidden (head dim d = h / a)
       head_dim: null                   # d when it is not h / a (Qwen3: 128 at h 2048, a 32)
+      qk_norm: false                   # RMSNorm of each query and key head (Qwen3, OLMo 2)
       num_kv_heads: 96                 # default num_heads; must divide num_heads (GQA / MQA)
       num_layers: 96
       seq_len: 2048
@@ -400,6 +401,10 @@ class LLMArchitecture(Strict):
     # backward); Llama and Nemotron recipes train without dropout (NeMo llama31 / nemotron4:
     # hidden_dropout = attention_dropout = 0)
     dropout: bool = True
+    # RMSNorm of every query and key head before the attention (Megatron-Core ``qk_layernorm``,
+    # HF ``q_norm`` / ``k_norm``: Qwen3, OLMo 2, Gemma 3): two more memory-bound kernels each way
+    # on GPUs and the un-normed Q and K saved for their backward (a dataflow compiler fuses them)
+    qk_norm: bool = False
     # mixture of experts (None: every layer has the dense MLP of ffn_hidden)
     moe: MoEConfig | None = None
     # multi-head latent attention (None: standard multi-/grouped-query attention)

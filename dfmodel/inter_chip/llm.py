@@ -376,6 +376,38 @@ def _fp8_kernel_prep_s(k, chip, recipe: str, dispatch_fp8: bool) -> float:
                               recipe=recipe, dispatched=dispatch_fp8 and k.expert and name in FP8_DISPATCHED)
 
 
+#: kernels of one Q or K RMSNorm (TE ``RMSNorm``, Megatron-Core ``qk_layernorm`` as TENorm): one
+#: forward; a backward and its weight-gradient finalize (TE common/normalization/rmsnorm/
+#: rmsnorm_bwd_kernels.cuh ``rmsnorm_bwd_tuned_kernel`` + ``rmsnorm_bwd_finalize_tuned_kernel``)
+QK_NORM_KERNELS = (1, 2)
+
+
+def _qk_norm_s(layer: BlockTimes, chip, activation_bytes: float) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch of a layer's query and key RMSNorms
+    (``model.qk_norm``; Megatron-Core attention.py ``self.q_layernorm(query)`` /
+    ``self.k_layernorm(key)`` after the QKV split), as kernels of their own: forward reads the
+    rank's Q and K and writes them normed (2 passes), backward reads their gradient and the saved
+    input and writes the input gradient (3 passes), at the achieved DRAM bandwidth, plus each
+    kernel's launch. The rank's Q and K are the QKV GEMM's output less V (``(a + kv) / (a + 2 kv)``
+    of it). 0 on a chip that does not run kernel by kernel (a compiler fuses the norm)."""
+    if chip.execution != "kernel_by_kernel":
+        return 0.0, 0.0
+    return _kept_on(layer, "_qk_norm_s", activation_bytes, lambda: _qk_norm_uncached_s(layer, chip, activation_bytes))
+
+
+def _qk_norm_uncached_s(layer: BlockTimes, chip, activation_bytes: float) -> tuple[float, float]:
+    qkv = next((k for k in layer.sharded.graph.kernels if k.name.split("/")[-1] == "fwd.qkv"), None)
+    if qkv is None:
+        return 0.0, 0.0
+    meta = layer.sharded.graph.meta
+    a, kv = meta.get("num_heads", 1), meta.get("num_kv_heads", 1)
+    elements = qkv.dims.get("m", 0) * qkv.dims.get("n", 0) * (a + kv) / (a + 2 * kv)
+    launch = chip.efficiency.kernel_overhead_s
+    f_k, b_k = QK_NORM_KERNELS
+    return (memory_time_s(chip, 2 * elements * activation_bytes) + 2 * f_k * launch,
+            memory_time_s(chip, 3 * elements * activation_bytes) + 2 * b_k * launch)
+
+
 def _kept_on(block, name: str, key, compute):
     """``compute()`` kept on ``block`` (a :class:`BlockTimes`, built for one chip and precision)
     under ``name`` while ``key`` (the knobs it also depends on) stays the same: the bounds of the
@@ -2182,6 +2214,8 @@ class LLMModel:
         ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles, self._ub_config)
         c_f, c_b = self._fp8_prep_of(layer)  # TE's FP8 cast / transpose kernels (serial)
+        q_f, q_b = self._qk_norm_of(layer)  # the query / key RMSNorms (serial)
+        c_f, c_b = c_f + q_f, c_b + q_b
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts and GEMMs
         redo_f += self._mla_up_redo_s(m)
         f = t_f + c_f + sum(f for f, _ in extra.values())
@@ -2189,6 +2223,13 @@ class LLMModel:
         # an eager framework's host queues the layer no faster than _host_floor_s: the GPU's wait
         # shows in the backward (the CPU runs ahead once the forward's kernels are queued)
         return f, max(b, self._host_floor_s(layer) - f)
+
+    def _qk_norm_of(self, block: BlockTimes) -> tuple[float, float]:
+        """(forward, backward) seconds per micro-batch of ``block``'s query / key RMSNorms
+        (:func:`_qk_norm_s`), 0 without ``model.qk_norm``."""
+        if not getattr(self.model, "qk_norm", False):
+            return 0.0, 0.0
+        return _qk_norm_s(block, self.system.chip, self.training.activation_bytes)
 
     def _fp8_prep_of(self, block: BlockTimes) -> tuple[float, float]:
         """(forward, backward) seconds per micro-batch of TE's FP8 cast / transpose kernels in
@@ -2262,6 +2303,8 @@ class LLMModel:
         else:
             parts = layer.parts(m.recompute)
         c_f, c_b = self._fp8_prep_of(layer)  # memory-bound FP8 cast kernels of their own
+        q_f, q_b = self._qk_norm_of(layer)  # and the query / key norms
+        c_f, c_b = c_f + q_f, c_b + q_b
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
         parts["compute"] += self._mla_up_redo_s(m)
         # the GPU waiting on the host (_layer_phases_s's floor; the layer's exposed communication

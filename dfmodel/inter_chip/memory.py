@@ -60,11 +60,14 @@ def activation_bytes_per_layer(
     key_len: int | None = None,
     linear_input_bytes: float | None = None,
     head_dim: float | None = None,
+    qk_norm: bool = False,
 ) -> float:
     """Activation bytes one transformer layer keeps per chip for one micro-batch (until its backward).
 
     ``head_dim`` (default ``h / a``): a head's width ``d``; Q and the attention output are
     ``a d`` wide (``h`` unless the model sets its own, Qwen3's 2h), K and V ``h_kv = kv d``.
+    ``qk_norm``: the RMSNorms of Q and K (Megatron-Core ``qk_layernorm``) keep their inputs for
+    their backward, a second Q and K (the attention keeps the normed ones).
 
     ``key_len`` (default ``seq_len``) is the number of keys each query attends to: with context
     parallelism a rank holds ``seq_len = s / cp`` queries against all ``s`` keys, so the
@@ -138,6 +141,7 @@ def activation_bytes_per_layer(
     sharded = (
         e * sbad / t  # Q
         + 2 * e * s * b * d * kv_heads_per_chip  # K and V
+        + (e * sbad / t + e * s * b * d * kv_heads_per_chip if qk_norm else 0.0)  # Q and K before their norms
         + g * sbad / t  # attention output (projection GEMM input)
         + (2 if gated_mlp else 1) * e * s * b * f / t  # activation-function input (FC1 output)
         + g * s * b * f / t  # FC2 input
@@ -736,7 +740,8 @@ def llm_layer_activation_bytes(*, model, training, attention: str, tp: int, cp: 
                   num_heads=m.num_heads, tp=tp, sequence_parallel=sequence_parallel, ffn_hidden=m.ffn,
                   num_kv_heads=m.kv_heads, bytes_per_element=e, dropout=getattr(m, "dropout", True),
                   gated_mlp=m.ffn_type == "swiglu", attention=attention,
-                  linear_input_bytes=fp8_linear_input_bytes(training), head_dim=m.head_width)
+                  linear_input_bytes=fp8_linear_input_bytes(training), head_dim=m.head_width,
+                  qk_norm=getattr(m, "qk_norm", False))
     return activation_bytes_per_layer(recompute=recompute, **common) + moe_mla_activation_delta_bytes(
         m, seq_len=s_local, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, bytes_per_element=e,
         recompute=recompute, linear_input_bytes=common["linear_input_bytes"], experts_gathered=experts_gathered)
