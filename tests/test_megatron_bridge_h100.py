@@ -23,7 +23,7 @@ RELEASE_COMMITS = {"25.09": "fa0315ae2", "25.11": "5776a6d90", "26.02": "c0b9a00
 LLAMA3_VOCAB = 128256
 #: (case, release) of measured.also figures more than 6 % off the case's own: the header's 'Odd in the data'
 #: (Qwen3-30B-A3B 25.09 token drop 2.0x and 26.02 1.77x; Qwen3-235B-A22B 25.09 token drop (precision not
-#: named), and 26.02.01 with the deepep dispatcher, 6.3 % slower than 26.04.01)
+#: named), and 26.02.01, 6.3 % slower than 26.04.01)
 SPREAD_OUTLIERS = {("mbridge-2511-qwen3-30b-a3b-fp8cs-16", "25.09"), ("mbridge-260201-qwen3-30b-a3b-fp8-16", "26.02"),
                    ("mbridge-2511-qwen3-235b-a22b-fp8cs-256", "25.09"),
                    ("mbridge-260401-qwen3-235b-a22b-fp8-256", "26.02.01")}
