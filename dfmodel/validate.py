@@ -70,6 +70,8 @@ class CaseTraining(Strict):
     fp8_recipe: RecipeName | None = None
     #: NeMo 1.x distributed_fused_adam with bf16 weights keeps fp32 masters as 16-bit remainders
     param_remainders: bool | None = None
+    #: the optimizer state's dtype (NeMo 1.x ``optim.dtype``): workload ``training.optimizer_dtype``
+    optimizer_dtype: Literal["fp32", "bf16"] | None = None
     #: the run replayed its layers as CUDA graphs (no host floor: chip ``efficiency.host_linear_s``)
     cuda_graphs: bool | None = None
     #: the run's userbuffers SMs per TE exchange (workload ``training.userbuffers_sms``; ``te_default``:
@@ -303,6 +305,8 @@ def workload_of(case: Case) -> dict[str, Any]:
         training["grad_reduce"] = case.training.grad_reduce
     if case.training.param_remainders is not None:
         training["param_remainders"] = case.training.param_remainders
+    if case.training.optimizer_dtype is not None:
+        training["optimizer_dtype"] = case.training.optimizer_dtype
     if case.training.cuda_graphs is not None:
         training["cuda_graphs"] = case.training.cuda_graphs
     if case.training.userbuffers_sms is not None:
@@ -439,6 +443,10 @@ def knobs_of(case: Case) -> dict[str, Any]:
         "sequence_parallel": p.sequence_parallel,
         "interleave": p.virtual_pipeline,
         "distributed_optimizer": p.distributed_optimizer,
+        # no published run here moves state or activations to host memory (Megatron-LM / NeMo /
+        # Megatron Bridge recipes leave cpu offloading off): fixed off, never a silent pick that
+        # rescues a mapping the model thinks does not fit (the report then says it does not fit)
+        "offload_optimizer": "none", "offload_activations": False, "offload_weights": False,
     }
     if p.cp != 1:
         knobs["cp"] = p.cp

@@ -47,3 +47,17 @@ def test_fsdp_case_runs_at_stage_3_and_pays_its_gathers(tmp_path):
 def test_a_stage_that_contradicts_the_distributed_optimizer_is_an_error(tmp_path):
     with pytest.raises(InputError, match="distributed_optimizer False contradicts zero_stage 3"):
         knobs_of(_case(tmp_path, "zero_stage: 3, distributed_optimizer: false"))
+
+
+def test_validation_never_offloads_what_a_run_kept_on_the_gpu(tmp_path):
+    """A case whose model state does not fit is reported as not fitting, not rescued by an offload
+    the published run never did (the Qwen3-30B-A3B micro-batch-2 row picked activation offload
+    silently before)."""
+    knobs = knobs_of(_case(tmp_path, "zero_stage: 1"))
+    assert (knobs["offload_optimizer"], knobs["offload_activations"], knobs["offload_weights"]) == ("none", False, False)
+    big = (CASE.replace("num_layers: 8, seq_len: 2048", "num_layers: 80, seq_len: 8192")
+           .replace("hidden: 2048", "hidden: 8192").replace("num_heads: 16", "num_heads: 64"))
+    path = tmp_path / "big.yaml"
+    path.write_text(big % "zero_stage: 1")
+    row = evaluate_case(load_cases(path)[0])
+    assert row.predicted_s is None and "no mapping fits in memory" in row.message

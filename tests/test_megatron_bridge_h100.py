@@ -224,10 +224,15 @@ def test_qwen3_runs_are_bridge_fp8_current_scaling_dropless_without_recompute():
 
 
 def test_qwen3_cases_validate():
-    """Every Qwen3 case evaluates with its published mapping; the 235B-A22B within 25 % (no factor was fitted
-    on them); no case misses by 60 % or more (the 30B-A3B cases miss by ~40 %: the header's first prediction)."""
+    """Every Qwen3 case evaluates with its published mapping but the 25.11 30B-A3B row (micro-batch 2, which
+    the model's memory does not fit without offloading, and validation never offloads what the run did not);
+    the 235B-A22B within 25 % (no factor was fitted on them); no case misses by 60 % or more (the 30B-A3B cases
+    miss by ~40 %: the header's first prediction)."""
     for c in _qwen3():
         row = evaluate_case(c)
+        if c.id == "mbridge-2511-qwen3-30b-a3b-fp8cs-16":
+            assert row.predicted_s is None and "no mapping fits in memory" in row.message, c.id
+            continue
         assert row.predicted_s is not None, row.message
         assert abs(row.error) < 0.6, c.id
         if c.model.hidden == 4096:

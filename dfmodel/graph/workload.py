@@ -33,6 +33,7 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       fp8: {attention: false, fp8_allgather: true, fp8_weights: false, amax_history_len: 1024,
             recipe: delayed}                 # delayed | current | mxfp8 | blockwise (TE recipes)
       param_remainders: false          # fp32 master kept as bf16 weight + 16-bit remainder (Apex)
+      optimizer_dtype: fp32            # bf16: Adam moments in bf16, no master (NeMo 1.x optim.dtype)
 
     kind: dlrm
     embedding: {num_tables: 26, rows_per_table: [..26 ints..] or one int, dim: 128,
@@ -199,6 +200,10 @@ class Training(Strict):
     #: bf16 O2 weights): the fp32 master weight is the bf16 weight plus a 16-bit remainder, so the
     #: optimizer keeps 2 bytes/param of it instead of 4 (megatron_base_model.py setup_optimization)
     param_remainders: bool = False
+    #: dtype of the optimizer's state (Apex DistributedFusedAdam / NeMo 1.x ``optim.dtype``): bf16
+    #: keeps Adam's moments in bf16 and, with 16-bit weights, no fp32 master copy
+    #: (:meth:`dfmodel.inter_chip.memory.StateBytesPerParam.of`); fp32: Megatron's layout
+    optimizer_dtype: Literal["fp32", "bf16"] = "fp32"
     #: LLM with Megatron's tp_comm_overlap: the SMs each Transformer Engine userbuffers exchange
     #: holds beside its GEMM, as the run's ``ub_tp_comm_overlap_cfg`` sets ``num_sm`` (keys: TE's
     #: SM-holding exchanges proj_fprop, fc2_fprop, qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad; one
@@ -797,7 +802,7 @@ def load_workload(spec: str | Path | dict[str, Any] | AnyWorkload) -> AnyWorkloa
     ...         "num_layers": 1, "seq_len": 8}, "training": {"global_batch": 1}})
     ... except InputError as e:
     ...     print(e)
-    <dict>: model.num_heads: must divide model.hidden (100), got 3
+    <dict>: model.num_heads: must divide model.hidden (100) unless model.head_dim is given, got 3
     """
     if isinstance(spec, WORKLOAD_TYPES):
         w = spec.model_copy(deep=True)

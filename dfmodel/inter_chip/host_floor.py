@@ -40,8 +40,7 @@ def host_floor_bytes(model, m) -> float:
     if not (opt or weights):
         return 0.0
     t = model.training
-    state = StateBytesPerParam.of(precision=t.precision.value, grad_bytes=t.grad_bytes, optimizer=t.optimizer,
-                                  linear=True, param_remainders=getattr(t, "param_remainders", False))
+    state = StateBytesPerParam.of_training(t, linear=True)
     per_chip = dense_params_floor(model) / (m.tp * m.pp)  # a stage's mean, the worst is no less
     shard = m.dp_cp if m.zero_stage >= 1 else 1
     need = (state.optimizer + t.grad_bytes) * per_chip / shard if opt else 0.0

@@ -1587,12 +1587,7 @@ class LLMModel:
         key = (m.offload_optimizer, m.offload_activations, m.offload_weights)
         plans = self.__dict__.setdefault("_offload_plans", {})
         if key not in plans:
-            state = mem.StateBytesPerParam.of(
-                precision=self.training.precision.value, grad_bytes=self.training.grad_bytes,
-                optimizer=self.training.optimizer, linear=True,
-                fp8_weights=self.training.precision.value == "fp8" and self.training.fp8.fp8_weights,
-                param_remainders=self.training.param_remainders,
-                fp8_recipe=self.training.fp8.recipe)
+            state = mem.StateBytesPerParam.of_training(self.training, linear=True)
             plans[key] = off.OffloadPlan.of(m, self.system, self.training, weight_bytes_per_param=state.weights,
                                             optimizer_bytes_per_param=state.optimizer)
         return plans[key]

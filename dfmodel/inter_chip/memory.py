@@ -660,8 +660,19 @@ class StateBytesPerParam:
     optimizer: float
 
     @classmethod
+    def of_training(cls, training, linear: bool = True) -> "StateBytesPerParam":
+        """:meth:`of` with every field a workload's ``training`` sets (its precision, gradient
+        bytes, optimizer and its state dtype, FP8 weights and recipe, parameter remainders)."""
+        p = training.precision.value
+        return cls.of(precision=p, grad_bytes=training.grad_bytes, optimizer=training.optimizer,
+                      fp8_weights=p == "fp8" and training.fp8.fp8_weights, linear=linear,
+                      param_remainders=getattr(training, "param_remainders", False), fp8_recipe=training.fp8.recipe,
+                      optimizer_dtype=getattr(training, "optimizer_dtype", "fp32"))
+
+    @classmethod
     def of(cls, *, precision: str, grad_bytes: float, optimizer: str = "adam", fp8_weights: bool = False,
-           linear: bool = True, param_remainders: bool = False, fp8_recipe: str = "delayed") -> "StateBytesPerParam":
+           linear: bool = True, param_remainders: bool = False, fp8_recipe: str = "delayed",
+           optimizer_dtype: str = "fp32") -> "StateBytesPerParam":
         """Megatron-LM's mixed-precision layout (theoretical_memory_usage.py: "bf16 model params,
         fp32 main gradients, fp32 main params, and fp32 Adam states", 18 bytes/param, or
         ``6 + 12/d`` with the distributed optimizer).
@@ -680,11 +691,22 @@ class StateBytesPerParam:
 
         >>> StateBytesPerParam.of(precision="bf16", grad_bytes=2, param_remainders=True).optimizer
         10
+
+        ``optimizer_dtype`` bf16 (Apex DistributedFusedAdam ``dtype``, NeMo 1.x ``optim.dtype: bf16``):
+        the optimizer's state in bf16, and with 16-bit weights no master copy at all (NeMo v2.0.0
+        megatron_base_model.py ``setup_optimization``: ``store_params = False`` when the optimizer
+        dtype is the model's), but FP8-only weights keep a bf16 one (``fp8_params``: ``store_params``).
+
+        >>> StateBytesPerParam.of(precision="bf16", grad_bytes=2, optimizer_dtype="bf16").optimizer
+        4.0
         """
         weights = 4 if precision == "fp32" else 2
         if precision == "fp8" and linear:
             cache = fp8_weight_cache_bytes(fp8_recipe)
             weights = cache if fp8_weights else weights + cache
+        if optimizer_dtype == "bf16":
+            master = 2 if precision == "fp8" and fp8_weights and linear else 0
+            return cls(weights, grad_bytes, master + OPTIMIZER_STATE_BYTES[optimizer] / 2)
         master = 0 if precision == "fp32" else (REMAINDER_BYTES if param_remainders else 4)
         return cls(weights, grad_bytes, master + OPTIMIZER_STATE_BYTES[optimizer])
 
@@ -764,13 +786,8 @@ class _StageSetup:
         self.e = e = training.activation_bytes
         s_local = m.seq_len // cp
         self.act_layer = self.layer_act(False, recompute)
-        fp8_weights = training.precision.value == "fp8" and training.fp8.fp8_weights
-        rem = getattr(training, "param_remainders", False)
-        layer_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
-                                            optimizer=training.optimizer, fp8_weights=fp8_weights, linear=True,
-                                            param_remainders=rem, fp8_recipe=training.fp8.recipe)
-        other_state = StateBytesPerParam.of(precision=training.precision.value, grad_bytes=training.grad_bytes,
-                                            optimizer=training.optimizer, linear=False, param_remainders=rem)
+        layer_state = StateBytesPerParam.of_training(training, linear=True)
+        other_state = StateBytesPerParam.of_training(training, linear=False)
         sbt = s_local * micro_batch
         self.emb_act = TOKEN_ID_BYTES * sbt + embedding_activation_bytes(
             seq_len=s_local, micro_batch=micro_batch, hidden=m.hidden, tp=tp, sequence_parallel=sequence_parallel,
