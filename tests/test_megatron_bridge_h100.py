@@ -63,7 +63,7 @@ def _row(case) -> dict[str, str]:
 
 def test_loads_by_name_and_every_case_quotes_its_release_commit():
     cases = _cases()
-    assert len(cases) == 10 and len({c.id for c in cases}) == 10
+    assert len(cases) == 11 and len({c.id for c in cases}) == 11
     assert len(_qwen3(cases)) == 5
     for c in cases:
         release = re.search(r"NeMo (\d\d\.\d\d(?:\.\d\d)?) container", c.source).group(1)
@@ -88,7 +88,9 @@ def test_the_mapping_fills_the_gpus_and_matches_the_quoted_row():
         assert (1 if row["VP"] == "n/a" else int(row["VP"])) == p.virtual_pipeline, c.id
         assert row["VP"] != "n/a" or p.pp == 1, c.id  # 'n/a' only where there is no pipeline to interleave
         assert (1 if row["EP"] == "n/a" else int(row["EP"])) == p.ep, c.id
-        assert row.get("FSDP", "0") == "0", c.id  # no FSDP run is a case: the schema has no FSDP
+        # an FSDP run is at ZeRO stage 3 (parallelism.zero_stage: Megatron FSDP shards parameters, gradients
+        # and optimizer state), every other at the distributed optimizer's stage 1
+        assert (row.get("FSDP", "0") == "1") == (p.zero_stage == 3), c.id
         if "GA" in row:  # GA = GBS / (MBS x DP), as the table counts data-parallel replicas
             assert int(row["GA"]) == t.global_batch // (t.micro_batch * p.dp), c.id
 
@@ -127,7 +129,7 @@ def test_llama_vocabulary_is_padded_as_the_perf_scripts_ask():
 
 def test_llama_runs_are_fp8_current_scaling_with_fp8_params_and_bridge_userbuffers():
     for c in _cases():
-        if c.model.moe is not None:
+        if c.model.moe is not None or c.parallelism.zero_stage == 3:
             continue
         t, p = c.training, c.parallelism
         assert fp8_recipe_of(c) == "current" and t.fp8_weights is True, c.id
@@ -158,9 +160,13 @@ def test_models_that_cannot_be_expressed_are_left_out_with_their_reason():
     header = resolve_cases("megatron_bridge_h100").read_text(encoding="utf-8").split("\n- id:")[0]
     ids = " ".join(c.id for c in _cases())
     left_out = header.split("# Left out of the set")[1].split("# Odd in the data")[0]
-    for name, reason in (("GPT-OSS 120B", "sliding-window"), ("Llama 3 8B", "FSDP"), ("Nemotron 3 Nano", "Mamba")):
+    for name, reason in (("GPT-OSS 120B", "sliding-window"), ("Llama 3 8B at 25.11", "recompute_num_layers"),
+                         ("Nemotron 3 Nano", "Mamba")):
         assert name in left_out and reason in left_out, name
-    assert not re.search(r"gpt-oss|nemotron|8b", ids)
+    assert not re.search(r"gpt-oss|nemotron|2511-llama3-8b", ids)
+    # the 25.09 Llama 3 8B FSDP row is in, at ZeRO stage 3 (parallelism.zero_stage)
+    fsdp = [c for c in _cases() if "llama3-8b" in c.id]
+    assert [c.parallelism.zero_stage for c in fsdp] == [3] and _row(fsdp[0])["FSDP"] == "1"
     # Qwen3 is in the set now (model.head_dim): not left out, and what its cases cannot say is named
     assert "Qwen3" not in left_out and "qwen3" in ids
     assert "QK layer norm" in header and "dispatcher type" in header
@@ -237,3 +243,14 @@ def test_qwen3_cases_validate():
         assert abs(row.error) < 0.6, c.id
         if c.model.hidden == 4096:
             assert abs(row.error) < 0.25, c.id
+
+
+def test_the_fsdp_run_is_fp8_with_its_recipe_unknown_at_stage_3():
+    """Llama 3 8B on 8 GPUs (25.09): the table names no precision and its perf matrix runs the mapping for
+    fp8_ds and fp8_cs alike, so the recipe is an unknown the report shows as picked (Megatron Bridge's
+    default, current scaling) and --range covers; Megatron FSDP is ZeRO stage 3, and it validates."""
+    c = next(c for c in _cases() if c.parallelism.zero_stage == 3)
+    assert c.training.precision == "fp8" and c.training.fp8_recipe is None and fp8_recipe_of(c) == "current"
+    assert c.parallelism.tp == 1 and c.parallelism.dp == 8 and c.parallelism.cp == 1
+    row = evaluate_case(c)
+    assert row.mapping.endswith("ZeRO3") and abs(row.error) < 0.25, (row.mapping, row.error)
