@@ -2208,9 +2208,7 @@ class LLMModel:
         """(forward, backward) time of one layer and micro-batch with its exposed communication
         ``extra`` (from :meth:`_layer_comm`) and Megatron's tp_comm_overlap (:func:`_layer_times_s`)."""
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles, self._ub_config)
-        c_f, c_b = self._fp8_prep_of(layer)  # TE's FP8 cast / transpose kernels (serial)
-        q_f, q_b = self._qk_norm_of(layer)  # the query / key RMSNorms (serial)
-        c_f, c_b = c_f + q_f, c_b + q_b
+        c_f, c_b = self._serial_kernels_of(layer)  # TE's FP8 casts, the query / key norms (serial)
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts and GEMMs
         redo_f += self._mla_up_redo_s(m)
         f = t_f + c_f + sum(f for f, _ in extra.values())
@@ -2218,6 +2216,15 @@ class LLMModel:
         # an eager framework's host queues the layer no faster than _host_floor_s: the GPU's wait
         # shows in the backward (the CPU runs ahead once the forward's kernels are queued)
         return f, max(b, self._host_floor_s(layer) - f)
+
+    def _serial_kernels_of(self, layer: BlockTimes) -> tuple[float, float]:
+        """(forward, backward) seconds per micro-batch of ``layer``'s memory-bound kernels that run
+        on their own beside what the intra-chip pass timed: TE's FP8 cast / transpose kernels
+        (:meth:`_fp8_prep_of`) and the query / key RMSNorms (:meth:`_qk_norm_of`); a full
+        recompute re-runs the forward's."""
+        c_f, c_b = self._fp8_prep_of(layer)
+        q_f, q_b = self._qk_norm_of(layer)
+        return c_f + q_f, c_b + q_b
 
     def _qk_norm_of(self, block: BlockTimes) -> tuple[float, float]:
         """(forward, backward) seconds per micro-batch of ``block``'s query / key RMSNorms
@@ -2297,9 +2304,7 @@ class LLMModel:
             parts = {k: f[k] + b[k] + (redo[k] if redo else 0.0) for k in COMPONENTS}
         else:
             parts = layer.parts(m.recompute)
-        c_f, c_b = self._fp8_prep_of(layer)  # memory-bound FP8 cast kernels of their own
-        q_f, q_b = self._qk_norm_of(layer)  # and the query / key norms
-        c_f, c_b = c_f + q_f, c_b + q_b
+        c_f, c_b = self._serial_kernels_of(layer)  # memory-bound kernels of their own
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
         parts["compute"] += self._mla_up_redo_s(m)
         # the GPU waiting on the host (_layer_phases_s's floor; the layer's exposed communication
