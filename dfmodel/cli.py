@@ -268,6 +268,9 @@ def solve(
     precision: Optional[str] = typer.Option(
         None, help="Override the workload's precision: fp64 | fp32 | bf16 | fp16 | fp8 (e.g. bf16 for an fp32 workload on TPU v4)."
     ),
+    pipeline_layout: Optional[str] = typer.Option(
+        None, help="Override the LLM workload's training.pipeline_layout: Megatron-Core's layout string, e.g. "
+        "'Et|(tt|)*30mL' (E embedding, t layer, m MTP, L loss, | between virtual stages); pp x vp then equals its stages."),
     solver: str = typer.Option("auto", help="auto | highs | gurobi."),
     time_limit: Optional[float] = typer.Option(
         None, help="Seconds for the whole search (every MILP inside gets at most the time left); when it passes, "
@@ -284,7 +287,7 @@ def solve(
 ) -> None:
     """Find the fastest mapping of a workload on a system and report it."""
     from dfmodel.graph.workload import load_workload
-    from dfmodel.optimizer import optimize, with_precision
+    from dfmodel.optimizer import optimize, with_pipeline_layout, with_precision
     from dfmodel.progress import search_progress
     from dfmodel.report import render_result
     from dfmodel.report_io import render_io
@@ -300,6 +303,8 @@ def solve(
         w = load_workload(workload)
         if precision is not None:
             w = with_precision(w, precision)
+        if pipeline_layout is not None:
+            w = with_pipeline_layout(w, pipeline_layout)
         s = load_system(system, num_chips=num_chips)
         result = optimize(
             w, s, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, recompute=recompute,

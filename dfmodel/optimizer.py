@@ -40,6 +40,7 @@ def optimize(
     solver: str = "auto",
     time_limit_s: float | None = None,
     precision: str | None = None,
+    pipeline_layout: str | None = None,
     cp: int | None = None,
     ep: int | None = None,
     zero: int | None = None,
@@ -56,7 +57,8 @@ def optimize(
     ``overlap_grad_reduce``, ``overlap_param_gather``: :data:`dfmodel.inter_chip.config.OPTIONS`)
     are keyword arguments of the same name. ``workload``/``system`` are paths, preset
     names, dicts or loaded objects. ``precision`` (fp64, fp32, bf16, fp16, fp8) overrides the
-    workload's own (its ``training.precision`` or top-level ``precision``). Raises :class:`~dfmodel.errors.InputError` on bad input and
+    workload's own (its ``training.precision`` or top-level ``precision``), ``pipeline_layout`` an
+    LLM workload's ``training.pipeline_layout`` (Megatron-Core's layout string). Raises :class:`~dfmodel.errors.InputError` on bad input and
     :class:`~dfmodel.errors.InfeasibleError` when no mapping fits (with what did not fit).
 
     ``time_limit_s`` caps the whole call (every inner MILP gets at most the time left): when it
@@ -89,15 +91,18 @@ def optimize(
     parallel = partial(parallel_search.parallel_search, workers=workers) if workers > 1 else None
     with deadline_scope(time_limit_s), search_options(alternatives=alternatives, progress=progress, parallel=parallel):
         return _optimize(workload, system, knobs, num_chips=num_chips, solver=solver, time_limit_s=time_limit_s,
-                         precision=precision)
+                         precision=precision, pipeline_layout=pipeline_layout)
 
 
-def _optimize(workload, system, knobs: dict[str, Any], *, num_chips, solver, time_limit_s, precision) -> Result:
+def _optimize(workload, system, knobs: dict[str, Any], *, num_chips, solver, time_limit_s, precision,
+              pipeline_layout=None) -> Result:
     if solver not in ("auto", "highs", "gurobi"):
         raise InputError(f"must be auto, highs or gurobi, got {solver!r}", field="solver")
     w = load_workload(workload)
     if precision is not None:
         w = with_precision(w, precision)
+    if pipeline_layout is not None:
+        w = with_pipeline_layout(w, pipeline_layout)
     s = load_system(system, num_chips=num_chips)
     from dfmodel.inter_chip.registry import family_for
 
@@ -111,18 +116,37 @@ def with_precision(workload: Any, precision: str) -> Any:
     >>> with_precision(load_workload("gpt3_13b"), "fp32").precision.value
     'fp32'
     """
+    return _with_field(workload, "precision", precision, "--precision")
+
+
+def with_pipeline_layout(workload: Any, layout: str) -> Any:
+    """A copy of an LLM ``workload`` split over its pipeline as Megatron-Core's layout string says
+    (``training.pipeline_layout``, validated like the YAML field).
+
+    >>> with_pipeline_layout(load_workload("gpt3_13b"), "E(t*4|)*9t*4L").training.pipeline_layout
+    'E(t*4|)*9t*4L'
+    """
+    if getattr(workload, "kind", None) != "llm":
+        raise InputError(f"a {getattr(workload, 'kind', '?')} workload has no pipeline layout (LLM workloads only)",
+                         source=getattr(workload, "source", None), field="training.pipeline_layout (--pipeline-layout)")
+    return _with_field(workload, "pipeline_layout", layout, "--pipeline-layout")
+
+
+def _with_field(workload: Any, name: str, value: Any, flag: str) -> Any:
+    """A copy of ``workload`` with its training's (or, without a training block, its own) field
+    ``name`` set to ``value``, validated as in the YAML; errors name the field and the ``flag``."""
     from pydantic import ValidationError
 
     from dfmodel.yamlio import validation_message
 
     w = workload.model_copy(deep=True)
-    holder = w.training if hasattr(getattr(w, "training", None), "precision") else w
-    field = "training.precision" if holder is not w else "precision"
+    holder = w.training if hasattr(getattr(w, "training", None), name) else w
+    field = f"training.{name}" if holder is not w else name
     try:
-        setattr(holder, "precision", precision)
+        setattr(holder, name, value)
     except ValidationError as exc:
         raise InputError(validation_message(exc.errors()[0]), source=getattr(w, "source", None) or w.name,
-                         field=f"{field} (--precision)") from None
+                         field=f"{field} ({flag})") from None
     return w
 
 

@@ -132,6 +132,9 @@ class CaseParallelism(Strict):
     expert_tensor_parallel: int | None = Field(default=None, gt=0)
     #: Megatron-Core --overlap-moe-expert-parallel-comm / DeepSeek DualPipe; None: optimizer picks
     overlap_moe_expert_parallel_comm: bool | None = None
+    #: Megatron-Core --pipeline-model-parallel-layout as the run set it (the workload's
+    #: ``training.pipeline_layout``); None: Megatron's even split
+    pipeline_layout: str | None = None
 
 
 class CaseMeasured(Strict):
@@ -314,6 +317,8 @@ def workload_of(case: Case) -> dict[str, Any]:
     if case.training.cross_entropy_loss_fusion is not None:
         fused = "te" if case.training.cross_entropy_fusion_impl == "te" else "megatron_fused"
         training["cross_entropy"] = fused if case.training.cross_entropy_loss_fusion else "unfused"
+    if case.parallelism.pipeline_layout is not None:
+        training["pipeline_layout"] = case.parallelism.pipeline_layout
     if precision == "fp8":
         fp8 = {"fp8_weights": case.training.fp8_weights, "recipe": fp8_recipe_of(case)}
         training["fp8"] = {k: v for k, v in fp8.items() if v is not None}

@@ -93,6 +93,7 @@ from dfmodel.errors import InputError
 from dfmodel.graph.data_pipeline import Checkpointing, DataPipeline
 from dfmodel.graph.fp8 import RecipeName
 from dfmodel.graph.kernel import KernelKind, Phase
+from dfmodel.graph.pipeline_layout import parse_pipeline_layout
 from dfmodel.presets import resolve
 from dfmodel.system.schema import Precision, Strict
 from dfmodel.system.units import Bytes, BytesOrZero, NonNegativeFloat
@@ -235,6 +236,19 @@ class Training(Strict):
     #: ``_make_param_hook``). Default (null): True on kernel-by-kernel chips, False on dataflow
     #: chips (a scatter-add into the accumulator); :func:`resolve_fusion`.
     embedding_dense_grad: bool | None = None
+    #: LLM: the pipeline split as Megatron-Core's ``--pipeline-model-parallel-layout`` writes it
+    #: (:mod:`dfmodel.graph.pipeline_layout`: ``'Et|(tt|)*30mL'`` = the embedding and one layer on
+    #: the first virtual stage, two layers on each of the next 30, MTP and loss alone on the last).
+    #: The search then runs only ``pp x vp`` equal to its stage count, each stage with the layers
+    #: it names, instead of the time-balanced (1F1B) or equal (interleaved) split. Default: none.
+    pipeline_layout: str | None = None
+
+    @field_validator("pipeline_layout")
+    @classmethod
+    def _layout_parses(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_pipeline_layout(v)  # (ValueError: one line naming what is allowed)
+        return v
 
     def userbuffers_config(self) -> tuple[tuple[str, int], ...] | None:
         """``userbuffers_sms`` as sorted (exchange, SMs) pairs (hashable; () = TE's defaults), or None."""

@@ -53,6 +53,7 @@ class Context:
     num_experts: int = 0  # routed experts per MoE layer (0: a dense model)
     seq_len: int = 0  # tokens per sequence (0: unknown, cp unconstrained)
     megatron_core: bool = True  # the chip runs Megatron-Core (Chip.eager): TP x EP needs SP
+    layout_stages: int = 0  # virtual stages of the workload's training.pipeline_layout (0: none)
 
     def fixed(self) -> dict[str, int]:
         return {k: getattr(self.knobs, k) for k in KNOBS if getattr(self.knobs, k) is not None}
@@ -110,6 +111,8 @@ def _one_product(cs: list[Candidate]) -> str:
 
 def _interleave_ok(x: Context, c: Candidate) -> bool:
     v, pp = c.interleave, c.pp
+    if x.layout_stages:  # (llm_space.interleaves: the layout's own v = stages / pp)
+        return pp * v == x.layout_stages and (v == 1 or c.num_micro_batches % pp == 0)
     return v == 1 or (pp > 1 and c.num_micro_batches % pp == 0
                       and interleaved_split_accounts(x.layers, pp, v) is not None)
 
@@ -117,6 +120,9 @@ def _interleave_ok(x: Context, c: Candidate) -> bool:
 def _interleave_why(x: Context, cs: list[Candidate]) -> str:
     """Which of the interleaving conditions (Megatron's virtual pipeline) every candidate breaks."""
     v = _one(cs, "interleave")
+    if x.layout_stages and all(c.pp * c.interleave != x.layout_stages for c in cs):
+        return (f"training.pipeline_layout has {x.layout_stages} virtual stages, so pp x interleave must be "
+                f"{x.layout_stages}; pp {_one(cs, 'pp')} x interleave {v} is not")
     if all(c.pp == 1 for c in cs):
         return f"interleave {v} needs pipeline parallelism (pp > 1)"
     if all(interleaved_split_accounts(x.layers, c.pp, c.interleave) is None for c in cs if c.pp > 1):
@@ -188,8 +194,9 @@ def space(x: Context, knobs: Knobs, free: tuple[str, ...] = ()) -> list[Candidat
         dps = opts("dp", [n // model_chips] if n % model_chips == 0 else [max(1, n // model_chips)])
         for dp, ep in itertools.product(dps, eps):
             per_dp = B // dp if B % dp == 0 else B / dp
+            vs = divisors(x.layout_stages) if x.layout_stages else interleave_options(x.layers)
             for mb, v in itertools.product(opts("micro_batch", divisors(B)),
-                                           opts("interleave", interleave_options(x.layers) if "interleave" in free else [1])):
+                                           opts("interleave", vs if "interleave" in free else [1])):
                 out.append(Candidate(tp, pp, dp, mb, v, int(per_dp) if per_dp == int(per_dp) else 0, cp, ep))
     return out
 
@@ -260,7 +267,8 @@ def context_of(model) -> Context | None:
     return Context(system.num_chips, heads, getattr(w.model, "num_kv_heads", None) or heads, w.model.num_layers,
                    w.training.global_batch, replace(knobs, micro_batch=fixed_mb), placeable,
                    math.prod(d.size for d in overlap), " x ".join(f"{d.name} of {d.size}" for d in overlap),
-                   num_experts=model.num_experts, seq_len=w.model.seq_len, megatron_core=system.chip.eager)
+                   num_experts=model.num_experts, seq_len=w.model.seq_len, megatron_core=system.chip.eager,
+                   layout_stages=model.pipeline_layout.num_stages if getattr(model, "pipeline_layout", None) else 0)
 
 
 GENERIC = "no valid mapping: the fixed knobs, chip count and batch admit none"

@@ -23,6 +23,7 @@ from dfmodel.graph.build import build_graphs
 from dfmodel.graph.builders.moe import expert_params, routed_rows
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
+from dfmodel.graph.pipeline_layout import PipelineLayout, parse_pipeline_layout
 from dfmodel.graph.workload import resolve_for_chip
 from dfmodel.inter_chip import memory as mem
 from dfmodel.inter_chip import offload as off
@@ -503,6 +504,24 @@ def _check_fp8_recipe(training, system: System) -> None:
                          f"not {system.chip.name}; use delayed, current or blockwise")
 
 
+def _pipeline_layout_of(workload) -> PipelineLayout | None:
+    """The workload's ``training.pipeline_layout``, parsed and checked against the model: every
+    transformer and MTP layer named once (Megatron-Core ``validate_layer_layout``), else a
+    one-line error naming the field."""
+    text = getattr(workload.training, "pipeline_layout", None)
+    if text is None:
+        return None
+    lay = parse_pipeline_layout(text)
+    moe = getattr(workload.model, "moe", None)
+    mtp = moe.mtp_layers if moe is not None else 0
+    if lay.num_decoder_layers != workload.model.num_layers or lay.num_mtp_layers != mtp:
+        raise InputError(f"holds {lay.num_decoder_layers} transformer layers (t) and {lay.num_mtp_layers} MTP layers (m);"
+                         f" the model has {workload.model.num_layers} (model.num_layers) and {mtp} "
+                         f"(model.moe.mtp_layers)", source=getattr(workload, "source", None),
+                         field="training.pipeline_layout")
+    return lay
+
+
 class LLMModel:
     """Cost model of LLM training on one system; ``evaluate(mapping)`` and ``lower_bound``."""
 
@@ -530,6 +549,8 @@ class LLMModel:
         self.training = self.workload.training
         self.precision = Precision(self.training.precision)
         _check_fp8_recipe(self.training, system)
+        #: Megatron-Core's custom pipeline layout (None: the split evaluate balances itself)
+        self.pipeline_layout = _pipeline_layout_of(self.workload)
         self._graphs: dict[int, object] = {}
         self._blocks: dict[tuple, BlockTimes | None] = {}
         self._memory_floors: dict[tuple, "mem.MemoryBreakdown"] = {}
@@ -1909,11 +1930,12 @@ class LLMModel:
         per_layer_s = (t_f + t_b if not dense else
                        (td_f + td_b,) * self.num_dense_layers + (t_f + t_b,) * self.num_moe_layers)
         first_s, last_s = emb_f + emb_b, head_f + head_b + mtp_f + mtp_b
-        layers = _balance(self.num_layers, m.pp, m.interleave, per_layer_s, first_s, last_s)
+        layers = self._layout_split(m) or _balance(self.num_layers, m.pp, m.interleave, per_layer_s, first_s, last_s)
         moe_st, dense_st = self._split_kinds(layers, m)
         params_stage, memory = self._stage_memory(m, layer, emb, head, dense, moe_st, dense_st)
         split_notes: list[str] = []
-        if not memory.fits and m.pp > 1 and m.interleave == 1:  # the least bottleneck whose stages fit
+        if not memory.fits and m.pp > 1 and m.interleave == 1 and self.pipeline_layout is None:
+            # the least bottleneck whose stages fit (a layout the workload names is run as named)
             blocks = (layer, emb, head, dense)
             fitting = pipe.balance_layers(self.num_layers, m.pp, 1, per_layer_s, first_s, last_s,
                                           fits=self._stage_fits(m, blocks))
@@ -2015,7 +2037,8 @@ class LLMModel:
             stage_bwd,
             proven,
             input_bound=input_s > 0,
-            notes=split_notes,
+            notes=split_notes + ([f"layers per virtual stage {list(layers)}: training.pipeline_layout "
+                                  f"{self.pipeline_layout.text!r}"] if self.pipeline_layout is not None else []),
             io=io,
             split_moved=bool(split_notes),
         )
@@ -2053,12 +2076,27 @@ class LLMModel:
         dense_st = moe_terms.dense_layers_per_stage(layers, m.pp, self.num_dense_layers)
         return [n - d for n, d in zip(self._stage_layers(layers, m), dense_st)], dense_st
 
+    def _layout_split(self, m: Mapping) -> tuple[int, ...] | None:
+        """Transformer layers per virtual stage of the workload's ``training.pipeline_layout``
+        (None without one); an InputError when ``m``'s ``pp x vp`` is not its stage count (the
+        search never proposes such a mapping)."""
+        lay = self.pipeline_layout
+        if lay is None:
+            return None
+        if lay.interleave(m.pp) != m.interleave:
+            raise InputError(f"has {lay.num_stages} virtual stages; pp {m.pp} x interleave {m.interleave} runs "
+                             f"{m.pp * m.interleave}", source=getattr(self.workload, "source", None),
+                             field="training.pipeline_layout")
+        return lay.decoder_counts
+
     def _splits_evaluate_may_take(self, m: Mapping) -> list[tuple[int, ...]] | None:
         """Every chunk split :meth:`evaluate` may give ``m`` (``_balance``): the whole model
         with pp 1, Megatron's equal chunks when interleaved (they read no time), and each
         ``(s, L - s)``, ``1 <= s < L``, with two plain 1F1B stages (``balance_layers`` keeps a
         layer a stage), the balanced ones first. None with more stages (too many splits)."""
         n = self.num_layers
+        if self.pipeline_layout is not None:
+            return [self._layout_split(m)]
         if m.pp == 1:
             return [(n,)]
         if m.interleave > 1:

@@ -24,6 +24,7 @@ from dfmodel.inter_chip.config import (
     divisors,
 )
 from dfmodel.algorithms import interleaved_split_accounts
+from dfmodel.graph.pipeline_layout import PipelineLayout
 from dfmodel.inter_chip import offload
 from dfmodel.inter_chip.offload import OFFLOAD_OPTIONS
 from dfmodel.inter_chip import host_floor
@@ -116,10 +117,16 @@ def _etp_valid(etp: int, tp: int, ep: int, dp_cp: int) -> bool:
     return ep % tp == 0 and dp_cp % (ep // tp) == 0
 
 
-def interleaves(knobs: Knobs, pp: int, m: int, num_layers: int) -> list[int]:
+def interleaves(knobs: Knobs, pp: int, m: int, num_layers: int, layout: PipelineLayout | None = None) -> list[int]:
     """Virtual stages per pipeline stage: every ``v`` with ``v | L / pp`` (whole layers per
     chunk) and ``m % pp == 0`` (Megatron-LM's interleaved schedule). Published recipes use 5, 7,
-    10, 12 (e.g. Llama 3 405B: 126 layers, pp 9 ... the layer count decides)."""
+    10, 12 (e.g. Llama 3 405B: 126 layers, pp 9 ... the layer count decides). With the
+    workload's pipeline ``layout`` only its own ``v = stages / pp`` (none where ``pp`` does not
+    divide its stage count)."""
+    if layout is not None:
+        v = layout.interleave(pp)
+        ok = v is not None and knobs.interleave in (None, v) and (v == 1 or m % pp == 0)
+        return [v] if ok else []
     if knobs.interleave is not None:
         v = knobs.interleave
         # a fixed v may split unevenly as Megatron-Core does (embedding / loss counted as layers)
@@ -233,7 +240,7 @@ def llm_candidates(model, knobs: Knobs):
             if per_dp % mb:
                 continue
             m = per_dp // mb
-            for v in interleaves(knobs, pp, m, L):
+            for v in interleaves(knobs, pp, m, L, getattr(model, "pipeline_layout", None)):
                 for rc in _choices(knobs.recompute, RECOMPUTE):
                     for spar in sp_options(knobs, deg, system.chip.eager):
                         for opts in option_values(knobs, deg, upfront):
@@ -500,11 +507,12 @@ class LLMSpace:
         rcs = _choices(knobs.recompute, RECOMPUTE)
         fixed_mb = knobs.micro_batch or getattr(w.training, "micro_batch", None)
         out = []
+        layout = getattr(model, "pipeline_layout", None)
         for deg in degree_tuples(model, knobs):
             per_dp = batch // deg["dp"]
             mbs = []  # (micro-batch, micro-batches, interleaves)
             for mb in _choices(fixed_mb, divisors(per_dp)):
-                if per_dp % mb == 0 and (vs := interleaves(knobs, deg["pp"], per_dp // mb, L)):
+                if per_dp % mb == 0 and (vs := interleaves(knobs, deg["pp"], per_dp // mb, L, layout)):
                     mbs.append((mb, per_dp // mb, vs))
             if not mbs:
                 continue
