@@ -47,6 +47,10 @@ class CaseModel(Strict):
     head_dim: int | None = Field(default=None, gt=0)
     #: Megatron-Core ``qk_layernorm`` (Qwen3): workload ``model.qk_norm``
     qk_norm: bool | None = None
+    #: sliding-window attention (TE / Megatron-Core ``window_size``): workload ``model.sliding_window``
+    #: and ``model.full_attention_every``
+    sliding_window: int | None = Field(default=None, gt=0)
+    full_attention_every: int | None = Field(default=None, gt=0)
     ffn_type: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
     attention: Literal["flash", "unfused"] | None = None
     dropout: bool | None = None

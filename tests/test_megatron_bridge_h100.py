@@ -160,7 +160,7 @@ def test_models_that_cannot_be_expressed_are_left_out_with_their_reason():
     header = resolve_cases("megatron_bridge_h100").read_text(encoding="utf-8").split("\n- id:")[0]
     ids = " ".join(c.id for c in _cases())
     left_out = header.split("# Left out of the set")[1].split("# Odd in the data")[0]
-    for name, reason in (("GPT-OSS 120B", "sliding-window"), ("Llama 3 8B at 25.11", "recompute_num_layers"),
+    for name, reason in (("GPT-OSS 120B", "attention sinks"), ("Llama 3 8B at 25.11", "recompute_num_layers"),
                          ("Nemotron 3 Nano", "Mamba")):
         assert name in left_out and reason in left_out, name
     assert not re.search(r"gpt-oss|nemotron|2511-llama3-8b", ids)

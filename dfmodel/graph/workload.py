@@ -11,6 +11,8 @@ expands it into a :class:`~dfmodel.graph.graph.DataflowGraph`. Families and thei
       num_heads: 96                    # a, must divide hidden (head dim d = h / a)
       head_dim: null                   # d when it is not h / a (Qwen3: 128 at h 2048, a 32)
       qk_norm: false                   # RMSNorm of each query and key head (Qwen3, OLMo 2)
+      sliding_window: null             # each query sees the last W tokens (Mistral 4096, GPT-OSS 128)
+      full_attention_every: null       # with a window: layers N, 2N, ... keep full attention
       num_kv_heads: 96                 # default num_heads; must divide num_heads (GQA / MQA)
       num_layers: 96
       seq_len: 2048
@@ -424,6 +426,14 @@ class LLMArchitecture(Strict):
     # HF ``q_norm`` / ``k_norm``: Qwen3, OLMo 2, Gemma 3): two more memory-bound kernels each way
     # on GPUs and the un-normed Q and K saved for their backward (a dataflow compiler fuses them)
     qk_norm: bool = False
+    # sliding-window attention: each query attends to the last ``sliding_window`` tokens, itself
+    # included (Mistral 7B: 4096; GPT-OSS: 128; Gemma 3: 1024), so a fused attention kernel computes
+    # only the key tiles the window touches (FlashAttention-2 / TE ``window_size``); the unfused
+    # path still computes and masks the whole s x s matrix. None: full causal attention
+    sliding_window: PositiveInt | None = None
+    # with sliding_window: layers N, 2N, ... keep full attention, the others slide (GPT-OSS 2,
+    # Gemma 3 6: HF ``sliding_window_pattern`` / ``layer_types``); None: every layer slides
+    full_attention_every: PositiveInt | None = None
     # mixture of experts (None: every layer has the dense MLP of ffn_hidden)
     moe: MoEConfig | None = None
     # multi-head latent attention (None: standard multi-/grouped-query attention)
@@ -457,6 +467,14 @@ class LLMArchitecture(Strict):
         a = info.data.get("num_heads")
         if v is not None and a is not None and a % v:
             raise ValueError(f"must divide model.num_heads ({a}), got {v}")
+        return v
+
+    @field_validator("full_attention_every")
+    @classmethod
+    def _needs_a_window(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("sliding_window") is None:
+            raise ValueError("says which layers keep full attention among sliding-window ones: "
+                             "give model.sliding_window too, or leave it out")
         return v
 
     @field_validator("mla")

@@ -87,6 +87,12 @@ def cp_degrees(model, knobs: Knobs) -> list[int]:
     """Context-parallel degrees: the sequence splits into ``2 cp`` equal chunks (Megatron-Core's
     load-balanced causal split: rank ``r`` holds chunks ``r`` and ``2cp - 1 - r``)."""
     s, n = model.model.seq_len, model.system.num_chips
+    if getattr(model.model, "sliding_window", None) is not None:  # (the cp rank graph assumes full attention)
+        if knobs.cp not in (None, 1):
+            raise InputError(f"context parallelism with sliding-window attention (model.sliding_window) is not "
+                             f"modelled; cp must be 1, got {knobs.cp}", source=getattr(model.workload, "source", None),
+                             field="cp")
+        return [1]
     if knobs.cp is None and s < CP_FREE_MIN_SEQ_LEN:
         return [1]
     return [c for c in _choices(knobs.cp, divisors(n)) if s % (2 * c) == 0 or c == 1]

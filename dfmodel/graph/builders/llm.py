@@ -182,6 +182,43 @@ def causal_fraction(seq_len: int, block: int = FLASH_BLOCK) -> float:
     return (n + 1) / (2 * n)
 
 
+def window_fraction(seq_len: int, window: int, block: int = FLASH_BLOCK) -> float:
+    """Fraction of the s x s score tiles a causal fused-attention kernel computes when each query
+    attends to the last ``window`` tokens only (itself included).
+
+    Query tile ``i`` (rows ``i B .. i B + B - 1``) needs the key tiles from the one holding its
+    first row's earliest key, ``i B - window + 1``, up to the diagonal: FlashAttention-2 (and TE /
+    cuDNN with ``window_size``) skip every other tile, as they skip those above the diagonal.
+    A window of the whole sequence is :func:`causal_fraction`; a window of one tile still
+    touches two tiles per query tile (its rows' windows straddle a tile boundary).
+
+    >>> window_fraction(8192, 8192) == causal_fraction(8192), window_fraction(8192, 128)
+    (True, 0.031005859375)
+    """
+    n = -(-seq_len // block)
+    tiles = sum(i - max(0, (i * block - window + 1) // block) + 1 for i in range(n))
+    return tiles / (n * n)
+
+
+def attention_tile_fraction(model) -> float:
+    """Mean over the layers of the s x s score tiles a causal fused-attention kernel computes:
+    :func:`causal_fraction`, or with ``model.sliding_window`` :func:`window_fraction` on the
+    sliding layers and the causal fraction on the ``L // N`` layers of ``full_attention_every``
+    ``N`` (layers N, 2N, ...). One layer block stands for every layer, so it carries the mean:
+    exact for the model's total and for a pipeline stage holding the same mix.
+
+    >>> from types import SimpleNamespace as M
+    >>> round(attention_tile_fraction(M(seq_len=4096, num_layers=36, sliding_window=128, full_attention_every=2)), 4)
+    0.2886
+    """
+    s, window = model.seq_len, getattr(model, "sliding_window", None)
+    if window is None or window >= s:
+        return causal_fraction(s)
+    every = getattr(model, "full_attention_every", None)
+    full = model.num_layers // every if every else 0
+    return (full * causal_fraction(s) + (model.num_layers - full) * window_fraction(s, window)) / model.num_layers
+
+
 def attention_mode(w: LLMWorkload) -> str:
     """``flash`` or ``unfused``; an unresolved workload (``model.attention: null``) builds the
     unfused graph (the system decides: :func:`dfmodel.graph.workload.resolve_attention`)."""
@@ -332,7 +369,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     if flash:
         # one fused kernel: S = QK^T, online softmax, O = PV; only O and the row log-sum-exp
         # (fp32) reach HBM (FlashAttention, Dao et al. 2022, Algorithm 1; FA-2 Algorithm 1)
-        cf = causal_fraction(s)
+        cf = attention_tile_fraction(w.model)
         fa_fwd = cf * (matmul_flop(ba, s, s, dq) + matmul_flop(ba, s, dv, s))
         g.kernel("fwd.flash_attn", MM, {"b": ba, "m": s, "n": s, "k": dq}, flop=fa_fwd,
                  output_bytes=T * a * dv * p + ba * s * LOSS_BYTES, group="attention",
