@@ -148,3 +148,38 @@ def test_micro_batch_floor_takes_the_activation_floor_once_per_offload(monkeypat
             if group.screen is not None:
                 group.screen()
     assert seen and max(seen) == 2  # (groups whose option keys offload activations and keep them)
+
+
+def test_split_free_activation_floor_holds_for_every_split_and_beats_the_pigeonhole():
+    """The split-free floor (LLMModel._split_free_activation_bytes): at most the evaluated
+    memory of every pipelined mapping of a small dense and a small MoE space (whatever split
+    evaluate takes), tighter than the ceil(L / pp) floor on some of them, and its closed form
+    on DeepSeek-V3 at pp 4: reserve + max(61 a, 58 a_moe) / (1/4 + 1/3 + 1/2 + 1), ``a`` the
+    lighter of its layers' activations, ``a_moe`` an MoE layer's."""
+    from test_inter_chip import SMALL_LLM
+
+    tighter = 0
+    for model in (LLMModel(load_workload(SMALL_LLM), load_system(small_system(4, 2))), _moe_model()):
+        checked = 0
+        for m in llm_candidates(model, Knobs()):
+            if m.pp == 1 or m.offload_activations:
+                continue
+            free = model._split_free_activation_bytes(m, m.recompute)
+            ev = model.evaluate(m)
+            assert free <= ev.memory.total_bytes * TOL, m
+            assert model.memory_before_blocks(m).total_bytes >= free  # the screen carries it
+            reserve = float(model.system.chip.memory.reserve_bytes)
+            old = model._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, m.recompute)
+            tighter += free > reserve + -(-model.num_layers // m.pp) * old * (1 + 1e-9) and model.num_dense_layers == 0
+            checked += 1
+        assert checked > 10
+    assert tighter > 0
+    ds = LLMModel(load_workload("deepseek_v3"), load_system("dgx_h100", num_chips=64))
+    m = Mapping(2, 4, 8, 1, 240, 1, "none", True, zero_stage=3, ep=16)
+    moe = ds._layer_act_bytes(2, 1, 1, True, "none")
+    a = min(moe, ds._layer_act_bytes(2, 1, 1, True, "none", dense=True))
+    reserve = float(ds.system.chip.memory.reserve_bytes)
+    expected = reserve + max(61 * a, 58 * moe) / (1 / 4 + 1 / 3 + 1 / 2 + 1)
+    assert ds._split_free_activation_bytes(m, "none") == pytest.approx(expected, rel=1e-9)
+    # the pigeonhole floor: ceil(61 / 4) = 16 layers (15 MoE) at one micro-batch
+    assert ds.activation_floor_bytes(m) > reserve + max(16 * a, 15 * moe) * 1.5

@@ -1685,8 +1685,10 @@ class LLMModel:
         elsewhere. MoE models with dense layers: a stage's memory is the sum of its layers'
         terms, so it is at least that of the same number of layers all of the cheaper kind
         (the least of the all-MoE and the all-dense split), and at least that of
-        ``ceil(L_moe / pp)`` MoE layers alone (some stage holds that many). test_search.py checks
-        it against ``evaluate`` on every candidate. ``done``: splits already computed for ``m``
+        ``ceil(L_moe / pp)`` MoE layers alone (some stage holds that many). At least, too, the
+        split-free activation floor (:meth:`_split_free_activation_bytes`: the early stages hold
+        more micro-batches), its excess counted as activations. test_search.py checks it against
+        ``evaluate`` on every candidate. ``done``: splits already computed for ``m``
         (:meth:`screen_bytes`)."""
         key = _memory_knobs(m)
         if key not in self._memory_floors:
@@ -1701,6 +1703,9 @@ class LLMModel:
                 host = max(host, moe_host)
                 if moe_best.total_bytes > best.total_bytes:
                     best = moe_best
+            act = self.activation_floor_bytes(m)  # (split-free: it may exceed every one-stage split)
+            if act > best.total_bytes:
+                best = replace(best, activations_bytes=best.activations_bytes + (act - best.total_bytes))
             self._memory_floors[key] = best if best.host_capacity_bytes is None else replace(best, host_bytes=host)
         return self._memory_floors[key]
 
@@ -1736,6 +1741,9 @@ class LLMModel:
         key = _memory_knobs(m)
         if key in self._memory_floors or off.uses_offload(m):  # (offload: the host screen reads it all)
             return self.memory_before_blocks(m).total_bytes
+        act = self.activation_floor_bytes(m)  # (it may exceed every one-stage split: memory_before_blocks)
+        if act > capacity_bytes:
+            return self.memory_before_blocks(m).total_bytes
         memo = self.__dict__.setdefault("_screen_fit_memo", {})
         key += (capacity_bytes,)  # (the value found depends on the capacity asked about)
         if key not in memo:
@@ -1746,7 +1754,7 @@ class LLMModel:
                 fits.append(self._some_split_fits(m, k, kinds, parts, capacity_bytes, done))
                 if fits[-1] is None:  # this floor exceeds the capacity: the exact screen, reusing the splits done
                     return self.memory_before_blocks(m, done).total_bytes
-            memo[key] = max(fits)
+            memo[key] = max(fits + [act])
         return memo[key]
 
     def _some_split_fits(self, m: Mapping, k: int, kinds: tuple, parts: tuple, capacity_bytes: float,
@@ -1798,6 +1806,34 @@ class LLMModel:
             if self.num_dense_layers and self.num_moe_layers:
                 acts = max(acts, -(-self.num_moe_layers // m.pp) * per_layer)
             memo[key] = reserve + acts
+        return max(memo[key], self._split_free_activation_bytes(m, rc))
+
+    def _split_free_activation_bytes(self, m: Mapping, rc: str) -> float:
+        """The reserve plus the least worst-stage activations over every layer split of ``m``'s
+        pipeline: stage ``i`` holds ``n_i`` layers of at least ``a`` saved bytes each for
+        ``f_i = in_flight_micro_batches(pp, i, M)`` micro-batches (plain 1F1B's count, which
+        interleaving never lowers), so a worst stage of ``A`` bytes has ``n_i <= A / (a f_i)``
+        and ``L = sum n_i`` gives ``A >= L a / sum_i (1 / f_i)``. The pigeonhole floor above
+        (``ceil(L / pp)`` layers at one micro-batch) ignores that the early stages hold the most
+        micro-batches: at pp 4 the split-free floor is ~1.8x it (29 against 16 of DeepSeek-V3's
+        61 layers). Also with the MoE layers alone (``a`` = an MoE layer's). 0 at pp 1 (the
+        pigeonhole floor is exact there)."""
+        if m.pp == 1:
+            return 0.0
+        key = (m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc, m.pp, m.num_micro_batches)
+        memo = self.__dict__.setdefault("_act_split_free_memo", {})
+        if key not in memo:
+            per_layer = self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc)
+            least = per_layer
+            if self.num_dense_layers:
+                least = min(per_layer, self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc,
+                                                             dense=True))
+            inverse = sum(1.0 / mem.in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
+            acts = self.num_layers * least / inverse
+            if self.num_dense_layers and self.num_moe_layers:
+                acts = max(acts, self.num_moe_layers * per_layer / inverse)
+            # (1e-12: a split whose stages meet the bound exactly still passes it, as the sum may round)
+            memo[key] = float(self.system.chip.memory.reserve_bytes) + acts * (1 - 1e-12)
         return memo[key]
 
     def _least_split(self, m: Mapping, k: int, kinds: tuple, parts: tuple, done: dict | None = None) -> tuple:
