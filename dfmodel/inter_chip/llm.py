@@ -1797,16 +1797,23 @@ class LLMModel:
         key = (m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc, m.pp)
         memo = self.__dict__.setdefault("_act_floor_memo", {})
         if key not in memo:
-            per_layer = self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc)
-            least = per_layer
-            if self.num_dense_layers:
-                least = min(per_layer, self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc,
-                                                             dense=True))
-            acts = -(-self.num_layers // m.pp) * least
-            if self.num_dense_layers and self.num_moe_layers:
-                acts = max(acts, -(-self.num_moe_layers // m.pp) * per_layer)
-            memo[key] = reserve + acts
+            memo[key] = reserve + self._layers_act_bytes(m, rc, -(-self.num_layers // m.pp),
+                                                         -(-self.num_moe_layers // m.pp))
         return max(memo[key], self._split_free_activation_bytes(m, rc))
+
+    def _layers_act_bytes(self, m: Mapping, rc: str, layers: float, moe_layers: float, divisor: float = 1.0) -> float:
+        """Saved activations of ``layers`` layers at the lighter kind's bytes (MoE or dense), or of
+        ``moe_layers`` MoE layers when the model has both kinds and that is more, over ``divisor``
+        (micro-batch units): the activation floors' common term."""
+        per_layer = self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc)
+        least = per_layer
+        if self.num_dense_layers:
+            least = min(per_layer, self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc,
+                                                         dense=True))
+        acts = layers * least / divisor
+        if self.num_dense_layers and self.num_moe_layers:
+            acts = max(acts, moe_layers * per_layer / divisor)
+        return acts
 
     def _split_free_activation_bytes(self, m: Mapping, rc: str) -> float:
         """The reserve plus the least worst-stage activations over every layer split of ``m``'s
@@ -1823,15 +1830,8 @@ class LLMModel:
         key = (m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc, m.pp, m.num_micro_batches)
         memo = self.__dict__.setdefault("_act_split_free_memo", {})
         if key not in memo:
-            per_layer = self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc)
-            least = per_layer
-            if self.num_dense_layers:
-                least = min(per_layer, self._layer_act_bytes(m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc,
-                                                             dense=True))
             inverse = sum(1.0 / mem.in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
-            acts = self.num_layers * least / inverse
-            if self.num_dense_layers and self.num_moe_layers:
-                acts = max(acts, self.num_moe_layers * per_layer / inverse)
+            acts = self._layers_act_bytes(m, rc, self.num_layers, self.num_moe_layers, inverse)
             # (1e-12: a split whose stages meet the bound exactly still passes it, as the sum may round)
             memo[key] = float(self.system.chip.memory.reserve_bytes) + acts * (1 - 1e-12)
         return memo[key]
