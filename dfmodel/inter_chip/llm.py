@@ -1794,12 +1794,13 @@ class LLMModel:
             return reserve
         # (the routed rows counted sharded, as expert TP 1 keeps them: the least over expert TP, so
         # the floor holds for the groups of mappings that ask it with one probe for every expert TP)
-        key = (m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc, m.pp)
+        key = (m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc, m.pp, m.num_micro_batches)
         memo = self.__dict__.setdefault("_act_floor_memo", {})
         if key not in memo:
-            memo[key] = reserve + self._layers_act_bytes(m, rc, -(-self.num_layers // m.pp),
-                                                         -(-self.num_moe_layers // m.pp))
-        return max(memo[key], self._split_free_activation_bytes(m, rc))
+            pigeonhole = reserve + self._layers_act_bytes(m, rc, -(-self.num_layers // m.pp),
+                                                          -(-self.num_moe_layers // m.pp))
+            memo[key] = max(pigeonhole, self._split_free_activation_bytes(m, rc))
+        return memo[key]
 
     def _layers_act_bytes(self, m: Mapping, rc: str, layers: float, moe_layers: float, divisor: float = 1.0) -> float:
         """Saved activations of ``layers`` layers at the lighter kind's bytes (MoE or dense), or of
@@ -1824,17 +1825,13 @@ class LLMModel:
         (``ceil(L / pp)`` layers at one micro-batch) ignores that the early stages hold the most
         micro-batches: at pp 4 the split-free floor is ~1.8x it (29 against 16 of DeepSeek-V3's
         61 layers). Also with the MoE layers alone (``a`` = an MoE layer's). 0 at pp 1 (the
-        pigeonhole floor is exact there)."""
+        pigeonhole floor is exact there). Memoised by :meth:`activation_floor_bytes`."""
         if m.pp == 1:
             return 0.0
-        key = (m.tp, m.cp, m.micro_batch, m.sequence_parallel, rc, m.pp, m.num_micro_batches)
-        memo = self.__dict__.setdefault("_act_split_free_memo", {})
-        if key not in memo:
-            inverse = sum(1.0 / mem.in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
-            acts = self._layers_act_bytes(m, rc, self.num_layers, self.num_moe_layers, inverse)
-            # (1e-12: a split whose stages meet the bound exactly still passes it, as the sum may round)
-            memo[key] = float(self.system.chip.memory.reserve_bytes) + acts * (1 - 1e-12)
-        return memo[key]
+        inverse = sum(1.0 / mem.in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
+        acts = self._layers_act_bytes(m, rc, self.num_layers, self.num_moe_layers, inverse)
+        # (1e-12: a split whose stages meet the bound exactly still passes it, as the sum may round)
+        return float(self.system.chip.memory.reserve_bytes) + acts * (1 - 1e-12)
 
     def _least_split(self, m: Mapping, k: int, kinds: tuple, parts: tuple, done: dict | None = None) -> tuple:
         """(least worst-stage memory, least host bytes) over the splits with ``k`` layers of one
