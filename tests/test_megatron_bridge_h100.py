@@ -268,11 +268,15 @@ def test_gpt_oss_is_built_as_megatron_bridge_runs_it():
     query groups, 128 experts top-4 of width 2880, a 128-token window on the odd layers (window_size (127, 0),
     window_attn_skip_freq 2), untied vocabulary 201088; the built graphs hold its published 116.8B parameters
     (OpenAI gpt-oss model card: 116.83B total) within 2 % (biases and sinks are not built); the recipe's even
-    split of 36 layers over PP 4 is named as a pipeline layout, bf16 without recompute or CUDA graphs."""
+    split of 36 layers over PP 4 is named as a pipeline layout, bf16 without CUDA graphs, recomputing the
+    experts' activation and the pre-MLP norm (recompute_modules ['layernorm', 'moe_act']) but not the core
+    attention."""
     c = _gpt_oss()
     m, moe, t, p = c.model, c.model.moe, c.training, c.parallelism
     assert (m.num_layers, m.hidden, m.num_heads, m.head_dim, m.num_kv_heads) == (36, 2880, 64, 64, 8)
     assert (moe.num_experts, moe.top_k, moe.expert_ffn_hidden, moe.num_shared_experts) == (128, 4, 2880, 0)
+    # the H100 recipe's recompute_modules ['layernorm', 'moe_act'], without core_attn
+    assert moe.recompute_activation and moe.recompute_norm
     assert (m.sliding_window, m.full_attention_every, m.vocab_size, m.tie_embeddings) == (128, 2, 201088, False)
     params = build_graphs(load_workload(workload_of(c)), batch=1).params()
     assert params == pytest.approx(116.83e9, rel=0.02), params

@@ -150,3 +150,88 @@ def test_bounds_below_evaluation_with_mla_up_recompute_and_mtp():
         assert model.memory_before_blocks(m).total_bytes <= ev.memory.total_bytes * (1 + 1e-12)
     fast, full = solve_llm(load_workload(w), s, Knobs(micro_batch=1)), solve_llm(load_workload(w), s, Knobs(micro_batch=1), exhaustive=True)
     assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+
+
+# -- Megatron-Core fine-grained recompute of the MoE layer: recompute_modules moe_act, layernorm ----
+BOTH = {"recompute_activation": True, "recompute_norm": True}
+
+
+def _recompute_pair(**flags):
+    s = load_system(small_system(4, 2))
+    return (LLMModel(load_workload(moe_workload(first_dense_layers=1)), s),
+            LLMModel(load_workload(moe_workload(first_dense_layers=1, **flags)), s))
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("flags", [{"recompute_activation": True}, {"recompute_norm": True}, BOTH])
+def test_moe_fine_grained_recompute_time_and_memory_closed_form(recompute, flags):
+    """Each MoE layer's backward grows by the recomputed element-wise passes at the chip's DRAM
+    bandwidth -- the activation reads the FC1 output and writes its output, e (1 + 1) R f_e / tp
+    (GELU experts: not gated), the pre-MLP norm reads and writes e s b h (/tp with SP) -- and its
+    saved activations shrink by the FC2 input e R f_e / tp and the norm's output e s b h (/tp with
+    SP); the dense layer does not change, nor does anything under full recompute (which re-runs
+    the forward anyway and keeps only the layer inputs)."""
+    from dfmodel.inter_chip import memory as mem
+    from dfmodel.system.processor import memory_time_s
+
+    off, on = _recompute_pair(**flags)
+    m = _first(off, tp=2, pp=1, ep=2, micro_batch=1, recompute=recompute)
+    a, b = off.evaluate(m), on.evaluate(m)
+    w, chip, e = on.model, on.system.chip, 2
+    T = m.micro_batch * w.seq_len
+    R, fe, h, t = T * w.moe.top_k, w.moe.expert_ffn_hidden, w.hidden, m.tp
+    sp = t if m.sequence_parallel else 1
+    redo = (2 * e * R * fe / t if flags.get("recompute_activation") else 0.0) + (
+        2 * e * T * h / sp if flags.get("recompute_norm") else 0.0)
+    moe_layers = w.num_layers - w.moe.first_dense_layers
+    expected = 0.0 if recompute == "full" else moe_layers * memory_time_s(chip, redo)
+    assert b.stage_bwd_s[0] - a.stage_bwd_s[0] == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert b.stage_fwd_s[0] == a.stage_fwd_s[0]
+    kw = dict(seq_len=w.seq_len, micro_batch=1, tp=t, sequence_parallel=m.sequence_parallel, bytes_per_element=e,
+              recompute=recompute)
+    saved = mem.moe_mla_activation_delta_bytes(off.model, **kw) - mem.moe_mla_activation_delta_bytes(w, **kw)
+    closed = (e * R * fe / t if flags.get("recompute_activation") else 0.0) + (
+        e * T * h / sp if flags.get("recompute_norm") else 0.0)
+    assert saved == pytest.approx(0.0 if recompute == "full" else closed, rel=1e-12)
+    assert b.memory.total_bytes <= a.memory.total_bytes
+    assert (b.memory.total_bytes < a.memory.total_bytes) == (recompute != "full")
+
+
+def test_moe_recompute_bytes_fp8_and_mla():
+    """FP8 training quantises the recomputed FC2 input again (read 2 bytes, write 1 per element);
+    with MLA the input norm is a module of its own, recomputed (and quantised again) too."""
+    from types import SimpleNamespace as N
+    act = N(recompute_activation=True, recompute_norm=False, routed_token_factor=2, expert_ffn_hidden=64)
+    norm = N(recompute_activation=False, recompute_norm=True, routed_token_factor=2, expert_ffn_hidden=64)
+    kw = dict(tokens=512, tp=2, sequence_parallel=True, bytes_per_element=2)
+    swiglu = N(moe=act, mla=None, hidden=1024, ffn_type="swiglu")
+    assert X.moe_recompute_bytes(swiglu, linear_input_bytes=1, **kw) == (2 * 2 + 2 + 3) * 512 * 2 * 64 / 2
+    assert X.moe_recompute_bytes(swiglu, linear_input_bytes=2, **kw) == (2 * 2 + 2) * 512 * 2 * 64 / 2
+    plain, mla = N(moe=norm, mla=None, hidden=1024, ffn_type="gelu"), N(moe=norm, mla=object(), hidden=1024, ffn_type="gelu")
+    rows = 512 * 1024 / 2
+    assert X.moe_recompute_bytes(plain, linear_input_bytes=1, **kw) == 4 * rows
+    assert X.moe_recompute_bytes(mla, linear_input_bytes=1, **kw) == 4 * rows + (4 + 3) * rows
+    assert X.moe_recompute_bytes(N(moe=None), linear_input_bytes=1, **kw) == 0.0
+
+
+def test_mla_input_norm_memory_with_recompute_norm():
+    """With MLA, recompute_norm also drops the input norm's output: twice the saving of a
+    non-MLA MoE layer."""
+    from dfmodel.inter_chip import memory as mem
+    w = moe_workload(first_dense_layers=1)
+    w["model"]["mla"] = dict(MLA)
+    on = load_workload({**w, "model": {**w["model"], "moe": {**w["model"]["moe"], "recompute_norm": True}}}).model
+    off = load_workload(w).model
+    kw = dict(seq_len=off.seq_len, micro_batch=1, tp=2, sequence_parallel=True, bytes_per_element=2, recompute="none")
+    saved = mem.moe_mla_activation_delta_bytes(off, **kw) - mem.moe_mla_activation_delta_bytes(on, **kw)
+    assert saved == 2 * 2 * off.seq_len * off.hidden / 2
+
+
+def test_bounds_below_evaluation_and_search_with_moe_fine_grained_recompute():
+    s = load_system(small_system(4, 2))
+    w = moe_workload(first_dense_layers=1, **BOTH)
+    model = LLMModel(load_workload(w), s)
+    assert_bounds_below_evaluation(model, list(llm_candidates(model, Knobs(micro_batch=1)))[::4])
+    fast = solve_llm(load_workload(w), s, Knobs(micro_batch=1))
+    full = solve_llm(load_workload(w), s, Knobs(micro_batch=1), exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)

@@ -351,6 +351,18 @@ class MoEConfig(Strict):
     #: backward GEMMs in fp32 on the CUDA cores (PyTorch's default allow_tf32 = False for
     #: matmul); None: the layer's element-wise precision (Megatron-Core's default)
     router_dtype: Literal["fp32"] | None = None
+    #: Megatron-Core ``recompute_modules: [moe_act]`` (moe/experts.py ``activation_recompute``:
+    #: CheckpointWithoutOutput around the routed experts' activation; in FP8 ``linear_fc2`` is set
+    #: to save its original input, so no quantised copy stays either): the experts' FC2 input is
+    #: not kept for the backward but recomputed there from the FC1 output. False: kept
+    recompute_activation: bool = False
+    #: Megatron-Core ``recompute_modules: [layernorm]`` (transformer_layer.py
+    #: ``recompute_pre_mlp_layernorm`` / ``recompute_input_layernorm``): the MoE layer's pre-MLP
+    #: RMSNorm output (the router's input) is not kept but recomputed in the backward, and so is
+    #: the input norm's where it is a module of its own (MLA); with Transformer Engine the other
+    #: layers' input norm is fused into the QKV linear (``input_layernorm`` is IdentityOp in
+    #: gpt_layer_specs.py) and is not recomputed. False: kept
+    recompute_norm: bool = False
 
     _k_le_experts = field_validator("top_k")(
         not_above("num_experts", "must be at most model.moe.num_experts ({bound}), got {value}"))

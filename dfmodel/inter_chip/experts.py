@@ -265,6 +265,45 @@ def mla_up_recompute_s(chip, mla, *, tokens: float, heads: int, tp: int, precisi
     return mla_up_flop(mla, tokens, heads) / tp / (chip.peak(precision) * chip.efficiency.matmul_at(precision))
 
 
+def moe_recompute_bytes(model, *, tokens: float, tp: int, sequence_parallel: bool, bytes_per_element: float,
+                        linear_input_bytes: float) -> float:
+    """DRAM bytes one MoE layer's backward moves per micro-batch to recompute what Megatron-Core's
+    fine-grained recompute dropped (the saved tensors :func:`~dfmodel.inter_chip.memory.
+    moe_mla_activation_delta_bytes` no longer counts); 0 when neither field is set.
+
+    - ``moe.recompute_activation`` (``moe_act``): the activation again, reading the FC1 output
+      (``2|1 x e`` per element, gated or not) and writing its output (``e``), on the routed rows
+      ``R = tokens x top_k x capacity x imbalance`` of width ``f_e / tp``; in FP8 training
+      (``linear_input_bytes`` < ``e``) TE quantises FC2's input for its weight gradient again:
+      read ``e``, write ``linear_input_bytes`` (``set_save_original_input``).
+    - ``moe.recompute_norm`` (``layernorm``): the pre-MLP RMSNorm again, read and write ``e`` per
+      element of ``tokens x h`` (``/tp`` with SP); with MLA the input norm too, whose output
+      feeds linears (FP8: quantised again, as above).
+
+    Memory-bound element-wise passes: the caller times them at the chip's DRAM bandwidth.
+
+    >>> from types import SimpleNamespace as N
+    >>> moe = N(recompute_activation=True, recompute_norm=False, routed_token_factor=8, expert_ffn_hidden=768)
+    >>> model = N(moe=moe, mla=None, hidden=2048, ffn_type="swiglu")
+    >>> moe_recompute_bytes(model, tokens=4096, tp=1, sequence_parallel=False, bytes_per_element=2,
+    ...                     linear_input_bytes=2) == 4096 * 8 * 768 * (2 * 2 + 2)
+    True
+    """
+    moe = getattr(model, "moe", None)
+    if moe is None:
+        return 0.0
+    e, g = bytes_per_element, linear_input_bytes
+    requantise = e + g if g < e else 0.0  # (FP8: read the 16-bit recomputed output, write its FP8 copy)
+    out = 0.0
+    if moe.recompute_activation:
+        gated = 2 if model.ffn_type == "swiglu" else 1
+        out += (gated * e + e + requantise) * tokens * moe.routed_token_factor * moe.expert_ffn_hidden / tp
+    if moe.recompute_norm:
+        rows = tokens * model.hidden / (tp if sequence_parallel else 1)
+        out += 2 * e * rows + ((2 * e + requantise) * rows if getattr(model, "mla", None) is not None else 0.0)
+    return out
+
+
 def mtp_projection_s(chip, *, tokens: float, hidden: int, tp: int, precision) -> tuple[float, float]:
     """(forward, backward) time of one multi-token-prediction module's projection M_k
     (DeepSeek-V3, arXiv:2412.19437 sec. 2.2 eq. 21: ``M_k [RMSNorm(h); RMSNorm(Emb(t))]``, a
@@ -335,5 +374,5 @@ def members_off(group, fast_dim: str) -> int:
     return out
 
 
-__all__ = ["nccl_a2a_scale_out_efficiency", "nccl_scale_out_dims", "mla_up_recompute_s", "mtp_projection_s", "mtp_stage_s", "with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
+__all__ = ["nccl_a2a_scale_out_efficiency", "nccl_scale_out_dims", "mla_up_recompute_s", "moe_recompute_bytes", "mtp_projection_s", "mtp_stage_s", "with_unpaired", "token_a2a_s", "dispatch_bytes_per_element", "FP8_DISPATCH_BYTES", "members_off", "recipe_order", "A2A_OVERLAP_SMS", "a2a_sm_fraction", "overlapped_a2a_exposed_s", "a2a_overlap_applies",
            "dense_layers_per_stage", "complement_group"]

@@ -2281,7 +2281,7 @@ class LLMModel:
         t_f, t_b = _layer_times_s(layer, m, self.system.chip.compute_tiles, self._ub_config)
         c_f, c_b = self._serial_kernels_of(layer)  # TE's FP8 casts, the query / key norms (serial)
         redo_f = c_f if m.recompute == "full" else 0.0  # full recompute re-runs the forward's casts and GEMMs
-        redo_f += self._mla_up_redo_s(m)
+        redo_f += self._mla_up_redo_s(m) + self._moe_redo_s(m, layer)
         f = t_f + c_f + sum(f for f, _ in extra.values())
         b = t_b + c_b + redo_f + sum(b for _, b in extra.values())
         # an eager framework's host queues the layer no faster than _host_floor_s: the GPU's wait
@@ -2365,6 +2365,21 @@ class LLMModel:
         return moe_terms.mla_up_recompute_s(self.system.chip, mla, tokens=m.micro_batch * self.model.seq_len / m.cp,
                                             heads=self.model.num_heads, tp=m.tp, precision=self.precision)
 
+    def _moe_redo_s(self, m: Mapping, layer: BlockTimes) -> float:
+        """Backward time of an MoE layer's fine-grained recompute per micro-batch
+        (``moe.recompute_activation`` / ``recompute_norm``: :func:`experts.moe_recompute_bytes` at
+        the chip's DRAM bandwidth); 0 for a dense block, without the fields, and with full
+        recompute, which re-runs the whole forward anyway."""
+        moe = getattr(self.model, "moe", None)
+        if moe is None or m.recompute == "full" or not (moe.recompute_activation or moe.recompute_norm):
+            return 0.0
+        if not _kept_on(layer, "_holds_experts", None, lambda: any(k.expert for k in layer.sharded.graph.kernels)):
+            return 0.0
+        e, g = self.training.activation_bytes, mem.fp8_linear_input_bytes(self.training)
+        return memory_time_s(self.system.chip, moe_terms.moe_recompute_bytes(
+            self.model, tokens=m.micro_batch * self.model.seq_len / m.cp, tp=m.tp,
+            sequence_parallel=m.sequence_parallel, bytes_per_element=e, linear_input_bytes=e if g is None else g))
+
     def _layer_parts(self, m: Mapping, layer: BlockTimes) -> dict[str, float]:
         """One layer's time by component, as :meth:`_layer_phases_s` times it (with
         tp_comm_overlap: the TP communication under its GEMMs)."""
@@ -2378,6 +2393,7 @@ class LLMModel:
         c_f, c_b = self._serial_kernels_of(layer)  # memory-bound kernels of their own
         parts["memory"] += c_f + c_b + (c_f if m.recompute == "full" else 0.0)
         parts["compute"] += self._mla_up_redo_s(m)
+        parts["memory"] += self._moe_redo_s(m, layer)
         # the GPU waiting on the host (_layer_phases_s's floor; the layer's exposed communication
         # is not in these parts, so the wait's share can only be overstated, never missed)
         host_s = self._host_floor_s(layer) - sum(parts.values())

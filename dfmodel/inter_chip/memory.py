@@ -172,7 +172,11 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
     Megatron-Core's dispatcher all-gathers the routed rows over TP and the expert linears, which do
     no TP communication of their own, save what they were given (TE ``Linear`` with ``is_expert``,
     ``explicit_expert_comm``; core_r0.9 token_dispatcher.py ``gather_from_sequence_parallel_region``);
-    shared experts add a dense MLP of ``num_shared x f_e``.
+    shared experts add a dense MLP of ``num_shared x f_e``. Megatron-Core's fine-grained
+    recompute drops what it recomputes: ``moe.recompute_activation`` (``moe_act``) the routed
+    FC2 input ``R f_e / t``, ``moe.recompute_norm`` (``layernorm``) the pre-MLP norm's output,
+    counted as the dense table's FC1 input (``s b h``, ``/t`` with SP), and with MLA the input
+    norm's as well (the dense table's QKV input).
     MLA (:mod:`dfmodel.graph.builders.mla`): Q, K, V and the attention output have ``a`` heads of
     ``qk_nope + qk_rope`` (Q, K) and ``v_head_dim`` (V, output) instead of ``h / a``; the latent
     ``e s b (q_lora + kv_lora + rope)`` (``/t`` with SP) is kept for the up projection's weight
@@ -200,6 +204,10 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
             fc1_in = g * rows * h / (1 if experts_gathered else sp)  # permuted FC1 input
             delta += fc1_in + e * rows * h / sp + 8 * s * b * moe.top_k  # expert outputs, probs and indices
         delta += (gated * e + g) * s * b * moe.num_shared_experts * fe / t
+        if moe.recompute_activation:  # the routed experts' FC2 input, recomputed in the backward
+            delta -= g * rows * fe / t
+        if moe.recompute_norm:  # the pre-MLP norm's output (what the dense table counts as FC1 input)
+            delta -= g * s * b * h / sp
     mla = getattr(model, "mla", None)
     if mla is not None:
         a, kv = model.num_heads, model.kv_heads
@@ -209,6 +217,8 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
         delta += latent - dense + g * s * b * mla.latent_out / sp
         if getattr(mla, "recompute_up_proj", False):  # Q, K, V discarded, recomputed from the latents
             delta -= s * b * a * e * (2 * mla.qk_head_dim + mla.v_head_dim) / t
+        if moe is not None and moe.recompute_norm:  # MLA's input norm is a module of its own: its output too
+            delta -= g * s * b * h / sp
     return delta
 
 
