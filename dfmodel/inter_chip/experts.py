@@ -295,10 +295,10 @@ def moe_recompute_bytes(model, *, tokens: float, tp: int, sequence_parallel: boo
     e, g = bytes_per_element, linear_input_bytes
     requantise = e + g if g < e else 0.0  # (FP8: read the 16-bit recomputed output, write its FP8 copy)
     out = 0.0
-    if moe.recompute_activation:
+    if getattr(moe, "recompute_activation", False):
         gated = 2 if model.ffn_type == "swiglu" else 1
         out += (gated * e + e + requantise) * tokens * moe.routed_token_factor * moe.expert_ffn_hidden / tp
-    if moe.recompute_norm:
+    if getattr(moe, "recompute_norm", False):
         rows = tokens * model.hidden / (tp if sequence_parallel else 1)
         out += 2 * e * rows + ((2 * e + requantise) * rows if getattr(model, "mla", None) is not None else 0.0)
     return out

@@ -2371,7 +2371,8 @@ class LLMModel:
         the chip's DRAM bandwidth); 0 for a dense block, without the fields, and with full
         recompute, which re-runs the whole forward anyway."""
         moe = getattr(self.model, "moe", None)
-        if moe is None or m.recompute == "full" or not (moe.recompute_activation or moe.recompute_norm):
+        fields = (getattr(moe, "recompute_activation", False), getattr(moe, "recompute_norm", False))
+        if m.recompute == "full" or not any(fields):
             return 0.0
         if not _kept_on(layer, "_holds_experts", None, lambda: any(k.expert for k in layer.sharded.graph.kernels)):
             return 0.0

@@ -204,9 +204,9 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
             fc1_in = g * rows * h / (1 if experts_gathered else sp)  # permuted FC1 input
             delta += fc1_in + e * rows * h / sp + 8 * s * b * moe.top_k  # expert outputs, probs and indices
         delta += (gated * e + g) * s * b * moe.num_shared_experts * fe / t
-        if moe.recompute_activation:  # the routed experts' FC2 input, recomputed in the backward
+        if getattr(moe, "recompute_activation", False):  # the routed experts' FC2 input, recomputed in the backward
             delta -= g * rows * fe / t
-        if moe.recompute_norm:  # the pre-MLP norm's output (what the dense table counts as FC1 input)
+        if getattr(moe, "recompute_norm", False):  # the pre-MLP norm's output (what the dense table counts as FC1 input)
             delta -= g * s * b * h / sp
     mla = getattr(model, "mla", None)
     if mla is not None:
@@ -217,7 +217,7 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
         delta += latent - dense + g * s * b * mla.latent_out / sp
         if getattr(mla, "recompute_up_proj", False):  # Q, K, V discarded, recomputed from the latents
             delta -= s * b * a * e * (2 * mla.qk_head_dim + mla.v_head_dim) / t
-        if moe is not None and moe.recompute_norm:  # MLA's input norm is a module of its own: its output too
+        if getattr(moe, "recompute_norm", False):  # MLA's input norm is a module of its own: its output too
             delta -= g * s * b * h / sp
     return delta
 
