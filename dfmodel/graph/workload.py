@@ -408,6 +408,17 @@ class MLAConfig(Strict):
         return self.latent_in + self.qk_rope_head_dim
 
 
+def fc1_width_factor(ffn_type: str) -> int:
+    """FC1's output width per FFN width: 2 for SwiGLU, whose gate and up projections run as one
+    fused GEMM (Shazeer 2020, "GLU Variants Improve Transformer"; Megatron-Core's
+    ``gated_linear_unit``), 1 for GELU and squared ReLU. The one place the factor is written.
+
+    >>> fc1_width_factor("swiglu"), fc1_width_factor("gelu")
+    (2, 1)
+    """
+    return 2 if ffn_type == "swiglu" else 1
+
+
 class LLMArchitecture(Strict):
     """Decoder-only transformer hyper-parameters (see the module doc for each field)."""
 

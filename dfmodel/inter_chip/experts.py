@@ -7,6 +7,7 @@ and the tests check them in closed form.
 
 from __future__ import annotations
 
+from dfmodel.graph.workload import fc1_width_factor
 from dfmodel.netmodels.nccl import H100_SMS, overlapped_exposed_s
 
 #: Bytes per element of an FP8 dispatch: 1 (E4M3) plus one fp32 scale per 1x128 tile
@@ -296,7 +297,7 @@ def moe_recompute_bytes(model, *, tokens: float, tp: int, sequence_parallel: boo
     requantise = e + g if g < e else 0.0  # (FP8: read the 16-bit recomputed output, write its FP8 copy)
     out = 0.0
     if getattr(moe, "recompute_activation", False):
-        gated = 2 if model.ffn_type == "swiglu" else 1
+        gated = fc1_width_factor(model.ffn_type)
         out += (gated * e + e + requantise) * tokens * moe.routed_token_factor * moe.expert_ffn_hidden / tp
     if getattr(moe, "recompute_norm", False):
         rows = tokens * model.hidden / (tp if sequence_parallel else 1)

@@ -23,6 +23,7 @@ from typing import Literal
 
 from dfmodel.cli_format import fmt_bytes
 from dfmodel.graph.fp8 import recipe_cost
+from dfmodel.graph.workload import fc1_width_factor
 from dfmodel.inter_chip.pipeline import warmup_forwards
 
 Recompute = Literal["none", "selective", "full"]
@@ -192,7 +193,7 @@ def moe_mla_activation_delta_bytes(model, *, seq_len: int, micro_batch: int, tp:
     s, b, t, e, h = seq_len, micro_batch, tp, bytes_per_element, model.hidden
     g = e if linear_input_bytes is None else linear_input_bytes  # saved linear-GEMM inputs
     sp = t if sequence_parallel else 1
-    gated = 2 if model.ffn_type == "swiglu" else 1
+    gated = fc1_width_factor(model.ffn_type)
     delta = 0.0
     moe = getattr(model, "moe", None)
     if moe is not None:
@@ -771,7 +772,7 @@ def llm_layer_activation_bytes(*, model, training, attention: str, tp: int, cp: 
     common = dict(seq_len=s_local, key_len=m.seq_len if cp > 1 else None, micro_batch=micro_batch, hidden=m.hidden,
                   num_heads=m.num_heads, tp=tp, sequence_parallel=sequence_parallel, ffn_hidden=m.ffn,
                   num_kv_heads=m.kv_heads, bytes_per_element=e, dropout=getattr(m, "dropout", True),
-                  gated_mlp=m.ffn_type == "swiglu", attention=attention,
+                  gated_mlp=fc1_width_factor(m.ffn_type) == 2, attention=attention,
                   linear_input_bytes=fp8_linear_input_bytes(training), head_dim=m.head_width,
                   qk_norm=getattr(m, "qk_norm", False))
     return activation_bytes_per_layer(recompute=recompute, **common) + moe_mla_activation_delta_bytes(

@@ -37,7 +37,7 @@ from dfmodel.graph.builders.mla import _mla_down_backward, _mla_down_forward, _m
 from dfmodel.graph.builders.formulas import INDEX_BYTES, LOSS_BYTES, matmul_flop, vector_flop
 from dfmodel.graph.graph import DataflowGraph
 from dfmodel.graph.kernel import KernelKind, Phase
-from dfmodel.graph.workload import LLMWorkload
+from dfmodel.graph.workload import LLMWorkload, fc1_width_factor
 
 MM, EW, RED, EMB = KernelKind.matmul, KernelKind.elementwise, KernelKind.reduction, KernelKind.embedding
 FWD, BWD, WG = Phase.forward, Phase.backward, Phase.weight_grad
@@ -331,7 +331,7 @@ def build_llm_layer(w: LLMWorkload, batch: int, ep: int = 1, *, part: str = "lay
     # element size, combined rows at the activation precision
     sort_d, sort_c = sort_chunks_bytes(TR, h, moe, w.training.activation_bytes, experts_local=nE, ep=ep) \
         if routed else (0.0, 0.0)
-    f_in = 2 * f if m.ffn_type == "swiglu" else f  # swiglu: gate and up projections fused
+    f_in = fc1_width_factor(m.ffn_type) * f
     act, act_bwd = m.ffn_type, f"{m.ffn_type}_bwd"
     qkv_p, out_p = (mla_up_params(mla, a) if mla else linear_params(h, nqkv)), linear_params(a * dv, h)
     fc1_p, fc2_p, ln_p = nE * linear_params(h, f_in), nE * linear_params(f, h), layernorm_params(h)

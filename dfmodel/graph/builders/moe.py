@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dfmodel.graph.workload import LLMWorkload, MoEConfig
+from dfmodel.graph.workload import LLMWorkload, MoEConfig, fc1_width_factor
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def _shared_ffn(w: LLMWorkload) -> tuple[int, int]:
     """Shared experts' hidden width and fc1 output width (swiglu: gate and up fused)."""
     moe = w.model.moe
     fs = moe.num_shared_experts * moe.expert_ffn_hidden
-    return fs, (2 * fs if w.model.ffn_type == "swiglu" else fs)
+    return fs, fc1_width_factor(w.model.ffn_type) * fs
 
 
 def sort_chunks_bytes(routed_rows_: int, hidden: int, moe: MoEConfig, activation_bytes: float, *,
