@@ -104,8 +104,14 @@ def run_cell_cold(workload: str, system: str, size: str, time_limit_s: float, al
     child = ctx.Process(target=_cell_child, args=(send, workload, system, size, time_limit_s, alternatives))
     child.start()
     send.close()
-    row = recv.recv()
+    try:
+        row = recv.recv()
+    except EOFError:  # the child died before it could answer (killed, out of memory)
+        row = {"workload": workload, "system": system, "size": size, "num_chips": None, "wall_s": 0.0,
+               "cpu_s": 0.0, "status": "crashed"}
     child.join()
+    if row.get("status") == "crashed":
+        row["message"] = f"the cell's process exited with {child.exitcode}"
     return row
 
 
