@@ -107,20 +107,22 @@ def run_cell_cold(workload: str, system: str, size: str, time_limit_s: float, al
     try:
         row = recv.recv()
     except EOFError:  # the child died before it could answer (killed, out of memory)
-        row = {"workload": workload, "system": system, "size": size, "num_chips": None, "wall_s": 0.0,
-               "cpu_s": 0.0, "status": "crashed"}
+        row = None
     child.join()
-    if row.get("status") == "crashed":
-        row["message"] = f"the cell's process exited with {child.exitcode}"
-    return row
+    return row or _failed_row(workload, system, size, "crashed", f"the cell's process exited with {child.exitcode}")
+
+
+def _failed_row(workload: str, system: str, size: str, status: str, message: str) -> dict:
+    """A cell that returned no result: its status and why."""
+    return {"workload": workload, "system": system, "size": size, "num_chips": None, "wall_s": 0.0, "cpu_s": 0.0,
+            "status": status, "message": message}
 
 
 def _cell_child(conn, *args) -> None:
     try:
         conn.send(run_cell(*args))
     except BaseException as exc:  # noqa: BLE001 -- the parent prints it as the cell's status
-        conn.send({"workload": args[0], "system": args[1], "size": args[2], "num_chips": None, "wall_s": 0.0,
-                   "cpu_s": 0.0, "status": type(exc).__name__, "message": str(exc)})
+        conn.send(_failed_row(*args[:3], type(exc).__name__, str(exc)))
     finally:
         conn.close()
 
