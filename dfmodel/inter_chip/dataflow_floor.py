@@ -345,7 +345,7 @@ __all__ = ["DataflowBlockFloor", "PhaseFloor", "dataflow_block_floor"]
 
 
 def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None, layer_nets: tuple | None = None,
-                 plans: bool = True) -> float:
+                 plans: bool = True, stage: tuple[int, int, int] | None = None) -> float:
     """Valid lower bound on one micro-batch's forward + backward (+ recompute) through every
     block on one dataflow chip (``LLMModel.pass_floor_s`` on ``execution: dataflow``; ``is_core``
     picks selective recompute's kernels): each
@@ -357,14 +357,20 @@ def pass_floor_s(model, m, is_core, tp_groups=None, stash_cap: int | None = None
     layer as sharded on ``m``'s own TP group (``LLMModel.layer_nets_s``: every collective of the
     layouts it runs, not only the forced reductions), with ``tp_groups`` that one group.
     ``plans=False``: every phase at its closed form, without its plan floor
-    (:meth:`PhaseFloor.busy_s`): weaker, cheaper. Memoised per block key on ``model``."""
+    (:meth:`PhaseFloor.busy_s`): weaker, cheaper. ``stage``: ``(i, moe, dense)``, the same floor
+    of plain 1F1B's stage ``i`` alone when it holds ``moe`` (MoE, or every layer of a dense
+    model) and ``dense`` (an MoE model's dense) layers: the embedding on the first stage, the
+    head on the last, at most as many layers keeping their stash in SRAM as the SRAM holds at
+    that stage's in-flight micro-batches (an MoE model: at one, which every stage holds at
+    least). Memoised per block key on ``model``."""
     if tp_groups and m.tp > 1:
-        return min(_pass_floor_on_s(model, m, is_core, tuple(g), stash_cap, layer_nets, plans) for g in tp_groups)
-    return _pass_floor_on_s(model, m, is_core, None, stash_cap, plans=plans)
+        return min(_pass_floor_on_s(model, m, is_core, tuple(g), stash_cap, layer_nets, plans, stage)
+                   for g in tp_groups)
+    return _pass_floor_on_s(model, m, is_core, None, stash_cap, plans=plans, stage=stage)
 
 
 def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, layer_nets: tuple | None = None,
-                     plans: bool = True) -> float:
+                     plans: bool = True, stage: tuple[int, int, int] | None = None) -> float:
     """:func:`pass_floor_s` on one TP group (None: without the TP collectives). Under
     ``model.sharded_floor_stage`` ``none`` (:meth:`LLMModel.nets_only`) the (MoE) layer with
     ``layer_nets`` skips its sharded floor (:func:`sharded_layer_floor`): a weaker bound, without
@@ -372,29 +378,21 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
     ub = m.tp_comm_overlap and m.tp > 1
     dense = model.num_experts <= 1  # (MoE layers keep the 1 / tp shares: their expert layouts differ)
     sp = m.sequence_parallel and m.tp > 1
-    stage = model.sharded_floor_stage
+    only, stage = stage, model.sharded_floor_stage
     key = (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.pp) + (
         () if group is None else (group, m.sequence_parallel, m.whole_experts, ub)) + (
         (sp, m.num_micro_batches) if dense else ()) + (() if stash_cap is None else ("cap", stash_cap)) + (
-        () if layer_nets is None else ("nets", layer_nets, stage)) + (() if plans else ("closed",))
+        () if layer_nets is None else ("nets", layer_nets, stage)) + (() if plans else ("closed",)) + (
+        () if only is None else ("stage", only))
     memo = model.__dict__.setdefault("_dataflow_pass_memo", {})
     if key in memo:
         return memo[key]
-    floors = model.__dict__.setdefault("_dataflow_block_floors", {})
-    blocks = [("layer", model.num_moe_layers, m.recompute, m.ep_outside_tp), ("embedding", 1, "none", 1),
-              ("head", 1, "none", 1)]
-    if model.num_dense_layers:
-        blocks.append(("dense_layer", model.num_dense_layers, m.recompute, 1))
     sram = float(model.system.chip.sram_bytes)
     total = 0.0
-    for which, count, rc, ep in blocks:
+    for which, count, rc, ep in _pass_blocks(model, m, only):
         if not count:
             continue
-        bkey = (which, m.tp, m.cp, ep) + ((sp,) if dense else ())
-        if bkey not in floors:
-            graph = getattr(model.graphs(1, m.cp, ep), which)
-            floors[bkey] = None if graph is None else _block_floor_of(graph, model.system, m.tp, sp, dense, is_core)
-        fl = floors[bkey]
+        bkey, fl = _cached_block_floor(model, m, which, ep, is_core)
         if fl is None:
             continue
         nets = layer_nets if which == "layer" else None
@@ -405,11 +403,12 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
         pairs = _block_pass_pairs(model, fl, bkey, which, m, rc, ep, group, ub, nets, also, stage if also else None,
                                   plans)
         if which in ("layer", "dense_layer"):  # layers whose stash does not fit SRAM write and read it
+            stages = range(m.pp) if only is None else (only[0],)
             if dense:  # each stage's own in-flight micro-batches (plain 1F1B's: interleaving adds)
-                in_flight = tuple(in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in range(m.pp))
+                in_flight = tuple(in_flight_micro_batches(m.pp, i, m.num_micro_batches) for i in stages)
                 on = staged_layers_on_chip(fl, m.micro_batch, sram, count, in_flight, rc, model._checkpoint_bytes(m))
             else:
-                on = fl.max_layers_on_chip(m.micro_batch, sram, count, m.pp, rc, model._checkpoint_bytes(m))
+                on = fl.max_layers_on_chip(m.micro_batch, sram, count, len(stages), rc, model._checkpoint_bytes(m))
             if stash_cap is not None and which == "layer":  # (floors decrease with on: kept <= dram)
                 on = min(on, stash_cap)
             total += _least_split_s(on, count, *pairs)
@@ -417,6 +416,31 @@ def _pass_floor_on_s(model, m, is_core, group, stash_cap: int | None = None, lay
             total += count * float(pairs[1].min())
     memo[key] = total
     return total
+
+
+def _pass_blocks(model, m, stage: tuple[int, int, int] | None = None) -> list[tuple]:
+    """(block, count, recompute, ep) of one micro-batch's pass through a chip's blocks, or through
+    those of ``stage`` (:func:`pass_floor_s`)."""
+    moe, dense = (model.num_moe_layers, model.num_dense_layers) if stage is None else stage[1:]
+    first, last = (True, True) if stage is None else (stage[0] == 0, stage[0] == m.pp - 1)
+    blocks = [("layer", moe, m.recompute, m.ep_outside_tp), ("embedding", int(first), "none", 1),
+              ("head", int(last), "none", 1)]
+    if model.num_dense_layers:
+        blocks.append(("dense_layer", dense, m.recompute, 1))
+    return blocks
+
+
+def _cached_block_floor(model, m, which: str, ep: int, is_core) -> tuple[tuple, "DataflowBlockFloor | None"]:
+    """(key, :func:`_block_floor_of`) of block ``which`` at ``m``'s TP and CP degrees, memoised on
+    ``model`` (None when the model has no such block)."""
+    dense = model.num_experts <= 1
+    sp = m.sequence_parallel and m.tp > 1
+    bkey = (which, m.tp, m.cp, ep) + ((sp,) if dense else ())
+    floors = model.__dict__.setdefault("_dataflow_block_floors", {})
+    if bkey not in floors:
+        graph = getattr(model.graphs(1, m.cp, ep), which)
+        floors[bkey] = None if graph is None else _block_floor_of(graph, model.system, m.tp, sp, dense, is_core)
+    return bkey, floors[bkey]
 
 
 def _least_split_s(on: int, count: int, kept: np.ndarray, dram: np.ndarray) -> float:

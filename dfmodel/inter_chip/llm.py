@@ -168,6 +168,47 @@ _MEMORY_BLIND = frozenset(("placement", "tp_comm_overlap", "overlap_grad_reduce"
                            "overlap_moe_expert_parallel_comm", "cp_comm"))
 
 
+class _PlacementDependent(LookupError):
+    """A block's parameters per chip depend on its TP group's placement (:meth:`LLMModel._block_params`
+    without one)."""
+
+
+def _split_kinds_of(stage: int, s: int, layers: int, dense_layers: int) -> tuple[int, int]:
+    """(MoE, dense) layers of stage ``stage`` of two when stage 0 holds the first ``s`` of
+    ``layers`` layers, the ``dense_layers`` dense ones first (``experts.dense_layers_per_stage``)."""
+    dense = min(s, dense_layers) if stage == 0 else max(0, dense_layers - s)
+    return (s if stage == 0 else layers - s) - dense, dense
+
+
+def _last_true(pred, lo: int, hi: int) -> int | None:
+    """Largest ``x`` in ``[lo, hi]`` with ``pred(x)`` for a predicate true up to some point and
+    false after it (None: false at ``lo``), by bisection."""
+    if not pred(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if pred(mid) else (lo, mid - 1)
+    return lo
+
+
+def _first_true(pred, lo: int, hi: int) -> int | None:
+    """Smallest ``x`` in ``[lo, hi]`` with ``pred(x)`` for a predicate false up to some point and
+    true after it (None: false at ``hi``), by bisection."""
+    if not pred(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if pred(mid) else (mid + 1, hi)
+    return lo
+
+
+def _pass_knobs(m) -> tuple:
+    """What the dataflow pass floors read of a mapping (``dataflow_floor.pass_floor_s``, its
+    TP groups given apart)."""
+    return (m.micro_batch, m.recompute, m.tp, m.cp, m.ep_outside_tp, m.whole_experts, m.pp, m.num_micro_batches,
+            m.sequence_parallel, m.tp_comm_overlap)
+
+
 def _memory_knobs(m) -> tuple:
     """The mapping's fields memory reads (all but :data:`_MEMORY_BLIND`): memo keys of the memory checks."""
     return tuple(v for k, v in vars(m).items() if k not in _MEMORY_BLIND)
@@ -880,6 +921,8 @@ class LLMModel:
         that bound alone."""
         if self.num_experts <= 1:
             return None
+        if self._fitting_splits(m) == ():  # evaluate's memory screen rejects it before any solve
+            return None
         # (the blocks' floors where weights must stream: 0.05 CPU s a block key, which on WSE-2's
         # 40 GB SRAM doubled DeepSeek-V3's search for nothing)
         dataflow = self.system.chip.execution == "dataflow" and dataflow_floor.streams_forced(self, m)
@@ -1090,6 +1133,114 @@ class LLMModel:
         pipeline_s = (m.num_micro_batches - 1) * last_s + sum_s + self.p2p_floor_s(m)
         return (pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))) * (1 - 1e-12)
 
+    def split_bound_s(self, m: Mapping, ep_layer_s: float, tp_groups=None, stash_cap: int | None = None,
+                      layer_nets: tuple | None = None) -> float:
+        """Plain 1F1B's bound on two dataflow stages from the layer splits that fit the chip:
+        ``(M - 1) T* + sum T`` (:func:`~dfmodel.inter_chip.pipeline.pipeline_time`) with the
+        bottleneck ``T*`` at least :meth:`split_stage_floor_s` and ``sum T`` at least pp times
+        the work floor with a stage's all-to-alls (``ep_layer_s`` per MoE layer), plus the least
+        exposed p2p and the optimizer floor; 0 where that floor does not apply, or with offload
+        (whose host transfers :meth:`offload_ep_overlap_s` pairs with the all-to-alls).
+        ``tp_groups``, ``stash_cap``, ``layer_nets``: as :meth:`lower_bound_s`'s."""
+        if not self._split_bound_applies(m):
+            return 0.0
+        stage_s = self.split_stage_floor_s(m, ep_layer_s, tp_groups, stash_cap, layer_nets)
+        if stage_s <= 0.0:
+            return 0.0
+        sum_s = m.pp * (self._work_stage_floor_s(m, tp_groups, stash_cap, layer_nets)
+                        + self.num_moe_layers * ep_layer_s / m.pp)
+        pipeline_s = (m.num_micro_batches - 1) * stage_s + sum_s + self.p2p_floor_s(m)
+        return (pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))) * (1 - 1e-12)
+
+    def _split_bound_applies(self, m: Mapping) -> bool:
+        """Whether :meth:`split_bound_s` may bound ``m``: two plain 1F1B stages on a dataflow chip,
+        nothing offloaded (the host transfers hide behind the all-to-alls,
+        :meth:`offload_ep_overlap_s`, which the mean-stage bound accounts for)."""
+        return (m.pp == 2 and m.interleave == 1 and self.system.chip.execution == "dataflow"
+                and not off.uses_offload(m))
+
+    def split_stage_floor_s(self, m: Mapping, ep_layer_s: float, tp_groups=None, stash_cap: int | None = None,
+                            layer_nets: tuple | None = None) -> float:
+        """Least bottleneck stage time per micro-batch of ``m`` over the layer splits whose
+        stages fit the chip's memory, on two plain 1F1B stages of a dataflow chip (0 elsewhere,
+        or where a block's parameters depend on the TP group's placement). :meth:`evaluate`
+        runs a split that fits, the time-balanced one or the least bottleneck of those that fit
+        (``balance_layers(fits=...)``), so ``T* >= min_s max(T_0(s), T_1(s))`` over the fitting
+        ``s`` (stage 0 holds the first ``s`` layers), each ``T_i`` at least that stage's
+        :func:`.dataflow_floor.pass_floor_s` plus its MoE layers' all-to-alls (``ep_layer_s``
+        each). ``T_0`` grows with ``s`` and ``T_1`` shrinks, so the least is at their crossing,
+        found by bisection. Where the first stage holds two micro-batches in flight and the
+        second one, DeepSeek-V3 on 512 dragonfly chips fits only [26, 35] at micro-batch 4:
+        the mean-stage bound sees 30.5 layers a stage, its evaluation 35 (1.3x)."""
+        if self.system.chip.execution != "dataflow":
+            return 0.0
+        fitting = self._fitting_splits(m)
+        if not fitting:
+            return 0.0
+        groups = (self._tp_groups(m) if tp_groups is None else tp_groups) if m.tp > 1 else None
+        # (what it reads: the pass floors' knobs and groups, the fitting splits; the search asks
+        # again for every placement sharing the TP group and every ZeRO stage sharing the splits)
+        key = (_pass_knobs(m), fitting, groups, stash_cap, layer_nets if groups else None,
+               self.sharded_floor_stage, ep_layer_s)
+        memo = self.__dict__.setdefault("_split_stage_floor_memo", {})
+        if key not in memo:
+            memo[key] = self._split_stage_floor_of(m, fitting, ep_layer_s, groups, stash_cap, layer_nets)
+        return memo[key]
+
+    def _split_stage_floor_of(self, m: Mapping, fitting: tuple[int, int], ep_layer_s: float, groups,
+                              stash_cap: int | None, layer_nets: tuple | None) -> float:
+        lo, hi = fitting
+        n, n_dense = self.num_layers, self.num_dense_layers
+
+        def stage_s(stage: int, s: int) -> float:
+            moe, dense = _split_kinds_of(stage, s, n, n_dense)
+            return (dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups, stash_cap,
+                                                layer_nets if groups else None, stage=(stage, moe, dense))
+                    + moe * ep_layer_s)
+
+        # the least s in [lo, hi] with T_0(s) >= T_1(s) (else hi): the optimum is there or one before
+        cross = _first_true(lambda s: stage_s(0, s) >= stage_s(1, s), lo, hi) or hi
+        return min(max(stage_s(0, s), stage_s(1, s)) for s in {max(lo, cross - 1), cross}) * (1 - 1e-12)
+
+    def _fitting_splits(self, m: Mapping) -> tuple[int, ...] | None:
+        """``(lo, hi)``: the splits of ``m``'s two plain 1F1B stages whose stages fit the chip's
+        memory are ``lo <= s <= hi`` (stage 0 holding the first ``s`` layers); ``()`` when none
+        does; None for another pipeline or where a block's parameters depend on the TP group's
+        placement. A stage's memory grows with its layers, so each bound is found by bisection
+        on one stage alone (:meth:`_stage_memory_of` with the other stage empty: the worst stage
+        is at least this one). Memoised on the memory knobs."""
+        if m.pp != 2 or m.interleave != 1 or self.pipeline_layout is not None:
+            return None
+        key = _memory_knobs(m)
+        memo = self.__dict__.setdefault("_fitting_splits_memo", {})
+        if key not in memo:
+            memo[key] = self._fitting_splits_of(m)
+        return memo[key]
+
+    def _fitting_splits_of(self, m: Mapping) -> tuple[int, int] | None:
+        params = self._plan_free_block_params(m)
+        if params is None:
+            return None
+        n, n_dense = self.num_layers, self.num_dense_layers
+
+        def fits(stage: int, s: int) -> bool:
+            moe_st, dense_st = [0, 0], [0, 0]
+            moe_st[stage], dense_st[stage] = _split_kinds_of(stage, s, n, n_dense)
+            return self._stage_memory_of(m, params, moe_st, dense_st)[1].fits
+
+        hi = _last_true(lambda s: fits(0, s), 1, n - 1)  # stage 0 fits s layers for s <= hi
+        lo = _first_true(lambda s: fits(1, s), 1, n - 1)  # stage 1 fits n - s layers for s >= lo
+        return () if hi is None or lo is None or lo > hi else (lo, hi)
+
+    def _plan_free_block_params(self, m: Mapping) -> tuple | None:
+        """:meth:`_block_params` of the layer, embedding, head and dense layer (None for a block
+        the model lacks) where none depends on the TP group's placement, else None."""
+        try:
+            return tuple(self._block_params(which, m, placed=False)
+                         for which in ("layer", "embedding", "head", "dense_layer"))
+        except _PlacementDependent:
+            return None
+
     def last_stage_floor_min_s(self, m: Mapping, ep_layer_s: float) -> float | None:
         """Least :meth:`_last_stage_on_s` over the TP groups a placement of ``m``'s degrees gives
         (``ep_layer_s``: all-to-alls per MoE layer, at most any placement's); None without floors."""
@@ -1126,11 +1277,18 @@ class LLMModel:
         """:meth:`lower_bound_s` on ``m``'s own TP group (``stash_cap``, ``layer_nets``: as there)
         plus the token all-to-alls exposed on its own ep group (MoE): before ZeRO-2's exposed
         reduce-scatters."""
-        out = self.lower_bound_s(m, tp_groups=(m.group("tp"),), stash_cap=stash_cap, layer_nets=layer_nets)
+        own = (m.group("tp"),)
+        out = self.lower_bound_s(m, tp_groups=own, stash_cap=stash_cap, layer_nets=layer_nets)
+        ep_stage_s = 0.0
         if self.num_experts > 1 and m.ep > 1:
             ep_stage_s = self.num_moe_layers * self._ep_exposed_floor_s(m) / m.pp
             out += (m.num_micro_batches + (m.pp - 1) / m.interleave) * ep_stage_s
-            out -= self.offload_ep_overlap_s(m, ep_stage_s, (m.group("tp"),), stash_cap, layer_nets)
+            out -= self.offload_ep_overlap_s(m, ep_stage_s, own, stash_cap, layer_nets)
+        if self._split_bound_applies(m):  # :meth:`split_bound_s` less what this bound holds of it already
+            split_s = self.split_stage_floor_s(m, self._moe_ep_floor_s(m), own, stash_cap, layer_nets)
+            if split_s > 0.0:
+                mean_s = self._mean_stage_floor_s(m, own, stash_cap, layer_nets) + ep_stage_s
+                out += (m.num_micro_batches - 1) * max(0.0, split_s - mean_s)
         return out * (1 - 1e-12)
 
     def _with_zero2_floor_s(self, m: Mapping, bound_s: float) -> float:
@@ -1737,7 +1895,21 @@ class LLMModel:
         splits. The screen is the larger of its floors, each the least over its splits, so it
         fits as soon as every floor has one split that fits: one split each decides most
         fitting groups (2 of 3 of the screens of DeepSeek-V3 / 1024 H100 fit, each computed 5
-        splits of ~50 us). A group that does not fit gets the full screen, exactly as before."""
+        splits of ~50 us). A group that does not fit gets the full screen, exactly as before.
+        With two plain 1F1B stages and parameters no placement changes, the floors load one
+        stage at a time, so they miss that no split fits both stages at once
+        (:meth:`_fitting_splits`): then the least memory of those splits (exact,
+        :meth:`memory_before_solves`), which 1142 of DeepSeek-V3 / 512 dragonfly's mappings
+        reached only after their pre-solve bound (2 of its 18 serial CPU seconds)."""
+        need = self._screen_bytes(m, capacity_bytes)
+        if need <= capacity_bytes and not off.uses_offload(m) and self._fitting_splits(m) == ():
+            least = self._least_split_memory(m)
+            if least is not None:
+                return least.total_bytes
+        return need
+
+    def _screen_bytes(self, m: Mapping, capacity_bytes: float) -> float:
+        """:meth:`screen_bytes` from :meth:`memory_before_blocks`' floors alone."""
         key = _memory_knobs(m)
         if key in self._memory_floors or off.uses_offload(m):  # (offload: the host screen reads it all)
             return self.memory_before_blocks(m).total_bytes
@@ -2183,7 +2355,7 @@ class LLMModel:
                 least = memory
         return least
 
-    def _block_params(self, which: str, m: Mapping) -> tuple[float, float] | None:
+    def _block_params(self, which: str, m: Mapping, placed: bool = True) -> tuple[float, float] | None:
         """(parameters, MoE expert parameters) per chip of block ``which`` of ``m`` as :meth:`block`
         shards it (None when the model has no such block): what :meth:`_stage_memory` reads.
         Without any sharding solved where every plan gives the same
@@ -2204,6 +2376,8 @@ class LLMModel:
         params = plan_free_params(graph, self.system, m.tp, sequence_parallel=m.sequence_parallel,
                                   megatron_layouts=True, whole_experts=whole)
         if params is None:  # (the plan decides: m's own, not memoised, another placement may pick another)
+            if not placed:
+                raise _PlacementDependent(which)
             g = self._shard_block(graph, m.tp, m.group("tp"), m.sequence_parallel, whole).graph
             return g.params(), expert_params(g)
         memo[key] = (graph, params)

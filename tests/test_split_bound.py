@@ -1,0 +1,121 @@
+"""The two-stage memory split bound of a dataflow search (issue 12).
+
+With two plain 1F1B stages, :meth:`LLMModel.evaluate` runs a layer split whose stages fit the
+chip's memory (the time-balanced one, or the least bottleneck of those that fit), so the
+bottleneck stage holds at least as many layers as the fitting splits force on it:
+
+- ``_fitting_splits`` finds the splits that fit as an interval by bisection on each stage alone.
+  Oracle: every split's exact memory (``_stage_memory_of`` of the whole split);
+- ``split_stage_floor_s`` takes the least bottleneck over that interval at the crossing of the
+  two stages' floors. Oracle: a scan of every split of the interval;
+- ``split_bound_s`` (and the presolve bound holding it) never exceeds the evaluated step time,
+  and on splits moved for memory it exceeds the mean-stage bound;
+- the search with it still equals exhaustive enumeration (``test_split_memory_screen``'s
+  capacities, and one where many splits move)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dfmodel.inter_chip import dataflow_floor
+from dfmodel.inter_chip.config import Knobs
+from dfmodel.inter_chip.llm import LLMModel, _is_attention_core, _split_kinds_of
+from dfmodel.inter_chip.llm_family import solve_llm
+from dfmodel.inter_chip.llm_space import llm_candidates
+from test_split_memory_screen import _tight_dataflow_moe
+
+CAPACITY = "600 MiB"  # (the small MoE model: a third of its two-stage mappings fit only some splits)
+
+
+def _two_stage(model: LLMModel, step: int) -> list:
+    return [m for m in llm_candidates(model, Knobs()) if m.pp == 2 and m.interleave == 1][::step]
+
+
+def _splits_that_fit(model: LLMModel, m) -> list[int]:
+    params = model._plan_free_block_params(m)
+    n = model.num_layers
+    out = []
+    for s in range(1, n):
+        moe, dense = zip(*(_split_kinds_of(i, s, n, model.num_dense_layers) for i in (0, 1)))
+        if model._stage_memory_of(m, params, list(moe), list(dense))[1].fits:
+            out.append(s)
+    return out
+
+
+def test_fitting_splits_are_every_split_that_fits():
+    w, s = _tight_dataflow_moe(CAPACITY)
+    model = LLMModel(w, s)
+    kinds = {"none": 0, "narrow": 0, "all": 0}
+    for m in _two_stage(model, 5):
+        got = model._fitting_splits(m)
+        want = _splits_that_fit(model, m)
+        assert got == ((want[0], want[-1]) if want else ()), (m, got, want)
+        assert want == list(range(want[0], want[-1] + 1)) if want else True  # (an interval)
+        kinds["none" if not want else "all" if len(want) == model.num_layers - 1 else "narrow"] += 1
+    assert all(k > 20 for k in kinds.values()), kinds
+
+
+def test_split_stage_floor_is_the_least_bottleneck_over_the_fitting_splits():
+    w, s = _tight_dataflow_moe(CAPACITY)
+    model = LLMModel(w, s)
+    n, checked = model.num_layers, 0
+    for m in _two_stage(model, 23):
+        fitting = model._fitting_splits(m)
+        if not fitting:
+            assert model.split_stage_floor_s(m, 0.0) == 0.0
+            continue
+        groups = model._tp_groups(m) if m.tp > 1 else None
+
+        def stage_s(i, split):
+            moe, dense = _split_kinds_of(i, split, n, model.num_dense_layers)
+            return dataflow_floor.pass_floor_s(model, m, _is_attention_core, groups, stage=(i, moe, dense)) + moe * 1e-3
+
+        scan = min(max(stage_s(0, x), stage_s(1, x)) for x in range(fitting[0], fitting[1] + 1))
+        assert model.split_stage_floor_s(m, 1e-3) == pytest.approx(scan, rel=1e-9)
+        checked += 1
+    assert checked > 20
+
+
+def test_split_bound_holds_and_binds_on_moved_splits():
+    w, s = _tight_dataflow_moe(CAPACITY)
+    model = LLMModel(w, s)
+    fitting, raised = 0, 0
+    for m in _two_stage(model, 11):
+        ev = model.evaluate(m)
+        if not ev.fits:
+            continue
+        fitting += 1
+        stages = [f + b for f, b in zip(ev.stage_fwd_s, ev.stage_bwd_s)]
+        assert model.split_stage_floor_s(m, 0.0) <= max(stages) * (1 + 1e-9), m
+        ep_s = model._moe_ep_floor_s(m)
+        own = (m.group("tp"),)
+        for bound in (model.split_bound_s(m, ep_s), model.split_bound_s(m, ep_s, own), model._own_groups_bound_s(m),
+                      model.presolve_bound_s(m) or 0.0):
+            assert bound <= ev.iteration_time_s * (1 + 1e-9), (m, bound, ev.iteration_time_s)
+        if ev.split_moved and model.split_bound_s(m, ep_s, own) > model.lower_bound_s(m, tp_groups=own) * 1.01:
+            raised += 1
+    assert fitting > 30 and raised > 5, (fitting, raised)
+
+
+def test_no_split_that_fits_prunes_before_the_presolve_bound():
+    w, s = _tight_dataflow_moe(CAPACITY)
+    model = LLMModel(w, s)
+    cap = float(s.chip.memory.capacity_bytes)
+    # (mappings the one-stage floors of the screen let through, as they took any split)
+    missed = [m for m in _two_stage(model, 3)
+              if model._fitting_splits(m) == () and model.memory_before_blocks(m).total_bytes <= cap]
+    assert len(missed) > 5
+    for m in missed:
+        assert model.presolve_bound_s(m) is None  # (evaluate's memory screen rejects it at once)
+        # the leaf group's screen prunes it, reporting the least memory of its splits
+        assert model.screen_bytes(m, cap) == pytest.approx(model.memory_before_solves(m).total_bytes, rel=1e-12)
+        assert model.screen_bytes(m, cap) > cap
+
+
+@pytest.mark.parametrize("capacity", ["600 MiB", "1 GiB"])
+def test_search_with_the_split_bound_equals_exhaustive(capacity):
+    w, s = _tight_dataflow_moe(capacity)
+    fast = solve_llm(w, s, Knobs(recompute="full"))
+    full = solve_llm(w, s, Knobs(recompute="full"), exhaustive=True)
+    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+    assert fast.solver.status == "optimal"
