@@ -4,6 +4,8 @@ answer (same time, mapping, status, runners-up), the time limit holds for the wh
 
 from __future__ import annotations
 
+import time
+
 import copy
 import math
 import os
@@ -432,10 +434,52 @@ def test_a_key_is_handed_once_to_a_worker_ahead_and_reaches_its_shelf():
     assert w0.key_owner(a, deal=False) == w1.key_owner(a, deal=False) == 1
     assert w1.arrived(3.0) == [group] and w1.arrived(3.0) == []
     assert w0.settle(c, 4.0) == 0  # worker 1 is behind: the key stays (settled) with worker 0
-    assert w1.finish() == [] and shared.done[1]
+    assert w1.finish(final=True) == [] and shared.done[1]
     d, e = (("tp", 2), ("micro_batch", 1)), (("tp", 1), ("micro_batch", 1))
     assert [w0.key_owner(k, deal=True) for k in (d, e)] == [1, 0]  # (dealt by count, as before)
     assert w0.settle(e, -1.0) == 0  # worker 1's head (3) is past the bound, but it has finished
+
+
+def test_a_worker_with_nothing_left_waits_for_a_key_and_ends_with_the_others():
+    """A worker whose queue ran out waits, as the worker furthest ahead, for the next key another
+    worker settles (it takes the groups it shelved for it), and ends once every other worker is
+    done or waiting too; never while one is still searching."""
+    import multiprocessing
+    import threading
+    from types import SimpleNamespace
+
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 1, 1)
+    w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
+    a = (("tp", 8), ("micro_batch", 1))
+    assert w0.key_owner(a, deal=True) == 0
+    group = SimpleNamespace(key=a)
+    w1.shelve([group])
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(w1.finish()))
+    waiting.start()
+    while not shared.waiting[1]:  # (worker 1 is idle, its head at infinity)
+        time.sleep(0.001)
+    assert waiting.is_alive() and not shared.done[1]
+    assert w0.settle(a, 5.0) == 1  # worker 0 reaches the key: it goes to the idle worker
+    waiting.join(5.0)
+    assert got == [[group]] and not shared.done[1] and not shared.waiting[1]
+    waiting = threading.Thread(target=lambda: got.append(w1.finish()))
+    waiting.start()
+    time.sleep(0.05)
+    assert waiting.is_alive()  # worker 0 still searches
+    with shared.key_hash.get_lock():
+        shared.done[0] = 1
+    waiting.join(5.0)
+    assert got[-1] == [] and shared.done[1]
+
+
+def test_workers_waiting_on_each_other_all_end():
+    import multiprocessing
+
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 1, 1)
+    w1 = ps._Share(shared, 1)
+    shared.waiting[0] = 1  # (worker 0 is idle in finish() too)
+    assert w1.finish() == [] and shared.done[1]
 
 
 def test_a_worker_cut_with_groups_just_handed_to_it_takes_no_more_keys():
