@@ -19,7 +19,9 @@ work per bound than another, which then runs ahead in bound order past incumbent
 yet to find (DeepSeek-V3 / 8192 dragonfly: 5300 evaluations, 25 %, that the serial search
 prunes). So a worker keeps the groups of the keys it does not own (shelved) and publishes its
 queue's head, and the first screen or expansion of a key's group *settles* the key: a key still
-unsolved goes to a worker whose head is past that bound (:meth:`_Share.settle`, :class:`_KeyProxy`).
+unsolved goes to a worker whose head is past that bound (:meth:`_Share.settle`, :class:`_KeyProxy`);
+a worker with nothing left waits as the one furthest ahead, for the next key settled, until every
+worker is done or waiting (:meth:`_Share.finish`).
 The workers share their ``keep`` best times (a shared array): each prunes with the ``keep``-th
 best over all of them, so no worker explores what another has already beaten.
 On dataflow chips the recipe incumbents (``space.seeds``: MoE models) are evaluated here, before
