@@ -921,7 +921,7 @@ class LLMModel:
         that bound alone."""
         if self.num_experts <= 1:
             return None
-        if self._fitting_splits(m) == ():  # evaluate's memory screen rejects it before any solve
+        if self._no_split_fits(m):  # evaluate's memory screen rejects it before any solve
             return None
         # (the blocks' floors where weights must stream: 0.05 CPU s a block key, which on WSE-2's
         # 40 GB SRAM doubled DeepSeek-V3's search for nothing)
@@ -1133,29 +1133,11 @@ class LLMModel:
         pipeline_s = (m.num_micro_batches - 1) * last_s + sum_s + self.p2p_floor_s(m)
         return (pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))) * (1 - 1e-12)
 
-    def split_bound_s(self, m: Mapping, ep_layer_s: float, tp_groups=None, stash_cap: int | None = None,
-                      layer_nets: tuple | None = None) -> float:
-        """Plain 1F1B's bound on two dataflow stages from the layer splits that fit the chip:
-        ``(M - 1) T* + sum T`` (:func:`~dfmodel.inter_chip.pipeline.pipeline_time`) with the
-        bottleneck ``T*`` at least :meth:`split_stage_floor_s` and ``sum T`` at least pp times
-        the work floor with a stage's all-to-alls (``ep_layer_s`` per MoE layer), plus the least
-        exposed p2p and the optimizer floor; 0 where that floor does not apply, or with offload
-        (whose host transfers :meth:`offload_ep_overlap_s` pairs with the all-to-alls).
-        ``tp_groups``, ``stash_cap``, ``layer_nets``: as :meth:`lower_bound_s`'s."""
-        if not self._split_bound_applies(m):
-            return 0.0
-        stage_s = self.split_stage_floor_s(m, ep_layer_s, tp_groups, stash_cap, layer_nets)
-        if stage_s <= 0.0:
-            return 0.0
-        sum_s = m.pp * (self._work_stage_floor_s(m, tp_groups, stash_cap, layer_nets)
-                        + self.num_moe_layers * ep_layer_s / m.pp)
-        pipeline_s = (m.num_micro_batches - 1) * stage_s + sum_s + self.p2p_floor_s(m)
-        return (pipeline_s + self.optimizer_s(m, self.params_per_chip_floor(m))) * (1 - 1e-12)
-
     def _split_bound_applies(self, m: Mapping) -> bool:
-        """Whether :meth:`split_bound_s` may bound ``m``: two plain 1F1B stages on a dataflow chip,
-        nothing offloaded (the host transfers hide behind the all-to-alls,
-        :meth:`offload_ep_overlap_s`, which the mean-stage bound accounts for)."""
+        """Whether :meth:`split_stage_floor_s` may raise ``m``'s own-group bound
+        (:meth:`_own_groups_bound_s`): two plain 1F1B stages on a dataflow chip, nothing offloaded
+        (the host transfers hide behind the all-to-alls, :meth:`offload_ep_overlap_s`, which the
+        mean-stage bound accounts for)."""
         return (m.pp == 2 and m.interleave == 1 and self.system.chip.execution == "dataflow"
                 and not off.uses_offload(m))
 
@@ -1168,10 +1150,12 @@ class LLMModel:
         (``balance_layers(fits=...)``), so ``T* >= min_s max(T_0(s), T_1(s))`` over the fitting
         ``s`` (stage 0 holds the first ``s`` layers), each ``T_i`` at least that stage's
         :func:`.dataflow_floor.pass_floor_s` plus its MoE layers' all-to-alls (``ep_layer_s``
-        each). ``T_0`` grows with ``s`` and ``T_1`` shrinks, so the least is at their crossing,
-        found by bisection. Where the first stage holds two micro-batches in flight and the
-        second one, DeepSeek-V3 on 512 dragonfly chips fits only [26, 35] at micro-batch 4:
-        the mean-stage bound sees 30.5 layers a stage, its evaluation 35 (1.3x)."""
+        each). ``T_0`` grows with ``s`` and ``T_1`` shrinks, so the least is at their crossing, or
+        at an end of the interval when the crossing lies beyond it: this floor is that end's, and
+        0 (no more than the mean stage holds) when the crossing lies inside. Where the first
+        stage holds two micro-batches in flight and the second one, DeepSeek-V3 on 512 dragonfly
+        chips fits only [26, 35] at micro-batch 4: the mean-stage bound sees 30.5 layers a
+        stage, its evaluation 35 (1.3x)."""
         if self.system.chip.execution != "dataflow":
             return 0.0
         fitting = self._fitting_splits(m)
@@ -1198,9 +1182,15 @@ class LLMModel:
                                                 layer_nets if groups else None, stage=(stage, moe, dense))
                     + moe * ep_layer_s)
 
-        # the least s in [lo, hi] with T_0(s) >= T_1(s) (else hi): the optimum is there or one before
-        cross = _first_true(lambda s: stage_s(0, s) >= stage_s(1, s), lo, hi) or hi
-        return min(max(stage_s(0, s), stage_s(1, s)) for s in {max(lo, cross - 1), cross}) * (1 - 1e-12)
+        # T_0 grows with s and T_1 shrinks: where memory moves the split past their crossing, the
+        # least bottleneck is at an end of the interval. With the crossing inside it, the least
+        # is within a layer of the mean stage, which the bounds hold already: 0 (its bisection
+        # cost DeepSeek-V3 / 8192 dragonfly ~0.5 CPU s and pruned nothing)
+        t0_hi, t1_hi = stage_s(0, hi), stage_s(1, hi)
+        if t0_hi <= t1_hi:
+            return t1_hi * (1 - 1e-12)
+        t0_lo, t1_lo = stage_s(0, lo), stage_s(1, lo)
+        return t0_lo * (1 - 1e-12) if t0_lo >= t1_lo else 0.0
 
     def _fitting_splits(self, m: Mapping) -> tuple[int, ...] | None:
         """``(lo, hi)``: the splits of ``m``'s two plain 1F1B stages whose stages fit the chip's
@@ -1217,20 +1207,39 @@ class LLMModel:
             memo[key] = self._fitting_splits_of(m)
         return memo[key]
 
-    def _fitting_splits_of(self, m: Mapping) -> tuple[int, int] | None:
+    def _fitting_splits_of(self, m: Mapping) -> tuple[int, ...] | None:
         params = self._plan_free_block_params(m)
         if params is None:
             return None
-        n, n_dense = self.num_layers, self.num_dense_layers
-
-        def fits(stage: int, s: int) -> bool:
-            moe_st, dense_st = [0, 0], [0, 0]
-            moe_st[stage], dense_st[stage] = _split_kinds_of(stage, s, n, n_dense)
-            return self._stage_memory_of(m, params, moe_st, dense_st)[1].fits
-
-        hi = _last_true(lambda s: fits(0, s), 1, n - 1)  # stage 0 fits s layers for s <= hi
-        lo = _first_true(lambda s: fits(1, s), 1, n - 1)  # stage 1 fits n - s layers for s >= lo
+        n = self.num_layers
+        hi = _last_true(lambda s: self._stage_fits_split(m, params, 0, s), 1, n - 1)  # stage 0 fits s layers, s <= hi
+        lo = _first_true(lambda s: self._stage_fits_split(m, params, 1, s), 1, n - 1)  # stage 1 n - s, s >= lo
         return () if hi is None or lo is None or lo > hi else (lo, hi)
+
+    def _stage_fits_split(self, m: Mapping, params: tuple, stage: int, s: int) -> bool:
+        """Whether stage ``stage`` of ``m``'s two fits the chip's memory at split ``s``, the other
+        stage empty (:meth:`_stage_memory_of` with ``params``: :meth:`_plan_free_block_params`)."""
+        moe_st, dense_st = [0, 0], [0, 0]
+        moe_st[stage], dense_st[stage] = _split_kinds_of(stage, s, self.num_layers, self.num_dense_layers)
+        return self._stage_memory_of(m, params, moe_st, dense_st)[1].fits
+
+    def _no_split_fits(self, m: Mapping) -> bool:
+        """True when no split of ``m``'s two plain 1F1B stages fits the chip's memory
+        (:meth:`_fitting_splits` is empty); False where it cannot tell (:meth:`_fitting_splits`
+        None). The middle split is tried first: where it fits (most mappings) no interval is
+        searched, which was 0.6 of DeepSeek-V3 / 8192 dragonfly's 20 CPU s. Memoised on the
+        memory knobs."""
+        if m.pp != 2 or m.interleave != 1 or self.pipeline_layout is not None:
+            return False
+        key = _memory_knobs(m)
+        memo = self.__dict__.setdefault("_no_split_fits_memo", {})
+        if key not in memo:
+            params = self._plan_free_block_params(m)
+            middle = -(-self.num_layers // 2)
+            memo[key] = params is not None and not (self._stage_fits_split(m, params, 0, middle)
+                                                    and self._stage_fits_split(m, params, 1, middle)
+                                                    ) and self._fitting_splits(m) == ()
+        return memo[key]
 
     def _plan_free_block_params(self, m: Mapping) -> tuple | None:
         """:meth:`_block_params` of the layer, embedding, head and dense layer (None for a block
@@ -1284,7 +1293,7 @@ class LLMModel:
             ep_stage_s = self.num_moe_layers * self._ep_exposed_floor_s(m) / m.pp
             out += (m.num_micro_batches + (m.pp - 1) / m.interleave) * ep_stage_s
             out -= self.offload_ep_overlap_s(m, ep_stage_s, own, stash_cap, layer_nets)
-        if self._split_bound_applies(m):  # :meth:`split_bound_s` less what this bound holds of it already
+        if self._split_bound_applies(m):  # (M - 1) T* + sum T, less what this bound holds of it already
             split_s = self.split_stage_floor_s(m, self._moe_ep_floor_s(m), own, stash_cap, layer_nets)
             if split_s > 0.0:
                 mean_s = self._mean_stage_floor_s(m, own, stash_cap, layer_nets) + ep_stage_s
@@ -1902,7 +1911,7 @@ class LLMModel:
         :meth:`memory_before_solves`), which 1142 of DeepSeek-V3 / 512 dragonfly's mappings
         reached only after their pre-solve bound (2 of its 18 serial CPU seconds)."""
         need = self._screen_bytes(m, capacity_bytes)
-        if need <= capacity_bytes and not off.uses_offload(m) and self._fitting_splits(m) == ():
+        if need <= capacity_bytes and not off.uses_offload(m) and self._no_split_fits(m):
             least = self._least_split_memory(m)
             if least is not None:
                 return least.total_bytes

@@ -899,18 +899,15 @@ class LLMSpace:
 
     def _last_stage_bound_s(self, deg, mb, m, v, rc, places_by, mine, probe) -> float:
         """``LLMModel.last_stage_bound_s`` of a leaf group of an MoE model in plain 1F1B (its
-        cheapest placement's all-to-alls per layer, from :meth:`_ep_layers_s`), and on dataflow
-        chips with two stages ``LLMModel.split_bound_s`` (any model): the larger; 0 elsewhere."""
-        if self._bounds_off or v != 1 or deg["pp"] <= 1:
+        cheapest placement's all-to-alls per layer, from :meth:`_ep_layers_s`); 0 elsewhere.
+        (Not the two-stage split bound, ``LLMModel.split_stage_floor_s``: on a leaf's cheapest TP
+        group without the TP collectives it pruned nothing on DeepSeek-V3 / 512 dragonfly and cost
+        8192 0.7 CPU s; each mapping's own-group pre-solve bound holds it.)"""
+        if self._bounds_off or v != 1 or deg["pp"] <= 1 or self.model.num_experts <= 1:
             return 0.0
         n_moe = self.model.num_moe_layers
         ep_layer_s = self._ep_layers_s(deg, mb, m, [rc], places_by, mine) * deg["pp"] / n_moe if n_moe else 0.0
-        # (dataflow chips, two stages; 0 elsewhere. Without the TP collectives: on every TP group
-        # of the placements it cost DeepSeek-V3 / 8192 dragonfly ~1 CPU s for no measurable prune)
-        split_s = self.model.split_bound_s(probe, ep_layer_s, tp_groups=())
-        if self.model.num_experts <= 1:
-            return split_s
-        return max(split_s, self.model.last_stage_bound_s(probe, ep_layer_s))
+        return self.model.last_stage_bound_s(probe, ep_layer_s)
 
     def _relief_leaf(self, deg, mb, m, v, rc, spar, places_by, mine) -> SpaceNode | None:
         """The offloaded twins of a leaf group pruned for memory, as one group per option key
