@@ -11,8 +11,9 @@ bottleneck stage holds at least as many layers as the fitting splits force on it
 - the own-group pre-solve bound holding it never exceeds the evaluated step time, and on splits
   moved for memory the bottleneck floor exceeds the mean stage's;
 - ``_no_split_fits`` (the middle split first, then the interval) agrees with the interval;
-- the search with it still equals exhaustive enumeration (``test_split_memory_screen``'s
-  capacities, and one where many splits move)."""
+- the search with it still equals exhaustive enumeration
+  (``test_split_memory_screen.test_search_with_the_screens_equals_exhaustive``, whose capacities
+  include two where many splits move)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import pytest
 from dfmodel.inter_chip import dataflow_floor
 from dfmodel.inter_chip.config import Knobs
 from dfmodel.inter_chip.llm import LLMModel, _is_attention_core, _split_kinds_of
-from dfmodel.inter_chip.llm_family import solve_llm
 from dfmodel.inter_chip.llm_space import llm_candidates
 from test_split_memory_screen import _tight_dataflow_moe
 
@@ -125,12 +125,3 @@ def test_no_split_that_fits_prunes_before_the_presolve_bound():
         # the leaf group's screen prunes it, reporting the least memory of its splits
         assert model.screen_bytes(m, cap) == pytest.approx(model.memory_before_solves(m).total_bytes, rel=1e-12)
         assert model.screen_bytes(m, cap) > cap
-
-
-@pytest.mark.parametrize("capacity", ["600 MiB", "1 GiB"])
-def test_search_with_the_split_bound_equals_exhaustive(capacity):
-    w, s = _tight_dataflow_moe(capacity)
-    fast = solve_llm(w, s, Knobs(recompute="full"))
-    full = solve_llm(w, s, Knobs(recompute="full"), exhaustive=True)
-    assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
-    assert fast.solver.status == "optimal"

@@ -60,7 +60,8 @@ def test_evaluate_with_a_cutoff_returns_the_screened_miss_before_any_solve():
     assert isinstance(got, MemoryFloorMiss) and not model._blocks  # nothing solved
 
 
-@pytest.mark.parametrize("capacity", ["400 MiB", "80 GiB"])
+# (600 MiB and 1 GiB: many two-stage splits move for memory, test_split_bound)
+@pytest.mark.parametrize("capacity", ["400 MiB", "600 MiB", "1 GiB", "80 GiB"])
 def test_search_with_the_screens_equals_exhaustive(capacity):
     w, s = _tight_dataflow_moe(capacity)
     fast = solve_llm(w, s, Knobs(recompute="full"))
