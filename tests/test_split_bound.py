@@ -21,7 +21,7 @@ import pytest
 
 from dfmodel.inter_chip import dataflow_floor
 from dfmodel.inter_chip.config import Knobs
-from dfmodel.inter_chip.llm import LLMModel, _is_attention_core, _split_kinds_of
+from dfmodel.inter_chip.llm import LLMModel, _is_attention_core
 from dfmodel.inter_chip.llm_space import llm_candidates
 from test_split_memory_screen import _tight_dataflow_moe
 
@@ -37,8 +37,8 @@ def _splits_that_fit(model: LLMModel, m) -> list[int]:
     n = model.num_layers
     out = []
     for s in range(1, n):
-        moe, dense = zip(*(_split_kinds_of(i, s, n, model.num_dense_layers) for i in (0, 1)))
-        if model._stage_memory_of(m, params, list(moe), list(dense))[1].fits:
+        moe, dense = model._split_kinds((s, n - s), m)
+        if model._stage_memory_of(m, params, moe, dense)[1].fits:
             out.append(s)
     return out
 
@@ -68,7 +68,7 @@ def test_split_stage_floor_is_the_least_bottleneck_over_the_fitting_splits():
         groups = model._tp_groups(m) if m.tp > 1 else None
 
         def stage_s(i, split):
-            moe, dense = _split_kinds_of(i, split, n, model.num_dense_layers)
+            moe, dense = (kinds[i] for kinds in model._split_kinds((split, n - split), m))
             return dataflow_floor.pass_floor_s(model, m, _is_attention_core, groups, stage=(i, moe, dense)) + moe * 1e-3
 
         scan = min(max(stage_s(0, x), stage_s(1, x)) for x in range(fitting[0], fitting[1] + 1))

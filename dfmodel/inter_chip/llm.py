@@ -173,13 +173,6 @@ class _PlacementDependent(LookupError):
     without one)."""
 
 
-def _split_kinds_of(stage: int, s: int, layers: int, dense_layers: int) -> tuple[int, int]:
-    """(MoE, dense) layers of stage ``stage`` of two when stage 0 holds the first ``s`` of
-    ``layers`` layers, the ``dense_layers`` dense ones first (``experts.dense_layers_per_stage``)."""
-    dense = min(s, dense_layers) if stage == 0 else max(0, dense_layers - s)
-    return (s if stage == 0 else layers - s) - dense, dense
-
-
 def _last_true(pred, lo: int, hi: int) -> int | None:
     """Largest ``x`` in ``[lo, hi]`` with ``pred(x)`` for a predicate true up to some point and
     false after it (None: false at ``lo``), by bisection."""
@@ -1138,8 +1131,11 @@ class LLMModel:
         (:meth:`_own_groups_bound_s`): two plain 1F1B stages on a dataflow chip, nothing offloaded
         (the host transfers hide behind the all-to-alls, :meth:`offload_ep_overlap_s`, which the
         mean-stage bound accounts for)."""
-        return (m.pp == 2 and m.interleave == 1 and self.system.chip.execution == "dataflow"
-                and not off.uses_offload(m))
+        return self._two_plain_stages(m) and self.system.chip.execution == "dataflow" and not off.uses_offload(m)
+
+    def _two_plain_stages(self, m: Mapping) -> bool:
+        """Two plain 1F1B stages whose layer split ``evaluate`` picks (no layout the workload names)."""
+        return m.pp == 2 and m.interleave == 1 and self.pipeline_layout is None
 
     def split_stage_floor_s(self, m: Mapping, ep_layer_s: float, tp_groups=None, stash_cap: int | None = None,
                             layer_nets: tuple | None = None) -> float:
@@ -1174,10 +1170,9 @@ class LLMModel:
     def _split_stage_floor_of(self, m: Mapping, fitting: tuple[int, int], ep_layer_s: float, groups,
                               stash_cap: int | None, layer_nets: tuple | None) -> float:
         lo, hi = fitting
-        n, n_dense = self.num_layers, self.num_dense_layers
 
         def stage_s(stage: int, s: int) -> float:
-            moe, dense = _split_kinds_of(stage, s, n, n_dense)
+            moe, dense = (kinds[stage] for kinds in self._split_kinds((s, self.num_layers - s), m))
             return (dataflow_floor.pass_floor_s(self, m, _is_attention_core, groups, stash_cap,
                                                 layer_nets if groups else None, stage=(stage, moe, dense))
                     + moe * ep_layer_s)
@@ -1199,7 +1194,7 @@ class LLMModel:
         placement. A stage's memory grows with its layers, so each bound is found by bisection
         on one stage alone (:meth:`_stage_memory_of` with the other stage empty: the worst stage
         is at least this one). Memoised on the memory knobs."""
-        if m.pp != 2 or m.interleave != 1 or self.pipeline_layout is not None:
+        if not self._two_plain_stages(m):
             return None
         key = _memory_knobs(m)
         memo = self.__dict__.setdefault("_fitting_splits_memo", {})
@@ -1219,8 +1214,8 @@ class LLMModel:
     def _stage_fits_split(self, m: Mapping, params: tuple, stage: int, s: int) -> bool:
         """Whether stage ``stage`` of ``m``'s two fits the chip's memory at split ``s``, the other
         stage empty (:meth:`_stage_memory_of` with ``params``: :meth:`_plan_free_block_params`)."""
-        moe_st, dense_st = [0, 0], [0, 0]
-        moe_st[stage], dense_st[stage] = _split_kinds_of(stage, s, self.num_layers, self.num_dense_layers)
+        moe_st, dense_st = self._split_kinds((s, self.num_layers - s), m)
+        moe_st[1 - stage] = dense_st[1 - stage] = 0
         return self._stage_memory_of(m, params, moe_st, dense_st)[1].fits
 
     def _no_split_fits(self, m: Mapping) -> bool:
@@ -1229,7 +1224,7 @@ class LLMModel:
         None). The middle split is tried first: where it fits (most mappings) no interval is
         searched, which was 0.6 of DeepSeek-V3 / 8192 dragonfly's 20 CPU s. Memoised on the
         memory knobs."""
-        if m.pp != 2 or m.interleave != 1 or self.pipeline_layout is not None:
+        if not self._two_plain_stages(m):
             return False
         key = _memory_knobs(m)
         memo = self.__dict__.setdefault("_no_split_fits_memo", {})
