@@ -479,3 +479,37 @@ def test_search_equals_exhaustive_on_a_few_tile_chip_with_slow_links(moe):
     full = solve_llm(w, s, knobs, exhaustive=True)
     assert fast.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
     assert fast.solver.status == "optimal"
+
+
+
+def test_plan_floor_reused_across_tp_equals_a_fresh_floor(monkeypatch):
+    """PlanFloor.best_s reuses a shortest path where another TP degree gave the very same set
+    costs (:meth:`~dfmodel.inter_chip.fused_floor.PlanFloor._shortest_of`): asked at TP 1, 2, 4
+    and 8 in turn on one floor, each value equals a fresh floor's asked at that degree alone,
+    on random DAGs with SRAM tight enough that the degree moves the floor on some of them, and
+    some paths are reused (fewer shortest paths than questions)."""
+    paths = [0]
+    shortest = ff._LevelOrder.shortest_s
+
+    def counted(self, *a):
+        paths[0] += 1
+        return shortest(self, *a)
+
+    monkeypatch.setattr(ff._LevelOrder, "shortest_s", counted)
+    sys_ = _few_tile_system(3)
+    sys_["chip"]["sram_bytes"] = "12 MiB"
+    system = load_system(sys_)
+    moved = reused = 0
+    for seed in range(8):
+        g = _random_dag(200 + seed, 7)
+        pf = ff.plan_floor(g, system, {x.name for x in g.kernels}, stash_free=False)
+        s, sram = CostModel(g, system).s_per_byte, float(system.chip.sram_bytes)
+        for k in (1, 3):
+            before, values = paths[0], []
+            for tp in (1, 2, 4, 8):
+                values.append(pf.best_s(k, s, True, tp, sram))
+            reused += 4 - (paths[0] - before)
+            for tp, value in zip((1, 2, 4, 8), values):
+                assert value == dataclasses.replace(pf).best_s(k, s, True, tp, sram)  # (a new memo)
+            moved += len(set(values)) > 1
+    assert moved and reused
