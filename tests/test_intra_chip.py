@@ -404,3 +404,58 @@ def test_pair_structure_blocks_keep_the_per_ideal_order(monkeypatch):
         ideals._STRUCTURES.clear()
         src, dst, _, _ = ideals.pair_structure(lat, max_size, 10**7)
         assert list(zip(src.tolist(), dst.tolist())) == want and want
+
+
+def _permuted_dag_lattice(n: int, seed: int, chain: bool):
+    """(packed words, sizes) of a lattice of a random DAG on ``n`` kernels whose labels are
+    shuffled (so no topological order is the index order): every ideal, or (``chain``) the
+    prefixes of one topological order, sorted as ``ideals._lattice`` sorts them."""
+    import random
+
+    import numpy as np
+
+    from dfmodel.algorithms import ideal_masks
+    from dfmodel.intra_chip import ideals
+
+    rng = random.Random(seed)
+    label = list(range(n))
+    rng.shuffle(label)
+    pred = [0] * n  # kernel k (topological position) -> its producers among the last few, by label
+    for k in range(n):
+        for p in rng.sample(range(max(0, k - 4), k), min(k, rng.randint(1, 2))):
+            pred[label[k]] |= 1 << label[p]
+    if chain:
+        masks, acc = [0], 0
+        for k in range(n):
+            acc |= 1 << label[k]
+            masks.append(acc)
+    else:
+        masks = ideal_masks(n, pred)
+    masks = sorted(masks, key=lambda m: (m.bit_count(), m))
+    bits = ideals._unpack(np.array(masks, dtype=np.uint64).reshape(-1, 1), n)
+    return ideals._pack(bits), bits.sum(axis=1)
+
+
+@pytest.mark.parametrize("n, seed, chain", [(12, 1, False), (20, 2, False), (30, 3, False), (45, 4, False),
+                                             (63, 5, False), (40, 6, True), (64, 7, True)])
+def test_superset_pairs_by_covers_equal_the_candidate_test(n, seed, chain, monkeypatch):
+    """The cover walk (ideals._superset_pairs_by_covers, large one-word lattices) finds the very
+    pairs the candidate test finds, in the same order (src, then dst: the DP's ties go to the
+    first edge), at every size limit, on DAGs whose labels are no topological order, on every
+    ideal and on one order's prefixes; both refuse past the same limit."""
+    import numpy as np
+
+    from dfmodel.intra_chip import ideals
+
+    packed, sizes = _permuted_dag_lattice(n, seed, chain)
+    assert sizes.size > 20
+    for max_size in (1, 2, 4, n):
+        monkeypatch.setattr(ideals, "_COVER_MIN_IDEALS", 10**9)
+        want_s, want_d = ideals._superset_pairs(packed, sizes, max_size, 10**8)
+        monkeypatch.setattr(ideals, "_COVER_MIN_IDEALS", 0)
+        got_s, got_d = ideals._superset_pairs(packed, sizes, max_size, 10**8)
+        want = (np.concatenate(want_s), np.concatenate(want_d))
+        got = (np.concatenate(got_s), np.concatenate(got_d))
+        assert want[0].size and np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        assert ideals._superset_pairs(packed, sizes, max_size, want[0].size - 1) == (None, None)
+        assert ideals._superset_pairs(packed, sizes, max_size, want[0].size)[0] is not None

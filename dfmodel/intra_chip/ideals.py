@@ -304,6 +304,8 @@ def _superset_pairs(packed: np.ndarray, sizes: np.ndarray, max_size: int, limit:
     ``max_size`` sizes): tested a block of them at a time, not one ideal at a time (the loop
     over ideals was 5 % of DeepSeek-V3 / 512 dragonfly's serial search); ``nonzero`` keeps the
     order the loop had."""
+    if packed.shape[1] == 1 and sizes.size >= _COVER_MIN_IDEALS:
+        return _superset_pairs_by_covers(packed[:, 0], max_size, limit)
     src_l, dst_l = [], []
     total = 0
     starts = np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]])
@@ -333,6 +335,78 @@ def _superset_pairs(packed: np.ndarray, sizes: np.ndarray, max_size: int, limit:
                 if total > limit:
                     return None, None
     return src_l, dst_l
+
+
+#: ideals from which :func:`_superset_pairs` walks covers instead of testing every candidate
+#: superset (on DeepSeek-V3 / 512 dragonfly's lattices the walk is slower below ~5k ideals, about
+#: twice as fast at ~20k, where the test checks ~26 candidates per pair it finds)
+_COVER_MIN_IDEALS = 8_000
+
+
+def _superset_pairs_by_covers(words: np.ndarray, max_size: int, limit: int):
+    """:func:`_superset_pairs` of a lattice of one-word ideals (``words``, sorted by size) that
+    holds every ideal of a DAG (:func:`enumerate_ideals`) or the prefixes of one topological
+    order (:func:`chain_lattice`), found by adding kernels instead of testing candidates.
+
+    A kernel's rank orders it by the size of its down-closure (the AND of the ideals holding
+    it), a linear extension of the DAG (of the chain's order, for prefixes). Adding the kernels
+    of ``J - I`` to ``I`` in rank order passes through ideals of the lattice only (each added
+    kernel's producers are in ``I`` or added before it), so every pair ``I < J`` is reached along
+    exactly one path of covers (``I + {k}`` in the lattice) with ranks increasing, and each level
+    extends the last by the covers of higher rank: work in proportion to the pairs found. The
+    same pairs in the same order (by ``src``, then ``dst``); (None, None) past ``limit``."""
+    n = words.size
+    order = np.argsort(words, kind="stable")
+    sorted_words = words[order]
+    present = int(np.bitwise_or.reduce(words)) if n else 0
+    kernels = [b for b in range(64) if present >> b & 1]
+    if not kernels or max_size < 1:
+        return [], []
+    one = np.uint64(1)
+    holds = [(words >> np.uint64(b)) & one == one for b in kernels]
+    closure = [int(np.bitwise_and.reduce(words[h])).bit_count() for h in holds]
+    by_rank = sorted(range(len(kernels)), key=lambda i: (closure[i], kernels[i]))
+    # the covers (ideal, ideal + kernel, the kernel's rank), grouped by ideal, ranks ascending
+    c_src, c_dst, c_rank = [], [], []
+    for rank, i in enumerate(by_rank):
+        free = np.flatnonzero(~holds[i])
+        grown = words[free] | (one << np.uint64(kernels[i]))
+        at = np.minimum(np.searchsorted(sorted_words, grown), n - 1)
+        found = sorted_words[at] == grown
+        c_src.append(free[found])
+        c_dst.append(order[at[found]])
+        c_rank.append(np.full(c_src[-1].size, rank, dtype=np.int64))
+    c_src, c_dst, c_rank = (np.concatenate(a) for a in (c_src, c_dst, c_rank))
+    by_src = np.argsort(c_src, kind="stable")
+    c_src, c_dst, c_rank = c_src[by_src], c_dst[by_src], c_rank[by_src]
+    first = np.searchsorted(c_src, np.arange(n + 1))
+    # above[i, r]: index of ideal i's first cover of rank >= r (its covers below rank r skipped)
+    ranks = len(kernels)
+    above = np.bincount(c_src * (ranks + 1) + c_rank + 1, minlength=n * (ranks + 1)).reshape(n, ranks + 1)
+    above = np.cumsum(above, axis=1) + first[:-1, None]
+    keys_l = []
+    src, cur, next_rank = np.arange(n), np.arange(n), np.zeros(n, dtype=np.int64)
+    total = 0
+    for step in range(max_size):
+        check_deadline()
+        start = above[cur, next_rank]
+        count = first[cur + 1] - start
+        m = int(count.sum())
+        if m == 0:
+            break
+        total += m
+        if total > limit:
+            return None, None
+        edge = np.arange(m) + np.repeat(start - (np.cumsum(count) - count), count)
+        src, cur = np.repeat(src, count), c_dst[edge]
+        keys_l.append(src * n + cur)
+        if step + 1 < max_size:
+            next_rank = c_rank[edge] + 1
+    if not keys_l:
+        return [], []
+    keys = np.sort(np.concatenate(keys_l))
+    src = keys // n
+    return [src], [keys - src * n]
 
 
 class _TestBuffers:
