@@ -459,3 +459,33 @@ def test_superset_pairs_by_covers_equal_the_candidate_test(n, seed, chain, monke
         assert want[0].size and np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
         assert ideals._superset_pairs(packed, sizes, max_size, want[0].size - 1) == (None, None)
         assert ideals._superset_pairs(packed, sizes, max_size, want[0].size)[0] is not None
+
+
+def test_sram_screen_skipped_only_where_it_keeps_every_pair(monkeypatch):
+    """transitions skips the per-pair SRAM screen where the largest one-kernel bounds prove it
+    keeps every pair (ideals._every_set_fits_sram): the same edges and costs as screening, on
+    random DAGs at SRAM sizes where the proof holds and where the screen drops pairs; both
+    happen."""
+    import numpy as np
+
+    from dfmodel.intra_chip import ideals
+    from dfmodel.system.schema import System
+
+    outcomes = set()
+    for seed in range(12):
+        g, net = random_graph(seed, 7)
+        for sram_mib in (8.0, 24.0, 256.0):
+            cm = CostModel(g, chip(sram_mib=sram_mib, tiles=3), net)
+            lat = ideals.enumerate_ideals(cm)
+            skipped = ideals._every_set_fits_sram(cm, cm.tiles)
+            fast = ideals.transitions(cm, lat)
+            with monkeypatch.context() as mp:
+                mp.setattr(ideals, "_every_set_fits_sram", lambda *a: False)
+                screened = ideals.transitions(cm, lat)
+            assert np.array_equal(fast.src, screened.src) and np.array_equal(fast.dst, screened.dst)
+            assert np.array_equal(fast.cost_s, screened.cost_s)
+            weights = cm.min_sram_bytes(lat.bits)
+            dropped = bool((weights[screened.dst] - weights[screened.src] > cm.sram_bytes * (1 + 1e-12)).any()
+                           or np.isinf(screened.cost_s).any())
+            outcomes.add((skipped, dropped))
+    assert (True, False) in outcomes and (False, True) in outcomes
