@@ -427,7 +427,7 @@ def test_a_key_is_handed_once_to_a_worker_ahead_and_reaches_its_shelf():
     w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
     a, b, c = (("tp", 8), ("micro_batch", 1)), (("tp", 8), ("micro_batch", 2)), (("tp", 4), ("micro_batch", 1))
     assert [w0.key_owner(k, deal=True) for k in (a, b, c)] == [0, 1, 0]
-    group = SimpleNamespace(key=a)
+    group = SimpleNamespace(key=a, take_refined=lambda: None)
     w1.shelve([group])
     assert w1.arrived(3.0) == []
     assert w0.settle(a, 2.0) == 1 and w0.settle(a, 2.0) == 1
@@ -438,6 +438,51 @@ def test_a_key_is_handed_once_to_a_worker_ahead_and_reaches_its_shelf():
     d, e = (("tp", 2), ("micro_batch", 1)), (("tp", 1), ("micro_batch", 1))
     assert [w0.key_owner(k, deal=True) for k in (d, e)] == [1, 0]  # (dealt by count, as before)
     assert w0.settle(e, -1.0) == 0  # worker 1's head (3) is past the bound, but it has finished
+
+
+def test_a_handed_key_brings_the_bounds_its_first_worker_refined():
+    """A split root's child refined to the end by the worker holding its key (both stages of a
+    staged refine) is not refined again where the key is handed: that worker's copy takes the
+    refined bound and no refine; a child refined part-way, or not at all, keeps its own."""
+    import multiprocessing
+    from functools import partial
+
+    from dfmodel.inter_chip.space import SpaceNode
+
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 1, 1)
+    w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
+    key = (("tp", 8), ("micro_batch", 2))
+    assert w0.key_owner(key, deal=True) == 0
+    calls = []
+
+    def child(worker):  # a micro-batch group with a two-stage refine (as LLMSpace's on dataflow chips)
+        node = SpaceNode(1.0, 0.0, 4, key, lambda: [], refine=None)
+
+        def refine(stage):
+            calls.append((worker, stage))
+            if stage == 0:
+                node.refine = partial(refine, 1)
+            return (2.0, 3.0)[stage]
+
+        node.refine = partial(refine, 0)
+        return node
+
+    full0, half0 = ps._KeyProxy(child(0), key, w0, 0), ps._KeyProxy(child(0), key, w0, 1)
+    full1, half1 = ps._KeyProxy(child(1), key, w1, 0), ps._KeyProxy(child(1), key, w1, 1)
+    fresh1 = ps._KeyProxy(child(1), key, w1, 2)
+    for proxy, stages in ((full0, 2), (half0, 1)):  # (as the search runs them: bound raised, re-queued)
+        for _ in range(stages):
+            refine, proxy.refine = proxy.refine, None
+            proxy.bound_s = max(proxy.bound_s, refine())
+    assert full0.refine is None and half0.refine is not None
+    w1.shelve([full1, half1, fresh1])
+    assert w1.arrived(9.0) == []  # (worker 1's head at 9: ahead of worker 0)
+    assert w0.settle(key, 0.5) == 1
+    got = w1.arrived(9.0)
+    assert got == [full1, half1, fresh1]
+    assert full1.bound_s == 3.0 and full1.refine is None
+    assert half1.bound_s == fresh1.bound_s == 1.0 and half1.refine is not None and fresh1.refine is not None
+    assert (1, 0) not in calls and calls == [(0, 0), (0, 1), (0, 0)]
 
 
 def test_a_worker_with_nothing_left_waits_for_a_key_and_ends_with_the_others():
@@ -452,7 +497,7 @@ def test_a_worker_with_nothing_left_waits_for_a_key_and_ends_with_the_others():
     w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
     a = (("tp", 8), ("micro_batch", 1))
     assert w0.key_owner(a, deal=True) == 0
-    group = SimpleNamespace(key=a)
+    group = SimpleNamespace(key=a, take_refined=lambda: None)
     w1.shelve([group])
     got = []
     waiting = threading.Thread(target=lambda: got.append(w1.finish()))
@@ -493,7 +538,7 @@ def test_a_worker_cut_with_groups_just_handed_to_it_takes_no_more_keys():
     w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
     a, b = (("tp", 8), ("micro_batch", 1)), (("tp", 4), ("micro_batch", 1))
     assert [w0.key_owner(k, deal=True) for k in (a, b)] == [0, 1]
-    group = SimpleNamespace(key=a)
+    group = SimpleNamespace(key=a, take_refined=lambda: None)
     w1.shelve([group])
     w1.arrived(3.0)
     assert w0.settle(a, 2.0) == 1  # handed to worker 1, ahead
