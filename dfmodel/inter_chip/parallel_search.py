@@ -111,6 +111,7 @@ class _Shared:
         self.owner = ctx.Array("i", [_UNCLAIMED] * n_roots)
         self.progress = ctx.Array("d", [math.nan] * (workers * _PROGRESS_FIELDS), lock=False)
         self.key_hash = ctx.Array("q", [_EMPTY_SLOT] * _KEY_SLOTS)  # (its lock guards key_owner and dealt)
+        self.key_table = self.key_hash.get_obj()  # (the same memory, read under that lock without taking it again)
         self.key_owner = ctx.Array("i", [_UNCLAIMED] * _KEY_SLOTS, lock=False)
         self.dealt = ctx.Array("q", [0] * workers, lock=False)  # keys dealt to each worker
         # (under key_hash's lock) a key's owner is final (_Share.settle); keys handed to each
@@ -138,6 +139,7 @@ class _Share:
         self.sent: set = set()  # mappings already streamed to the parent
         self.shelf: dict[tuple, list] = {}  # block key -> groups of split roots another worker owns
         self.handed_seen = 0  # keys handed to this worker, as of its last look at the shelf
+        self.final: dict[tuple, int] = {}  # settled keys' owners (final: asked again without the lock)
 
     def publish(self, top: list) -> None:
         """This worker's ``keep`` best times into its slice (under the lock: a reader never sees
@@ -217,15 +219,18 @@ class _Share:
     def key_owner(self, key: tuple, deal: bool) -> int:
         """The worker that expands the children of split roots with this block key; with ``deal``
         a key not seen yet goes to the worker with the fewest keys so far (else -1)."""
+        final = self.final.get(key)
+        if final is not None:  # (a split root's children ask theirs at every count and refine)
+            return final
         sh = self.shared
         with sh.key_hash.get_lock():
-            owner = _owner_locked(sh, key)
+            owner, slot, h = _lookup_locked(sh, key)
+            if owner != _UNCLAIMED and (slot is None or sh.key_settled[slot]):
+                self.final[key] = owner
             if owner != _UNCLAIMED or not deal:
                 return owner
-            h = hash(key) or 1
-            slot = _slot(sh, h)  # (a free slot: a full table has an owner by hash above)
-            w = min(range(sh.workers), key=lambda k: (sh.dealt[k], k))
-            sh.key_hash[slot], sh.key_owner[slot] = h, w
+            w = min(range(sh.workers), key=lambda k: (sh.dealt[k], k))  # (slot: a free one, as above)
+            sh.key_table[slot], sh.key_owner[slot] = h, w
             sh.dealt[w] += 1
             return w
 
@@ -241,7 +246,7 @@ class _Share:
         h = hash(key) or 1
         with sh.key_hash.get_lock():
             slot = _slot(sh, h)
-            if slot is None or sh.key_hash[slot] != h:  # (a full table: the hash's owner, never handed)
+            if slot is None or sh.key_table[slot] != h:  # (a full table: the hash's owner, never handed)
                 return h % sh.workers
             owner = sh.key_owner[slot]
             if owner == self.me and not sh.key_settled[slot]:
@@ -788,8 +793,9 @@ def _slot(sh: _Shared, h: int) -> int | None:
     """(under the key table's lock) the slot of hash ``h`` in the key table (open addressing), or
     the empty slot where it would go; None when the table is full without it."""
     slot = h % _KEY_SLOTS
+    table = sh.key_table
     for _ in range(_KEY_SLOTS):
-        if sh.key_hash[slot] in (h, _EMPTY_SLOT):
+        if table[slot] in (h, _EMPTY_SLOT):
             return slot
         slot = (slot + 1) % _KEY_SLOTS
     return None
@@ -798,11 +804,17 @@ def _slot(sh: _Shared, h: int) -> int | None:
 def _owner_locked(sh: _Shared, key: tuple) -> int:
     """The key's owner so far, the caller holding the table's lock: -1 when not dealt yet; by its
     hash when the table is full (one owner per key all the same)."""
+    return _lookup_locked(sh, key)[0]
+
+
+def _lookup_locked(sh: _Shared, key: tuple) -> tuple[int, int | None, int]:
+    """(:func:`_owner_locked`, the key's slot or the free one where it would go (None: the table
+    is full without it), its hash)."""
     h = hash(key) or 1
     slot = _slot(sh, h)
     if slot is None:
-        return h % sh.workers
-    return sh.key_owner[slot] if sh.key_hash[slot] == h else _UNCLAIMED
+        return h % sh.workers, None, h
+    return (sh.key_owner[slot] if sh.key_table[slot] == h else _UNCLAIMED), slot, h
 
 
 def _block_key(knobs: tuple) -> tuple:
