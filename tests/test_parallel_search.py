@@ -621,3 +621,21 @@ def test_a_forked_helper_evaluates_the_other_tp_degrees_seeds_ahead():
     assert [ev.pid == here for ev in seeds] == [True, False]
     assert model._blocks[(4, 2)] != here and model._blocks[(8, 2)] == here  # (the helper's block is cached here)
     assert prefetched.helper_s > 0.0
+
+
+def test_workers_read_the_times_another_published():
+    """The keep-th best and the best over every worker's times (:meth:`_Share.cutoff`,
+    :meth:`_Share.best`) follow each publish of either worker, read again only after one."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    shared = ps._Shared(multiprocessing.get_context("fork"), 2, 2, 0)
+    w0, w1 = ps._Share(shared, 0), ps._Share(shared, 1)
+    ev = lambda t: SimpleNamespace(iteration_time_s=t, mapping=t)  # noqa: E731
+    assert w1.cutoff(7.0) == 7.0 and w1.best(None) is None  # (nothing published: the worker's own)
+    w0.publish([ev(5.0), ev(6.0)])
+    assert w1.cutoff(None) == 6.0 and w1.best(None) == 5.0
+    w1.publish([ev(4.0)])
+    assert w0.cutoff(None) == w1.cutoff(None) == 5.0 and w0.best(None) == 4.0
+    w0.publish([ev(3.0), ev(5.0)])
+    assert w1.cutoff(None) == 4.0 and w1.best(None) == 3.0
