@@ -469,7 +469,6 @@ def test_sram_screen_skipped_only_where_it_keeps_every_pair(monkeypatch):
     import numpy as np
 
     from dfmodel.intra_chip import ideals
-    from dfmodel.system.schema import System
 
     outcomes = set()
     for seed in range(12):

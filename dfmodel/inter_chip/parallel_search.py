@@ -258,12 +258,10 @@ class _Share:
         work per bound, and worker 1, ahead, evaluated 5300 mappings (25 %) below the cutoff
         it had but above the one worker 0 found later, that the serial search prunes."""
         sh = self.shared
-        h = hash(key) or 1
         with sh.key_hash.get_lock():
-            slot = _slot(sh, h)
-            if slot is None or sh.key_table[slot] != h:  # (a full table: the hash's owner, never handed)
+            owner, slot, h = _lookup_locked(sh, key)
+            if slot is None or owner == _UNCLAIMED:  # (a full table: the hash's owner, never handed)
                 return h % sh.workers
-            owner = sh.key_owner[slot]
             if owner == self.me and not sh.key_settled[slot]:
                 ahead = [w for w in range(sh.workers) if w != self.me and not sh.done[w] and sh.head[w] > bound_s]
                 if ahead:
